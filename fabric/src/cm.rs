@@ -1,0 +1,138 @@
+//! Types of the RDMA connection manager (librdmacm's shape): port spaces,
+//! connection parameters, events, reject reasons and private-data limits.
+
+use std::net::SocketAddr;
+
+use crate::types::Transport;
+
+/// The RDMA CM port space of an id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP`: reliable connections over IP addressing; required on
+    /// iWARP. Costs 36 bytes of the REQ's private data on IB.
+    Tcp,
+    /// `RDMA_PS_IB`: native IB service ids; what XRC over the RDMA CM needs.
+    Ib,
+}
+
+/// Parameters of `connect` and `accept` (`rdma_conn_param`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnParam<'a> {
+    /// Bytes carried to the peer in the request or the reply.
+    pub private_data: &'a [u8],
+    /// RDMA reads the peer may have outstanding against us.
+    pub responder_resources: u8,
+    /// RDMA reads we may have outstanding against the peer.
+    pub initiator_depth: u8,
+    /// Transport retries (connect only).
+    pub retry_count: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry_count: u8,
+}
+
+impl<'a> ConnParam<'a> {
+    /// Usual parameters with the given private data.
+    pub fn with_data(private_data: &'a [u8]) -> Self {
+        ConnParam {
+            private_data,
+            responder_resources: 16,
+            initiator_depth: 16,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+}
+
+impl Default for ConnParam<'_> {
+    fn default() -> Self {
+        ConnParam::with_data(&[])
+    }
+}
+
+/// Why a connection request was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The peer's application called `reject`; the event carries its private
+    /// data.
+    Consumer,
+    /// Nobody listens at the destination (IB: invalid service id; iWARP:
+    /// connection refused).
+    NoListener,
+    /// The peer's CM gave up waiting (e.g. our reply never arrived).
+    Timeout,
+}
+
+/// What a CM event reports (`rdma_cm_event_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmEventKind {
+    /// `resolve_addr` finished.
+    AddrResolved,
+    /// `resolve_addr` failed: no route to the address.
+    AddrError,
+    /// `resolve_route` finished.
+    RouteResolved,
+    /// `resolve_route` failed.
+    RouteError,
+    /// A peer asks to connect; the event carries a new id to accept or
+    /// reject.
+    ConnectRequest,
+    /// The connection is up.
+    Established,
+    /// The peer rejected the request.
+    Rejected(RejectReason),
+    /// The peer did not answer (request timed out after its retries).
+    Unreachable,
+    /// The connection failed after it was accepted (reply lost).
+    ConnectError,
+    /// The connection was closed by either side, or torn down.
+    Disconnected,
+}
+
+/// A CM event. `Id` is the provider's id type; a connect request hands the
+/// new id over in `new_id`.
+#[derive(Debug)]
+pub struct CmEvent<Id> {
+    /// [`CmId::key`](crate::CmId::key) of the id the event is about; for a
+    /// connect request, the listening id.
+    pub id: u64,
+    /// What happened.
+    pub kind: CmEventKind,
+    /// Private data of the request, reply or reject. On IB the CM message has
+    /// fixed-size private data, so this is zero-padded to the message size
+    /// and the application must carry its own length; on iWARP it has the
+    /// sender's exact length.
+    pub private_data: Vec<u8>,
+    /// The peer's QP number (connect request and reply).
+    pub remote_qpn: Option<u32>,
+    /// The peer's address (connect request).
+    pub peer: Option<SocketAddr>,
+    /// The id created for a connect request.
+    pub new_id: Option<Id>,
+}
+
+/// What kind of CM message carries private data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmMessage {
+    /// Connection request (IB REQ, MPA request).
+    Request,
+    /// Accept (IB REP, MPA reply).
+    Reply,
+    /// Reject (IB REJ, MPA reply with the reject bit).
+    Reject,
+}
+
+/// Largest private data an application may put in a CM message. These are
+/// protocol constants: IB CM REQ 92 bytes, of which the RDMA CM takes 36 for
+/// its header in the TCP port space; REP 196; REJ 148; MPA v2 allows 256
+/// minus its 4-byte IRD/ORD header.
+pub fn max_private_data(transport: Transport, ps: PortSpace, msg: CmMessage) -> usize {
+    match (transport, msg) {
+        (Transport::Iwarp, _) => 252,
+        (_, CmMessage::Request) => match ps {
+            PortSpace::Tcp => 56,
+            PortSpace::Ib => 92,
+        },
+        (_, CmMessage::Reply) => 196,
+        (_, CmMessage::Reject) => 148,
+    }
+}

@@ -1,0 +1,289 @@
+//! The fabric xrcbtl is written against: a verbs-shaped abstraction over
+//! RDMA devices, and its providers.
+//!
+//! The traits map one-to-one onto libibverbs and librdmacm objects so that the
+//! verbs provider is a thin translation, and the simulated provider
+//! ([`sim::SimFabric`]) reproduces what the hardware and the kernel enforce:
+//! keys, RNR, retries, flushes, XRC domains shared through a key, XRC TGT QPs
+//! that live exactly as long as some process has them open, iWARP's
+//! initiator-speaks-first rule, and an RDMA CM with private data.
+//!
+//! Objects own what they depend on (`Arc` chains): a QP keeps its PD and CQs
+//! alive, a memory region keeps its PD alive, and dropping the last handle
+//! destroys the object. A shared XRC TGT QP is destroyed when its last opener
+//! drops its handle.
+//!
+//! This crate may not depend on any other crate of the workspace.
+
+#![warn(missing_docs)]
+
+pub mod cm;
+mod error;
+pub mod sim;
+mod types;
+
+pub use cm::{
+    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason,
+};
+pub use error::{Error, Result};
+pub use types::*;
+
+use std::net::SocketAddr;
+
+/// The devices one process can see, and the way to open them
+/// (`ibv_get_device_list` + `ibv_open_device`).
+pub trait Fabric {
+    /// An opened device.
+    type Context: Context;
+
+    /// Devices present; an empty list when there are none.
+    fn devices(&self) -> Result<Vec<DeviceInfo>>;
+
+    /// Opens a device by name.
+    fn open(&self, name: &str) -> Result<Self::Context>;
+}
+
+/// An opened device in one process (`ibv_context`): the factory of every
+/// verbs object, and the source of asynchronous events.
+pub trait Context: Clone + Send + Sync + Sized + 'static {
+    /// Protection domain.
+    type Pd: Pd;
+    /// Memory region.
+    type Mr: Mr;
+    /// Completion queue.
+    type Cq: Cq;
+    /// Shared receive queue (plain or XRC).
+    type Srq: Srq;
+    /// Queue pair (RC, XRC INI, XRC TGT).
+    type Qp: Qp;
+    /// Handle on an XRC domain.
+    type Xrcd: Xrcd;
+    /// RDMA CM event channel.
+    type CmChannel: CmChannel<Context = Self>;
+
+    /// Device name.
+    fn name(&self) -> &str;
+
+    /// Capabilities, read from the device.
+    fn caps(&self) -> &DeviceCaps;
+
+    /// Attributes of a port (1-based).
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+
+    /// Allocates a protection domain.
+    fn alloc_pd(&self) -> Result<Self::Pd>;
+
+    /// Registers `len` bytes at `addr` for the given access.
+    ///
+    /// # Safety
+    /// The range must be valid memory of this process, readable and (if the
+    /// access allows any write) writable, for as long as the returned region
+    /// lives and until every work request that names it has completed: the
+    /// device reads and writes it behind the compiler's back. The caller must
+    /// not hold Rust references to the range while the device may write it.
+    unsafe fn reg_mr(
+        &self,
+        pd: &Self::Pd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self::Mr>;
+
+    /// Creates a completion queue of at least `cqe` entries, which many QPs
+    /// may share.
+    fn create_cq(&self, cqe: u32) -> Result<Self::Cq>;
+
+    /// Creates a plain shared receive queue.
+    fn create_srq(&self, pd: &Self::Pd, attr: SrqAttr) -> Result<Self::Srq>;
+
+    /// Opens (creating if needed) the XRC domain named by `key`. Every process
+    /// of the node that opens the same key gets the same domain.
+    /// `Unsupported` on devices without XRC.
+    fn open_xrcd(&self, key: &XrcdKey) -> Result<Self::Xrcd>;
+
+    /// Creates an XRC SRQ in a domain; its receives complete on `cq`.
+    fn create_xrc_srq(
+        &self,
+        pd: &Self::Pd,
+        xrcd: &Self::Xrcd,
+        cq: &Self::Cq,
+        attr: SrqAttr,
+    ) -> Result<Self::Srq>;
+
+    /// Creates an RC or XRC INI QP.
+    fn create_qp(&self, pd: &Self::Pd, init: &QpInit<'_, Self>) -> Result<Self::Qp>;
+
+    /// Creates an XRC TGT QP in a domain. The creator holds the first
+    /// reference; other processes add theirs with [`Context::open_tgt_qp`].
+    fn create_tgt_qp(&self, xrcd: &Self::Xrcd) -> Result<Self::Qp>;
+
+    /// Opens an existing XRC TGT QP of the domain by number: the
+    /// registration. Dropping the handle is the unregistration; the QP is
+    /// destroyed when the last handle goes. Fails when no such QP lives.
+    fn open_tgt_qp(&self, xrcd: &Self::Xrcd, qpn: u32) -> Result<Self::Qp>;
+
+    /// The next asynchronous event, if any (never blocks).
+    fn poll_async_event(&self) -> Option<AsyncEvent>;
+
+    /// Creates an RDMA CM event channel on this device.
+    fn create_cm_channel(&self) -> Result<Self::CmChannel>;
+}
+
+/// What a QP is created with.
+#[derive(Debug)]
+pub struct QpInit<'a, C: Context> {
+    /// RC or XRC INI (TGT QPs come from [`Context::create_tgt_qp`]).
+    pub qp_type: QpType,
+    /// Where send completions go.
+    pub send_cq: &'a C::Cq,
+    /// Where receive completions go (RC only; ignored for XRC INI).
+    pub recv_cq: Option<&'a C::Cq>,
+    /// Receive through this SRQ instead of a receive queue of its own.
+    pub srq: Option<&'a C::Srq>,
+    /// Requested queue sizes.
+    pub caps: QpCaps,
+}
+
+/// A protection domain.
+pub trait Pd: Clone + Send + Sync {}
+
+/// A registered memory region.
+pub trait Mr: Send + Sync {
+    /// Start address.
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Key for local SGEs.
+    fn lkey(&self) -> u32;
+    /// Key for remote access.
+    fn rkey(&self) -> u32;
+    /// Granted access.
+    fn access(&self) -> Access;
+
+    /// An SGE over `len` bytes at `offset` into the region.
+    fn sge(&self, offset: usize, len: u32) -> Sge {
+        debug_assert!(offset + len as usize <= self.len(), "SGE outside region");
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: len,
+            lkey: self.lkey(),
+        }
+    }
+
+    /// The remote address of `offset` into the region.
+    fn remote(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr() + offset as u64,
+            rkey: self.rkey(),
+        }
+    }
+}
+
+/// A completion queue, shared by any number of QPs.
+pub trait Cq: Clone + Send + Sync {
+    /// Identity used in [`AsyncEvent::CqError`].
+    fn id(&self) -> u64;
+    /// Entries it holds before overrunning.
+    fn capacity(&self) -> u32;
+    /// Moves up to `out.len()` completions into `out`, oldest first, and
+    /// returns how many. `Err(CqOverrun)` once the queue has overrun.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+}
+
+/// A shared receive queue (plain or XRC).
+pub trait Srq: Clone + Send + Sync {
+    /// Identity used in [`AsyncEvent::SrqLimitReached`].
+    fn id(&self) -> u64;
+    /// The XRC SRQ number senders address (`None` for a plain SRQ).
+    fn srq_num(&self) -> Option<u32>;
+    /// Posts a receive.
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+    /// Arms the limit event at `limit` receives (0 disarms).
+    fn arm_limit(&self, limit: u32) -> Result<()>;
+}
+
+/// A handle on an XRC domain.
+pub trait Xrcd: Clone + Send + Sync {}
+
+/// A queue pair, or a handle on a shared XRC TGT QP.
+pub trait Qp: Send + Sync {
+    /// QP number.
+    fn qp_num(&self) -> u32;
+    /// Kind.
+    fn qp_type(&self) -> QpType;
+    /// Granted queue sizes.
+    fn caps(&self) -> QpCaps;
+    /// Current state.
+    fn state(&self) -> Result<QpState>;
+    /// Changes state.
+    fn modify(&self, t: &QpTransition) -> Result<()>;
+    /// Posts to the send queue. `NoResource` when the queue is full.
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
+    /// Posts to the receive queue (RC QPs without an SRQ).
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+}
+
+/// An RDMA CM event channel: creates ids and delivers their events.
+pub trait CmChannel: Send + Sync {
+    /// The device context the channel's ids use.
+    type Context: Context;
+    /// Connection identifier.
+    type Id: CmId<Context = Self::Context>;
+
+    /// Creates an id in a port space.
+    fn create_id(&self, ps: PortSpace) -> Result<Self::Id>;
+
+    /// The next event, if any (never blocks).
+    fn poll_event(&self) -> Option<CmEvent<Self::Id>>;
+}
+
+/// An RDMA CM connection identifier (`rdma_cm_id`). Dropping it destroys it:
+/// a connected id disconnects, a pending request is rejected.
+pub trait CmId: Send + Sync {
+    /// The device context whose QPs it connects.
+    type Context: Context;
+
+    /// Identity matched against [`CmEvent::id`].
+    fn key(&self) -> u64;
+
+    /// Binds to a local address and listens.
+    fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<()>;
+
+    /// Starts address resolution; completes with `AddrResolved` or
+    /// `AddrError`.
+    fn resolve_addr(&self, dst: SocketAddr, timeout_ms: u32) -> Result<()>;
+
+    /// Starts route resolution; completes with `RouteResolved` or
+    /// `RouteError`.
+    fn resolve_route(&self, timeout_ms: u32) -> Result<()>;
+
+    /// Sends a connection request. With a QP, the CM moves it through
+    /// INIT/RTR/RTS when the reply arrives; without, only private data is
+    /// exchanged.
+    fn connect(
+        &self,
+        qp: Option<&<Self::Context as Context>::Qp>,
+        param: &ConnParam<'_>,
+    ) -> Result<()>;
+
+    /// Accepts a connect request (on the id the request created). With a
+    /// QP, the CM moves it to RTR (and RTS unless it is an XRC TGT QP).
+    fn accept(
+        &self,
+        qp: Option<&<Self::Context as Context>::Qp>,
+        param: &ConnParam<'_>,
+    ) -> Result<()>;
+
+    /// Rejects a connect request, with private data.
+    fn reject(&self, private_data: &[u8]) -> Result<()>;
+
+    /// Disconnects; the connection's QPs go to the error state.
+    fn disconnect(&self) -> Result<()>;
+
+    /// The peer's address, once known.
+    fn peer_addr(&self) -> Option<SocketAddr>;
+}

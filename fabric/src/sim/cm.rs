@@ -1,0 +1,917 @@
+//! The simulated RDMA CM: address and route resolution, the IB CM exchange
+//! (REQ/REP/RTU, REJ, DREQ/DREP) with timeouts, retries and duplicate
+//! detection, and the QP transitions the CM performs.
+//!
+//! On iWARP devices the same exchange stands for the MPA request/reply; the
+//! QP accepted on the passive side is marked as the MPA responder, which may
+//! not send before it has heard from the initiator.
+
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+
+use super::arena::Id;
+use super::faults::{CmAction, CmMsgKind};
+use super::world::{
+    CmChannelObj, CmIdObj, CmState, Ctx, DevIdx, Event, PendingCmEvent, QpObj, ReqInfo, World,
+};
+use crate::cm::{max_private_data, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason};
+use crate::types::*;
+use crate::{Error, Result};
+
+/// A CM message on the wire.
+#[derive(Clone)]
+pub(crate) enum CmWire {
+    Req {
+        qpn: Option<u32>,
+        psn: u32,
+        private: Vec<u8>,
+        ps: PortSpace,
+        retry: u8,
+        rnr_retry: u8,
+        from_addr: SocketAddrV4,
+    },
+    Rep {
+        qpn: Option<u32>,
+        psn: u32,
+        private: Vec<u8>,
+    },
+    Rtu,
+    Rej {
+        reason: RejectReason,
+        private: Vec<u8>,
+    },
+    Dreq,
+    Drep,
+}
+
+impl CmWire {
+    fn kind(&self) -> CmMsgKind {
+        match self {
+            CmWire::Req { .. } => CmMsgKind::Req,
+            CmWire::Rep { .. } => CmMsgKind::Rep,
+            CmWire::Rtu => CmMsgKind::Rtu,
+            CmWire::Rej { .. } => CmMsgKind::Rej,
+            CmWire::Dreq => CmMsgKind::Dreq,
+            CmWire::Drep => CmMsgKind::Drep,
+        }
+    }
+}
+
+/// Where a CM message goes: a listening address, or an id the sender knows.
+#[derive(Clone, Copy)]
+pub(crate) enum CmDest {
+    Listener(SocketAddrV4),
+    Id(Id<CmIdObj>),
+}
+
+pub(crate) struct CmDelivery {
+    from: Id<CmIdObj>,
+    from_dev: DevIdx,
+    to_dev: DevIdx,
+    to: CmDest,
+    msg: CmWire,
+}
+
+fn v4(addr: SocketAddr) -> Result<SocketAddrV4> {
+    match addr {
+        SocketAddr::V4(a) => Ok(a),
+        SocketAddr::V6(_) => Err(Error::invalid("the simulated fabric uses IPv4 addresses")),
+    }
+}
+
+impl World {
+    // ---- objects -----------------------------------------------------------
+
+    pub(crate) fn create_cm_channel(&mut self, ctx: Id<Ctx>) -> Result<Id<CmChannelObj>> {
+        self.ctx(ctx)?;
+        Ok(self.channels.insert(CmChannelObj {
+            ctx,
+            events: Default::default(),
+        }))
+    }
+
+    /// Destroys a channel and the ids its undelivered connect requests
+    /// created (nobody can accept them any more).
+    pub(crate) fn destroy_cm_channel(&mut self, ch: Id<CmChannelObj>) {
+        let Some(c) = self.channels.remove(ch) else {
+            return;
+        };
+        for ev in c.events {
+            if let Some(id) = ev.new_id {
+                self.destroy_cm_id(id);
+            }
+        }
+    }
+
+    pub(crate) fn create_cm_id(
+        &mut self,
+        ch: Id<CmChannelObj>,
+        ps: PortSpace,
+    ) -> Result<Id<CmIdObj>> {
+        let ctx = self.channels.get(ch).ok_or(Error::ProcessGone)?.ctx;
+        Ok(self.cm_ids.insert(CmIdObj {
+            ctx,
+            channel: ch,
+            ps,
+            state: CmState::Idle,
+            local: None,
+            remote: None,
+            remote_dev: None,
+            qp: None,
+            peer_id: None,
+            listener: None,
+            children: Default::default(),
+            last_sent: None,
+            retries: 0,
+            timer_gen: 0,
+            psn: 0,
+            req: None,
+        }))
+    }
+
+    pub(crate) fn destroy_cm_id(&mut self, id: Id<CmIdObj>) {
+        let Some(c) = self.cm_ids.get(id) else { return };
+        match c.state {
+            CmState::Listening => {
+                if let Some(a) = c.local {
+                    self.listeners.remove(&a);
+                }
+            }
+            CmState::RequestReceived => {
+                let msg = CmWire::Rej {
+                    reason: RejectReason::Consumer,
+                    private: self.pad(id, CmMessage::Reject, &[]),
+                };
+                self.send_to_peer(id, msg);
+            }
+            CmState::Established | CmState::Accepting => self.send_to_peer(id, CmWire::Dreq),
+            _ => {}
+        }
+        let c = self.cm_ids.remove(id).expect("present");
+        if let Some(l) = c.listener.and_then(|l| self.cm_ids.get_mut(l)) {
+            l.children.retain(|_, child| *child != id);
+        }
+        if let Some(q) = c.qp.and_then(|q| self.qps.get_mut(q)) {
+            q.cm_id = None;
+        }
+        // Orphaned children of a listener stay with their owners.
+        for child in c.children.values() {
+            if let Some(ch) = self.cm_ids.get_mut(*child) {
+                ch.listener = None;
+            }
+        }
+    }
+
+    fn cm(&self, id: Id<CmIdObj>) -> Result<&CmIdObj> {
+        self.cm_ids.get(id).ok_or(Error::ProcessGone)
+    }
+
+    fn cm_transport(&self, id: Id<CmIdObj>) -> Result<Transport> {
+        let c = self.cm(id)?;
+        Ok(self.devs[self.ctx_dev(c.ctx)?].caps.transport)
+    }
+
+    fn expect_state(&self, id: Id<CmIdObj>, want: CmState, what: &str) -> Result<()> {
+        let s = self.cm(id)?.state;
+        if s != want {
+            return Err(Error::state(format!("{what} in CM state {s:?}")));
+        }
+        Ok(())
+    }
+
+    /// Private data as the peer receives it: IB CM messages have fixed-size
+    /// private data, zero-padded; MPA carries the exact length.
+    fn pad(&self, id: Id<CmIdObj>, msg: CmMessage, data: &[u8]) -> Vec<u8> {
+        let Ok(c) = self.cm(id) else {
+            return data.to_vec();
+        };
+        let Ok(t) = self.cm_transport(id) else {
+            return data.to_vec();
+        };
+        let mut v = data.to_vec();
+        if t.is_ib_family() {
+            v.resize(max_private_data(t, c.ps, msg).max(data.len()), 0);
+        }
+        v
+    }
+
+    fn check_private(&self, id: Id<CmIdObj>, msg: CmMessage, data: &[u8]) -> Result<()> {
+        let t = self.cm_transport(id)?;
+        let max = max_private_data(t, self.cm(id)?.ps, msg);
+        if data.len() > max {
+            return Err(Error::invalid(format!(
+                "{} bytes of private data exceed the {msg:?} limit of {max} on {t}",
+                data.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn post_cm_event(&mut self, id: Id<CmIdObj>, ev: PendingCmEvent) {
+        let Some(c) = self.cm_ids.get(id) else { return };
+        let ch = c.channel;
+        if let Some(ch) = self.channels.get_mut(ch) {
+            ch.events.push_back(ev);
+            self.stats.cm_events += 1;
+        } else if let Some(new) = ev.new_id {
+            self.destroy_cm_id(new);
+        }
+    }
+
+    fn simple_event(&mut self, id: Id<CmIdObj>, kind: CmEventKind, private_data: Vec<u8>) {
+        self.post_cm_event(
+            id,
+            PendingCmEvent {
+                id,
+                kind,
+                private_data,
+                remote_qpn: None,
+                peer: None,
+                new_id: None,
+            },
+        );
+    }
+
+    fn arm_cm_timer(&mut self, id: Id<CmIdObj>) {
+        let Some(c) = self.cm_ids.get_mut(id) else {
+            return;
+        };
+        c.timer_gen += 1;
+        let gen = c.timer_gen;
+        let t = self.cfg.timing.cm_timeout_ns;
+        self.schedule_in(t, Event::CmTimer { id, gen });
+    }
+
+    fn cancel_cm_timer(&mut self, id: Id<CmIdObj>) {
+        if let Some(c) = self.cm_ids.get_mut(id) {
+            c.timer_gen += 1;
+        }
+    }
+
+    // ---- sending -------------------------------------------------------------
+
+    fn send_cm(&mut self, from: Id<CmIdObj>, to_dev: DevIdx, to: CmDest, msg: CmWire) {
+        let Ok(from_dev) = self.cm(from).and_then(|c| self.ctx_dev(c.ctx)) else {
+            return;
+        };
+        self.stats.cm_messages += 1;
+        if self.path_down(from_dev, to_dev) {
+            self.stats.cm_dropped += 1;
+            return;
+        }
+        let (a, b) = (self.devs[from_dev].node, self.devs[to_dev].node);
+        let kind = msg.kind();
+        let action = self.faults.cm_action(&mut self.rng, a, b, kind);
+        let latency = self.cfg.timing.cm_latency_ns;
+        let copies: &[u64] = match action {
+            CmAction::Deliver => &[0],
+            CmAction::Drop => {
+                self.stats.cm_dropped += 1;
+                &[]
+            }
+            CmAction::Delay(ns) => {
+                self.stats.cm_delayed += 1;
+                return self.schedule_in(
+                    latency + ns,
+                    Event::Cm(Box::new(CmDelivery {
+                        from,
+                        from_dev,
+                        to_dev,
+                        to,
+                        msg,
+                    })),
+                );
+            }
+            CmAction::Duplicate => {
+                self.stats.cm_duplicated += 1;
+                &[0, 1_000]
+            }
+        };
+        for extra in copies {
+            self.schedule_in(
+                latency + extra,
+                Event::Cm(Box::new(CmDelivery {
+                    from,
+                    from_dev,
+                    to_dev,
+                    to,
+                    msg: msg.clone(),
+                })),
+            );
+        }
+    }
+
+    fn send_to_peer(&mut self, id: Id<CmIdObj>, msg: CmWire) {
+        let Some(c) = self.cm_ids.get(id) else { return };
+        let (Some(peer), Some(dev)) = (c.peer_id, c.remote_dev) else {
+            return;
+        };
+        self.send_cm(id, dev, CmDest::Id(peer), msg);
+    }
+
+    /// Sends and remembers the message a timer may have to resend.
+    fn send_reliable(&mut self, id: Id<CmIdObj>, to_dev: DevIdx, to: CmDest, msg: CmWire) {
+        if let Some(c) = self.cm_ids.get_mut(id) {
+            c.last_sent = Some(msg.clone());
+            c.retries = 0;
+        }
+        self.send_cm(id, to_dev, to, msg);
+        self.arm_cm_timer(id);
+    }
+
+    // ---- commands ------------------------------------------------------------
+
+    pub(crate) fn cm_listen(
+        &mut self,
+        id: Id<CmIdObj>,
+        addr: SocketAddr,
+        _backlog: u32,
+    ) -> Result<()> {
+        self.expect_state(id, CmState::Idle, "listen")?;
+        let mut a = v4(addr)?;
+        let dev = self.ctx_dev(self.cm(id)?.ctx)?;
+        let ip = self.devs[dev].ip;
+        if a.ip().is_unspecified() {
+            a.set_ip(ip);
+        } else if *a.ip() != ip {
+            return Err(Error::invalid(format!(
+                "{} is not an address of this device ({ip})",
+                a.ip()
+            )));
+        }
+        if a.port() == 0 {
+            a.set_port(self.ephemeral_port());
+        }
+        if self.listeners.contains_key(&a) {
+            return Err(Error::AddrInUse(a.to_string()));
+        }
+        self.listeners.insert(a, id);
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.local = Some(a);
+        c.state = CmState::Listening;
+        Ok(())
+    }
+
+    fn ephemeral_port(&mut self) -> u16 {
+        self.next_port = self.next_port.wrapping_add(1).max(20000);
+        self.next_port
+    }
+
+    /// The address a listener is bound to.
+    pub(crate) fn cm_local_addr(&self, id: Id<CmIdObj>) -> Option<SocketAddr> {
+        self.cm_ids
+            .get(id)
+            .and_then(|c| c.local)
+            .map(SocketAddr::V4)
+    }
+
+    pub(crate) fn cm_peer_addr(&self, id: Id<CmIdObj>) -> Option<SocketAddr> {
+        self.cm_ids
+            .get(id)
+            .and_then(|c| c.remote)
+            .map(SocketAddr::V4)
+    }
+
+    pub(crate) fn cm_resolve_addr(
+        &mut self,
+        id: Id<CmIdObj>,
+        dst: SocketAddr,
+        timeout_ms: u32,
+    ) -> Result<()> {
+        self.expect_state(id, CmState::Idle, "resolve_addr")?;
+        let dst = v4(dst)?;
+        let dev = self.ctx_dev(self.cm(id)?.ctx)?;
+        let local = SocketAddrV4::new(self.devs[dev].ip, self.ephemeral_port());
+        let target = self.dev_by_ip(*dst.ip());
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.local = Some(local);
+        c.state = CmState::AddrResolving;
+        let timeout_ns = u64::from(timeout_ms.max(1)) * 1_000_000;
+        let Some(tdev) = target else {
+            self.schedule_in(
+                timeout_ns,
+                Event::CmLocal {
+                    id,
+                    kind: CmEventKind::AddrError,
+                    next: CmState::Idle,
+                },
+            );
+            return Ok(());
+        };
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.remote = Some(dst);
+        c.remote_dev = Some(tdev);
+        let pair = (self.devs[dev].node, self.devs[tdev].node);
+        let cached = self.arp_cache.contains(&pair);
+        let (kind, next, delay) = if cached {
+            (CmEventKind::AddrResolved, CmState::AddrResolved, 1_000)
+        } else if self.path_down(dev, tdev) {
+            (CmEventKind::AddrError, CmState::Idle, timeout_ns)
+        } else {
+            self.stats.addr_resolutions += 1;
+            self.arp_cache.insert(pair);
+            (
+                CmEventKind::AddrResolved,
+                CmState::AddrResolved,
+                self.cfg.timing.arp_ns,
+            )
+        };
+        self.schedule_in(delay, Event::CmLocal { id, kind, next });
+        Ok(())
+    }
+
+    pub(crate) fn cm_resolve_route(&mut self, id: Id<CmIdObj>, _timeout_ms: u32) -> Result<()> {
+        self.expect_state(id, CmState::AddrResolved, "resolve_route")?;
+        let t = self.cm_transport(id)?;
+        self.cm_ids.get_mut(id).expect("checked").state = CmState::RouteResolving;
+        self.stats.route_resolutions += 1;
+        let delay = if t == Transport::Infiniband {
+            self.cfg.timing.route_ib_ns
+        } else {
+            self.cfg.timing.route_eth_ns
+        };
+        self.schedule_in(
+            delay,
+            Event::CmLocal {
+                id,
+                kind: CmEventKind::RouteResolved,
+                next: CmState::RouteResolved,
+            },
+        );
+        Ok(())
+    }
+
+    /// Checks that a QP can be handed to the CM and moves it to INIT.
+    fn cm_prepare_qp(&mut self, id: Id<CmIdObj>, qp: Id<QpObj>, allowed: &[QpType]) -> Result<()> {
+        let dev = self.ctx_dev(self.cm(id)?.ctx)?;
+        let q = self.qps.get(qp).ok_or(Error::ProcessGone)?;
+        if q.dev != dev {
+            return Err(Error::invalid(
+                "the QP belongs to another device than the CM id",
+            ));
+        }
+        if !allowed.contains(&q.ty) {
+            return Err(Error::invalid(format!(
+                "a {:?} QP cannot be used here",
+                q.ty
+            )));
+        }
+        if q.ty != QpType::Rc && self.cm(id)?.ps != PortSpace::Ib {
+            return Err(Error::invalid(
+                "XRC over the RDMA CM needs the IB port space",
+            ));
+        }
+        match q.state {
+            QpState::Reset => self.modify_qp(
+                qp,
+                &QpTransition::Init(InitAttr {
+                    port: 1,
+                    access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+                }),
+                true,
+            )?,
+            QpState::Init => {}
+            s => {
+                return Err(Error::state(format!(
+                    "the CM needs a QP in RESET or INIT, not {s:?}"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn cm_connect_qp(
+        &mut self,
+        qp: Id<QpObj>,
+        peer_dev: DevIdx,
+        qpn: u32,
+        rq_psn: u32,
+        rts: Option<RtsAttr>,
+    ) -> Result<()> {
+        let d = &self.devs[peer_dev];
+        let dest = PortAddr {
+            lid: d.lid,
+            gid: d.gid,
+        };
+        let mut rtr = RtrAttr::new(dest, qpn);
+        rtr.rq_psn = rq_psn;
+        self.modify_qp(qp, &QpTransition::Rtr(rtr), true)?;
+        if let Some(rts) = rts {
+            self.modify_qp(qp, &QpTransition::Rts(rts), true)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn cm_connect(
+        &mut self,
+        id: Id<CmIdObj>,
+        qp: Option<Id<QpObj>>,
+        p: &ConnParam<'_>,
+    ) -> Result<()> {
+        self.expect_state(id, CmState::RouteResolved, "connect")?;
+        self.check_private(id, CmMessage::Request, p.private_data)?;
+        if let Some(qp) = qp {
+            self.cm_prepare_qp(id, qp, &[QpType::Rc, QpType::XrcIni])?;
+        }
+        let psn = self.rng.next_u32() & 0x00ff_ffff;
+        let private = self.pad(id, CmMessage::Request, p.private_data);
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.qp = qp;
+        c.psn = c.psn.max(psn);
+        c.req = Some(ReqInfo {
+            qpn: None,
+            psn,
+            rnr_retry: p.rnr_retry_count.min(7),
+            retry: p.retry_count.min(7),
+        });
+        c.state = CmState::Connecting;
+        let (remote, rdev, ps, local) = (
+            c.remote.expect("resolved"),
+            c.remote_dev.expect("resolved"),
+            c.ps,
+            c.local.expect("resolved"),
+        );
+        let qpn = qp.and_then(|q| self.qps.get_mut(q)).map(|q| {
+            q.cm_id = Some(id);
+            q.qpn
+        });
+        let msg = CmWire::Req {
+            qpn,
+            psn,
+            private,
+            ps,
+            retry: p.retry_count.min(7),
+            rnr_retry: p.rnr_retry_count.min(7),
+            from_addr: local,
+        };
+        self.send_reliable(id, rdev, CmDest::Listener(remote), msg);
+        Ok(())
+    }
+
+    pub(crate) fn cm_accept(
+        &mut self,
+        id: Id<CmIdObj>,
+        qp: Option<Id<QpObj>>,
+        p: &ConnParam<'_>,
+    ) -> Result<()> {
+        self.expect_state(id, CmState::RequestReceived, "accept")?;
+        self.check_private(id, CmMessage::Reply, p.private_data)?;
+        let c = self.cm(id)?;
+        let req = c.req.clone().expect("request kept");
+        let rdev = c.remote_dev.expect("request has a source");
+        let psn = self.rng.next_u32() & 0x00ff_ffff;
+        if let Some(qp) = qp {
+            let Some(remote_qpn) = req.qpn else {
+                return Err(Error::invalid("the request carried no QP to connect to"));
+            };
+            self.cm_prepare_qp(id, qp, &[QpType::Rc, QpType::XrcTgt])?;
+            let tgt = self.qps.get(qp).expect("prepared").ty == QpType::XrcTgt;
+            let rts = (!tgt).then(|| RtsAttr {
+                sq_psn: psn,
+                retry_cnt: req.retry,
+                rnr_retry: p.rnr_retry_count.min(7),
+                ..RtsAttr::default()
+            });
+            self.cm_connect_qp(qp, rdev, remote_qpn, req.psn, rts)?;
+            let iwarp = self.cm_transport(id)? == Transport::Iwarp;
+            let q = self.qps.get_mut(qp).expect("prepared");
+            q.cm_id = Some(id);
+            if iwarp {
+                q.iwarp_responder = true;
+                q.heard = false;
+            }
+        }
+        let private = self.pad(id, CmMessage::Reply, p.private_data);
+        let qpn = qp.and_then(|q| self.qps.get(q)).map(|q| q.qpn);
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.qp = qp;
+        c.psn = psn;
+        c.state = CmState::Accepting;
+        let peer = c.peer_id.expect("request has a source");
+        self.send_reliable(
+            id,
+            rdev,
+            CmDest::Id(peer),
+            CmWire::Rep { qpn, psn, private },
+        );
+        Ok(())
+    }
+
+    pub(crate) fn cm_reject(&mut self, id: Id<CmIdObj>, private_data: &[u8]) -> Result<()> {
+        self.expect_state(id, CmState::RequestReceived, "reject")?;
+        self.check_private(id, CmMessage::Reject, private_data)?;
+        let msg = CmWire::Rej {
+            reason: RejectReason::Consumer,
+            private: self.pad(id, CmMessage::Reject, private_data),
+        };
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.state = CmState::Failed;
+        c.last_sent = Some(msg.clone());
+        self.send_to_peer(id, msg);
+        Ok(())
+    }
+
+    pub(crate) fn cm_disconnect(&mut self, id: Id<CmIdObj>) -> Result<()> {
+        let c = self.cm(id)?;
+        if !matches!(c.state, CmState::Established | CmState::Accepting) {
+            return Err(Error::state(format!(
+                "disconnect in CM state {:?}",
+                c.state
+            )));
+        }
+        let (qp, peer, dev) = (c.qp, c.peer_id, c.remote_dev);
+        let (Some(peer), Some(dev)) = (peer, dev) else {
+            return Err(Error::state("no peer to disconnect from"));
+        };
+        if let Some(qp) = qp {
+            self.qp_to_error(qp, None);
+        }
+        self.cm_ids.get_mut(id).expect("checked").state = CmState::Disconnecting;
+        self.send_reliable(id, dev, CmDest::Id(peer), CmWire::Dreq);
+        Ok(())
+    }
+
+    /// Both ends of a torn-down connection see it disconnect (an iWARP
+    /// connection reset: no message exchange, both sides learn at once).
+    pub(crate) fn cm_torn_down(&mut self, id: Id<CmIdObj>) {
+        let peer = self.cm_ids.get(id).and_then(|c| c.peer_id);
+        for x in [Some(id), peer].into_iter().flatten() {
+            let Some(c) = self.cm_ids.get_mut(x) else {
+                continue;
+            };
+            if matches!(c.state, CmState::Disconnected | CmState::Failed) {
+                continue;
+            }
+            c.state = CmState::Disconnected;
+            if let Some(qp) = c.qp {
+                self.qp_to_error(qp, None);
+            }
+            self.cancel_cm_timer(x);
+            self.simple_event(x, CmEventKind::Disconnected, Vec::new());
+        }
+    }
+
+    // ---- events ----------------------------------------------------------------
+
+    pub(crate) fn on_cm_local(&mut self, id: Id<CmIdObj>, kind: CmEventKind, next: CmState) {
+        let Some(c) = self.cm_ids.get_mut(id) else {
+            return;
+        };
+        c.state = next;
+        self.simple_event(id, kind, Vec::new());
+    }
+
+    pub(crate) fn on_cm_timer(&mut self, id: Id<CmIdObj>, gen: u64) {
+        let Some(c) = self.cm_ids.get_mut(id) else {
+            return;
+        };
+        if c.timer_gen != gen {
+            return;
+        }
+        let max = self.cfg.timing.cm_max_retries;
+        match c.state {
+            CmState::Connecting | CmState::Accepting if c.retries < max => {
+                c.retries += 1;
+                let msg = c.last_sent.clone().expect("a reliable message");
+                let to = match (&msg, c.remote, c.peer_id) {
+                    (CmWire::Req { .. }, Some(r), _) => CmDest::Listener(r),
+                    (_, _, Some(p)) => CmDest::Id(p),
+                    _ => return,
+                };
+                let dev = c.remote_dev.expect("connected ids know the peer device");
+                self.stats.cm_retries += 1;
+                self.send_cm(id, dev, to, msg);
+                let c = self.cm_ids.get_mut(id).expect("live");
+                c.timer_gen += 1;
+                let gen = c.timer_gen;
+                let t = self.cfg.timing.cm_timeout_ns;
+                self.schedule_in(t, Event::CmTimer { id, gen });
+            }
+            CmState::Connecting => {
+                c.state = CmState::Failed;
+                self.simple_event(id, CmEventKind::Unreachable, Vec::new());
+            }
+            CmState::Accepting => {
+                c.state = CmState::Failed;
+                self.simple_event(id, CmEventKind::ConnectError, Vec::new());
+            }
+            CmState::Disconnecting => {
+                c.state = CmState::Disconnected;
+                self.simple_event(id, CmEventKind::Disconnected, Vec::new());
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn on_cm(&mut self, d: CmDelivery) {
+        if self.path_down(d.from_dev, d.to_dev) {
+            self.stats.cm_dropped += 1;
+            return;
+        }
+        match d.to {
+            CmDest::Listener(addr) => {
+                if matches!(d.msg, CmWire::Req { .. }) {
+                    self.on_req(addr, d);
+                }
+            }
+            CmDest::Id(id) => {
+                if self.cm_ids.contains(id) {
+                    self.on_cm_to_id(id, d);
+                }
+            }
+        }
+    }
+
+    fn on_req(&mut self, addr: SocketAddrV4, d: CmDelivery) {
+        let CmWire::Req {
+            qpn,
+            psn,
+            private,
+            ps,
+            retry,
+            rnr_retry,
+            from_addr,
+        } = d.msg
+        else {
+            return;
+        };
+        let listener = self
+            .listeners
+            .get(&addr)
+            .copied()
+            .filter(|l| self.cm_ids.get(*l).is_some_and(|l| l.ps == ps));
+        let Some(listener) = listener else {
+            let msg = CmWire::Rej {
+                reason: RejectReason::NoListener,
+                private: Vec::new(),
+            };
+            // The answering CM has no id; answer from the requester's own
+            // id so the message routes like any other.
+            self.send_cm(d.from, d.from_dev, CmDest::Id(d.from), msg);
+            return;
+        };
+        if let Some(child) = self
+            .cm_ids
+            .get(listener)
+            .and_then(|l| l.children.get(&d.from).copied())
+        {
+            // A duplicate request: answer again with what was sent, if
+            // anything; the application hears of it only once.
+            if let Some(c) = self.cm_ids.get(child) {
+                if let (Some(msg), Some(dev)) = (c.last_sent.clone(), c.remote_dev) {
+                    self.send_cm(child, dev, CmDest::Id(d.from), msg);
+                }
+            }
+            return;
+        }
+        let l = self.cm_ids.get(listener).expect("listening");
+        let (ctx, channel) = (l.ctx, l.channel);
+        let child = self.cm_ids.insert(CmIdObj {
+            ctx,
+            channel,
+            ps,
+            state: CmState::RequestReceived,
+            local: Some(addr),
+            remote: Some(from_addr),
+            remote_dev: Some(d.from_dev),
+            qp: None,
+            peer_id: Some(d.from),
+            listener: Some(listener),
+            children: Default::default(),
+            last_sent: None,
+            retries: 0,
+            timer_gen: 0,
+            psn: 0,
+            req: Some(ReqInfo {
+                qpn,
+                psn,
+                rnr_retry,
+                retry,
+            }),
+        });
+        self.cm_ids
+            .get_mut(listener)
+            .expect("listening")
+            .children
+            .insert(d.from, child);
+        self.post_cm_event(
+            listener,
+            PendingCmEvent {
+                id: listener,
+                kind: CmEventKind::ConnectRequest,
+                private_data: private,
+                remote_qpn: qpn,
+                peer: Some(from_addr),
+                new_id: Some(child),
+            },
+        );
+    }
+
+    fn on_cm_to_id(&mut self, id: Id<CmIdObj>, d: CmDelivery) {
+        let state = self.cm_ids.get(id).expect("checked").state;
+        match (d.msg, state) {
+            (CmWire::Rep { qpn, psn, private }, CmState::Connecting) => {
+                self.cancel_cm_timer(id);
+                let c = self.cm_ids.get_mut(id).expect("live");
+                c.peer_id = Some(d.from);
+                let req = c.req.clone().expect("connect kept its request");
+                let (qp, rdev) = (c.qp, c.remote_dev.expect("resolved"));
+                if let (Some(qp), Some(remote_qpn)) = (qp, qpn) {
+                    let rts = RtsAttr {
+                        sq_psn: req.psn,
+                        retry_cnt: req.retry,
+                        rnr_retry: req.rnr_retry,
+                        ..RtsAttr::default()
+                    };
+                    if self
+                        .cm_connect_qp(qp, rdev, remote_qpn, psn, Some(rts))
+                        .is_err()
+                    {
+                        let msg = CmWire::Rej {
+                            reason: RejectReason::Consumer,
+                            private: Vec::new(),
+                        };
+                        self.send_to_peer(id, msg);
+                        self.cm_ids.get_mut(id).expect("live").state = CmState::Failed;
+                        self.simple_event(id, CmEventKind::ConnectError, Vec::new());
+                        return;
+                    }
+                }
+                self.cm_ids.get_mut(id).expect("live").state = CmState::Established;
+                self.send_to_peer(id, CmWire::Rtu);
+                self.post_cm_event(
+                    id,
+                    PendingCmEvent {
+                        id,
+                        kind: CmEventKind::Established,
+                        private_data: private,
+                        remote_qpn: qpn,
+                        peer: None,
+                        new_id: None,
+                    },
+                );
+            }
+            (CmWire::Rep { .. }, CmState::Established) => {
+                // Our RTU was lost and the peer resent its reply.
+                self.send_to_peer(id, CmWire::Rtu);
+            }
+            (CmWire::Rtu, CmState::Accepting) => {
+                self.cancel_cm_timer(id);
+                let c = self.cm_ids.get_mut(id).expect("live");
+                c.state = CmState::Established;
+                let qpn = c.req.as_ref().and_then(|r| r.qpn);
+                self.post_cm_event(
+                    id,
+                    PendingCmEvent {
+                        id,
+                        kind: CmEventKind::Established,
+                        private_data: Vec::new(),
+                        remote_qpn: qpn,
+                        peer: None,
+                        new_id: None,
+                    },
+                );
+            }
+            (CmWire::Rej { reason, private }, CmState::Connecting) => {
+                self.cancel_cm_timer(id);
+                self.cm_ids.get_mut(id).expect("live").state = CmState::Failed;
+                let kind = CmEventKind::Rejected(reason);
+                self.simple_event(id, kind, private);
+            }
+            (CmWire::Rej { .. }, CmState::Accepting) => {
+                self.cancel_cm_timer(id);
+                self.cm_ids.get_mut(id).expect("live").state = CmState::Failed;
+                self.simple_event(id, CmEventKind::ConnectError, Vec::new());
+            }
+            (CmWire::Dreq, s) => {
+                // Answer every DREQ; report only the first.
+                let c = self.cm_ids.get(id).expect("live");
+                let (dev, qp) = (c.remote_dev, c.qp);
+                if matches!(
+                    s,
+                    CmState::Established | CmState::Accepting | CmState::Disconnecting
+                ) {
+                    if let Some(qp) = qp {
+                        self.qp_to_error(qp, None);
+                    }
+                    self.cancel_cm_timer(id);
+                    self.cm_ids.get_mut(id).expect("live").state = CmState::Disconnected;
+                    self.simple_event(id, CmEventKind::Disconnected, Vec::new());
+                }
+                if let Some(dev) = dev {
+                    self.send_cm(id, dev, CmDest::Id(d.from), CmWire::Drep);
+                }
+            }
+            (CmWire::Drep, CmState::Disconnecting) => {
+                self.cancel_cm_timer(id);
+                self.cm_ids.get_mut(id).expect("live").state = CmState::Disconnected;
+                self.simple_event(id, CmEventKind::Disconnected, Vec::new());
+            }
+            _ => {}
+        }
+    }
+
+    /// The IP address of a device (what `ip addr` shows on its netdev).
+    pub(crate) fn dev_ip(&self, dev: DevIdx) -> IpAddr {
+        IpAddr::V4(self.devs[dev].ip)
+    }
+}

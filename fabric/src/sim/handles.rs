@@ -1,0 +1,727 @@
+//! The user-facing handles of the simulated fabric, implementing the fabric
+//! traits. Each handle names its object in the world by id and holds the
+//! handles of what the object depends on (a QP holds its PD and CQs), so
+//! drop order follows the verbs rules. Dropping a handle destroys the object.
+//!
+//! Polling an empty queue makes the simulation progress (a software provider
+//! progresses when it is called, like libfabric's manual progress), so code
+//! that busy-polls runs the same on the simulator as on hardware.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::arena::Id;
+use super::world::{
+    CmChannelObj, CmIdObj, CqObj, Ctx, DevIdx, MrObj, PdObj, Proc, QpHandle, SrqObj, World,
+    XrcdHandle,
+};
+use crate::cm::{CmEvent, ConnParam, PortSpace};
+use crate::types::*;
+use crate::{CmChannel, CmId, Context, Cq, Error, Fabric, Mr, Pd, Qp, QpInit, Result, Srq, Xrcd};
+
+/// The world and its lock.
+pub(crate) struct Shared {
+    world: Mutex<World>,
+}
+
+impl Shared {
+    pub(crate) fn new(world: World) -> Self {
+        Shared {
+            world: Mutex::new(world),
+        }
+    }
+
+    /// Locks the world. A panic under the lock (a bug, reported where it
+    /// happened) does not wedge the other simulated processes.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub(crate) struct ProcInner {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: Id<Proc>,
+    pub(crate) node: usize,
+    pub(crate) pid: u32,
+}
+
+impl Drop for ProcInner {
+    fn drop(&mut self) {
+        self.shared.lock().exit_process(self.id);
+    }
+}
+
+/// A simulated process on one node: sees the node's devices and opens them.
+/// The process exits when [`SimProcess::exit`] is called, when
+/// [`super::SimFabric::crash`] kills it, or when its last handle (including
+/// those held by its contexts) is dropped.
+#[derive(Clone)]
+pub struct SimProcess(pub(crate) Arc<ProcInner>);
+
+impl std::fmt::Debug for SimProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SimProcess(pid {} on node {})", self.0.pid, self.0.node)
+    }
+}
+
+impl SimProcess {
+    /// The node the process runs on.
+    pub fn node(&self) -> usize {
+        self.0.node
+    }
+
+    /// Process id, unique in the fabric.
+    pub fn pid(&self) -> u32 {
+        self.0.pid
+    }
+
+    /// Whether the process is still running.
+    pub fn is_alive(&self) -> bool {
+        self.0
+            .shared
+            .lock()
+            .procs
+            .get(self.0.id)
+            .is_some_and(|p| p.alive)
+    }
+
+    /// Exits cleanly now: every object the process holds is destroyed, its
+    /// connections are disconnected and its TGT QP registrations dropped.
+    /// Handles still held elsewhere answer `ProcessGone` from then on.
+    pub fn exit(self) {
+        self.0.shared.lock().exit_process(self.0.id);
+    }
+}
+
+impl Fabric for SimProcess {
+    type Context = SimContext;
+
+    fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        let w = self.0.shared.lock();
+        Ok(w.devs
+            .iter()
+            .filter(|d| d.node == self.0.node)
+            .map(|d| DeviceInfo {
+                name: d.name.clone(),
+                caps: d.caps.clone(),
+            })
+            .collect())
+    }
+
+    fn open(&self, name: &str) -> Result<SimContext> {
+        let mut w = self.0.shared.lock();
+        let id = w.open_ctx(self.0.id, name)?;
+        let c = w.ctx(id).expect("just opened");
+        let dev = c.dev;
+        let caps = w.devs[dev].caps.clone();
+        drop(w);
+        Ok(SimContext(Arc::new(CtxInner {
+            proc: self.0.clone(),
+            id,
+            dev,
+            name: name.to_string(),
+            caps,
+        })))
+    }
+}
+
+pub(crate) struct CtxInner {
+    pub(crate) proc: Arc<ProcInner>,
+    pub(crate) id: Id<Ctx>,
+    pub(crate) dev: DevIdx,
+    name: String,
+    caps: DeviceCaps,
+}
+
+impl Drop for CtxInner {
+    fn drop(&mut self) {
+        self.proc.shared.lock().close_ctx(self.id);
+    }
+}
+
+/// An opened simulated device in one process.
+#[derive(Clone)]
+pub struct SimContext(pub(crate) Arc<CtxInner>);
+
+impl std::fmt::Debug for SimContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SimContext({} in pid {})", self.0.name, self.0.proc.pid)
+    }
+}
+
+impl SimContext {
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.0.proc.shared.lock()
+    }
+
+    /// The process this context belongs to.
+    pub fn process(&self) -> SimProcess {
+        SimProcess(self.0.proc.clone())
+    }
+
+    /// The node this context's device sits on.
+    pub fn node(&self) -> usize {
+        self.0.proc.node
+    }
+
+    /// The IP address of the device's network interface (what RDMA CM
+    /// peers connect to).
+    pub fn ip(&self) -> std::net::IpAddr {
+        self.world().dev_ip(self.0.dev)
+    }
+}
+
+impl Context for SimContext {
+    type Pd = SimPd;
+    type Mr = SimMr;
+    type Cq = SimCq;
+    type Srq = SimSrq;
+    type Qp = SimQp;
+    type Xrcd = SimXrcd;
+    type CmChannel = SimCmChannel;
+
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    fn caps(&self) -> &DeviceCaps {
+        &self.0.caps
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port != 1 {
+            return Err(Error::invalid(format!("port {port} does not exist")));
+        }
+        let w = self.world();
+        w.ctx(self.0.id)?;
+        let d = &w.devs[self.0.dev];
+        Ok(PortAttr {
+            state: if d.port_up {
+                PortState::Active
+            } else {
+                PortState::Down
+            },
+            lid: d.lid,
+            gid: d.gid,
+            active_mtu: 4096,
+        })
+    }
+
+    fn alloc_pd(&self) -> Result<SimPd> {
+        let id = self.world().alloc_pd(self.0.id)?;
+        Ok(SimPd(Arc::new(PdInner {
+            ctx: self.clone(),
+            id,
+        })))
+    }
+
+    unsafe fn reg_mr(
+        &self,
+        pd: &SimPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<SimMr> {
+        let id = self
+            .world()
+            .reg_mr(self.0.id, pd.0.id, addr as u64, len as u64, access)?;
+        let w = self.world();
+        let m = w.mrs.get(id).expect("just registered");
+        let (lkey, rkey) = (m.lkey, m.rkey);
+        drop(w);
+        Ok(SimMr {
+            pd: pd.clone(),
+            id,
+            addr: addr as u64,
+            len,
+            lkey,
+            rkey,
+            access,
+        })
+    }
+
+    fn create_cq(&self, cqe: u32) -> Result<SimCq> {
+        let id = self.world().create_cq(self.0.id, cqe)?;
+        Ok(SimCq(Arc::new(CqInner {
+            ctx: self.clone(),
+            id,
+            cap: cqe,
+        })))
+    }
+
+    fn create_srq(&self, pd: &SimPd, attr: SrqAttr) -> Result<SimSrq> {
+        let id = self.world().create_srq(self.0.id, pd.0.id, None, attr)?;
+        Ok(SimSrq(Arc::new(SrqInner {
+            ctx: self.clone(),
+            _pd: pd.clone(),
+            _cq: None,
+            _xrcd: None,
+            id,
+            srqn: None,
+        })))
+    }
+
+    fn open_xrcd(&self, key: &XrcdKey) -> Result<SimXrcd> {
+        let id = self.world().open_xrcd(self.0.id, key)?;
+        Ok(SimXrcd(Arc::new(XrcdInner {
+            ctx: self.clone(),
+            id,
+        })))
+    }
+
+    fn create_xrc_srq(
+        &self,
+        pd: &SimPd,
+        xrcd: &SimXrcd,
+        cq: &SimCq,
+        attr: SrqAttr,
+    ) -> Result<SimSrq> {
+        let mut w = self.world();
+        let id = w.create_srq(self.0.id, pd.0.id, Some((xrcd.0.id, cq.0.id)), attr)?;
+        let srqn = w.srqs.get(id).and_then(|s| s.xrc.as_ref()).map(|x| x.srqn);
+        drop(w);
+        Ok(SimSrq(Arc::new(SrqInner {
+            ctx: self.clone(),
+            _pd: pd.clone(),
+            _cq: Some(cq.clone()),
+            _xrcd: Some(xrcd.clone()),
+            id,
+            srqn,
+        })))
+    }
+
+    fn create_qp(&self, pd: &SimPd, init: &QpInit<'_, Self>) -> Result<SimQp> {
+        let mut w = self.world();
+        let h = w.create_qp(
+            self.0.id,
+            pd.0.id,
+            init.qp_type,
+            init.send_cq.0.id,
+            init.recv_cq.map(|c| c.0.id),
+            init.srq.map(|s| s.0.id),
+            init.caps,
+        )?;
+        let qp = w.qp_of_handle(h)?;
+        let q = w.qps.get(qp).expect("created");
+        let (qpn, caps) = (q.qpn, q.caps);
+        drop(w);
+        Ok(SimQp {
+            ctx: self.clone(),
+            _deps: QpDeps {
+                pd: Some(pd.clone()),
+                send_cq: Some(init.send_cq.clone()),
+                recv_cq: init.recv_cq.cloned(),
+                srq: init.srq.cloned(),
+                xrcd: None,
+            },
+            handle: h,
+            qpn,
+            ty: init.qp_type,
+            caps,
+        })
+    }
+
+    fn create_tgt_qp(&self, xrcd: &SimXrcd) -> Result<SimQp> {
+        let mut w = self.world();
+        let h = w.create_tgt_qp(self.0.id, xrcd.0.id)?;
+        self.tgt_handle(w, h, xrcd)
+    }
+
+    fn open_tgt_qp(&self, xrcd: &SimXrcd, qpn: u32) -> Result<SimQp> {
+        let mut w = self.world();
+        let h = w.open_tgt_qp(self.0.id, xrcd.0.id, qpn)?;
+        self.tgt_handle(w, h, xrcd)
+    }
+
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        let mut w = self.world();
+        let pop = |w: &mut World| w.ctxs.get_mut(self.0.id).and_then(|c| c.events.pop_front());
+        if let Some(e) = pop(&mut w) {
+            return Some(e);
+        }
+        w.progress();
+        pop(&mut w)
+    }
+
+    fn create_cm_channel(&self) -> Result<SimCmChannel> {
+        let id = self.world().create_cm_channel(self.0.id)?;
+        Ok(SimCmChannel(Arc::new(ChannelInner {
+            ctx: self.clone(),
+            id,
+        })))
+    }
+}
+
+impl SimContext {
+    fn tgt_handle(
+        &self,
+        w: MutexGuard<'_, World>,
+        h: Id<QpHandle>,
+        xrcd: &SimXrcd,
+    ) -> Result<SimQp> {
+        let qp = w.qp_of_handle(h)?;
+        let q = w.qps.get(qp).expect("created");
+        let (qpn, caps) = (q.qpn, q.caps);
+        drop(w);
+        Ok(SimQp {
+            ctx: self.clone(),
+            _deps: QpDeps {
+                pd: None,
+                send_cq: None,
+                recv_cq: None,
+                srq: None,
+                xrcd: Some(xrcd.clone()),
+            },
+            handle: h,
+            qpn,
+            ty: QpType::XrcTgt,
+            caps,
+        })
+    }
+}
+
+struct PdInner {
+    ctx: SimContext,
+    id: Id<PdObj>,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        self.ctx.world().pds.remove(self.id);
+    }
+}
+
+/// A simulated protection domain.
+#[derive(Clone)]
+pub struct SimPd(Arc<PdInner>);
+
+impl Pd for SimPd {}
+
+/// A simulated memory region.
+pub struct SimMr {
+    pd: SimPd,
+    id: Id<MrObj>,
+    addr: u64,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+    access: Access,
+}
+
+impl Drop for SimMr {
+    fn drop(&mut self) {
+        self.pd.0.ctx.world().dereg_mr(self.id);
+    }
+}
+
+impl Mr for SimMr {
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+}
+
+struct CqInner {
+    ctx: SimContext,
+    id: Id<CqObj>,
+    cap: u32,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        self.ctx.world().cqs.remove(self.id);
+    }
+}
+
+/// A simulated completion queue.
+#[derive(Clone)]
+pub struct SimCq(Arc<CqInner>);
+
+impl Cq for SimCq {
+    fn id(&self) -> u64 {
+        self.0.id.raw()
+    }
+
+    fn capacity(&self) -> u32 {
+        self.0.cap
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut w = self.0.ctx.world();
+        let n = w.poll_cq(self.0.id, out)?;
+        if n > 0 || out.is_empty() {
+            return Ok(n);
+        }
+        w.progress();
+        w.poll_cq(self.0.id, out)
+    }
+}
+
+struct SrqInner {
+    ctx: SimContext,
+    _pd: SimPd,
+    _cq: Option<SimCq>,
+    _xrcd: Option<SimXrcd>,
+    id: Id<SrqObj>,
+    srqn: Option<u32>,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        self.ctx.world().destroy_srq(self.id);
+    }
+}
+
+/// A simulated shared receive queue (plain or XRC).
+#[derive(Clone)]
+pub struct SimSrq(Arc<SrqInner>);
+
+impl Srq for SimSrq {
+    fn id(&self) -> u64 {
+        self.0.id.raw()
+    }
+
+    fn srq_num(&self) -> Option<u32> {
+        self.0.srqn
+    }
+
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        self.0.ctx.world().post_srq_recv(self.0.id, wr)
+    }
+
+    fn arm_limit(&self, limit: u32) -> Result<()> {
+        let mut w = self.0.ctx.world();
+        let s = w.srqs.get_mut(self.0.id).ok_or(Error::ProcessGone)?;
+        if limit > s.max_wr {
+            return Err(Error::invalid(format!(
+                "limit {limit} exceeds max_wr {}",
+                s.max_wr
+            )));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+}
+
+struct XrcdInner {
+    ctx: SimContext,
+    id: Id<XrcdHandle>,
+}
+
+impl Drop for XrcdInner {
+    fn drop(&mut self) {
+        self.ctx.world().close_xrcd_handle(self.id);
+    }
+}
+
+/// A handle on a simulated XRC domain.
+#[derive(Clone)]
+pub struct SimXrcd(Arc<XrcdInner>);
+
+impl Xrcd for SimXrcd {}
+
+/// What a QP keeps alive (held, never read).
+#[allow(dead_code)]
+struct QpDeps {
+    pd: Option<SimPd>,
+    send_cq: Option<SimCq>,
+    recv_cq: Option<SimCq>,
+    srq: Option<SimSrq>,
+    xrcd: Option<SimXrcd>,
+}
+
+/// A simulated QP, or a handle on a shared XRC TGT QP.
+pub struct SimQp {
+    ctx: SimContext,
+    // Dropped after the handle is closed (field order), keeping the PD, CQs,
+    // SRQ and domain alive as long as the QP.
+    _deps: QpDeps,
+    handle: Id<QpHandle>,
+    qpn: u32,
+    ty: QpType,
+    caps: QpCaps,
+}
+
+impl Drop for SimQp {
+    fn drop(&mut self) {
+        self.ctx.world().close_qp_handle(self.handle);
+    }
+}
+
+impl SimQp {
+    pub(crate) fn obj(&self, w: &World) -> Result<Id<super::world::QpObj>> {
+        w.qp_of_handle(self.handle)
+    }
+}
+
+impl Qp for SimQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.ty
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn state(&self) -> Result<QpState> {
+        let w = self.ctx.world();
+        let qp = self.obj(&w)?;
+        Ok(w.qps.get(qp).ok_or(Error::ProcessGone)?.state)
+    }
+
+    fn modify(&self, t: &QpTransition) -> Result<()> {
+        let mut w = self.ctx.world();
+        let qp = self.obj(&w)?;
+        w.modify_qp(qp, t, false)
+    }
+
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        let mut w = self.ctx.world();
+        let qp = self.obj(&w)?;
+        w.post_send(qp, wr)
+    }
+
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        let mut w = self.ctx.world();
+        let qp = self.obj(&w)?;
+        w.post_recv(qp, wr)
+    }
+}
+
+struct ChannelInner {
+    ctx: SimContext,
+    id: Id<CmChannelObj>,
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        self.ctx.world().destroy_cm_channel(self.id);
+    }
+}
+
+/// A simulated RDMA CM event channel.
+pub struct SimCmChannel(Arc<ChannelInner>);
+
+impl CmChannel for SimCmChannel {
+    type Context = SimContext;
+    type Id = SimCmId;
+
+    fn create_id(&self, ps: PortSpace) -> Result<SimCmId> {
+        let id = self.0.ctx.world().create_cm_id(self.0.id, ps)?;
+        Ok(SimCmId {
+            channel: self.0.clone(),
+            id,
+        })
+    }
+
+    fn poll_event(&self) -> Option<CmEvent<SimCmId>> {
+        let mut w = self.0.ctx.world();
+        let pop = |w: &mut World| {
+            w.channels
+                .get_mut(self.0.id)
+                .and_then(|c| c.events.pop_front())
+        };
+        let ev = match pop(&mut w) {
+            Some(e) => e,
+            None => {
+                w.progress();
+                pop(&mut w)?
+            }
+        };
+        drop(w);
+        Some(CmEvent {
+            id: ev.id.raw(),
+            kind: ev.kind,
+            private_data: ev.private_data,
+            remote_qpn: ev.remote_qpn,
+            peer: ev.peer.map(SocketAddr::V4),
+            new_id: ev.new_id.map(|id| SimCmId {
+                channel: self.0.clone(),
+                id,
+            }),
+        })
+    }
+}
+
+/// A simulated RDMA CM id.
+pub struct SimCmId {
+    channel: Arc<ChannelInner>,
+    id: Id<CmIdObj>,
+}
+
+impl Drop for SimCmId {
+    fn drop(&mut self) {
+        self.channel.ctx.world().destroy_cm_id(self.id);
+    }
+}
+
+impl SimCmId {
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.channel.ctx.world()
+    }
+
+    /// The local address (a listener's bound address, or the source address
+    /// chosen by address resolution).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.world().cm_local_addr(self.id)
+    }
+}
+
+impl CmId for SimCmId {
+    type Context = SimContext;
+
+    fn key(&self) -> u64 {
+        self.id.raw()
+    }
+
+    fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<()> {
+        self.world().cm_listen(self.id, addr, backlog)
+    }
+
+    fn resolve_addr(&self, dst: SocketAddr, timeout_ms: u32) -> Result<()> {
+        self.world().cm_resolve_addr(self.id, dst, timeout_ms)
+    }
+
+    fn resolve_route(&self, timeout_ms: u32) -> Result<()> {
+        self.world().cm_resolve_route(self.id, timeout_ms)
+    }
+
+    fn connect(&self, qp: Option<&SimQp>, param: &ConnParam<'_>) -> Result<()> {
+        let mut w = self.world();
+        let qp = qp.map(|q| q.obj(&w)).transpose()?;
+        w.cm_connect(self.id, qp, param)
+    }
+
+    fn accept(&self, qp: Option<&SimQp>, param: &ConnParam<'_>) -> Result<()> {
+        let mut w = self.world();
+        let qp = qp.map(|q| q.obj(&w)).transpose()?;
+        w.cm_accept(self.id, qp, param)
+    }
+
+    fn reject(&self, private_data: &[u8]) -> Result<()> {
+        self.world().cm_reject(self.id, private_data)
+    }
+
+    fn disconnect(&self) -> Result<()> {
+        self.world().cm_disconnect(self.id)
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        self.world().cm_peer_addr(self.id)
+    }
+}

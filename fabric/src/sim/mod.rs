@@ -1,0 +1,553 @@
+//! `SimFabric`: an in-process fabric of many nodes, each with many
+//! processes, deterministic from a seed and running in virtual time.
+//!
+//! It keeps the semantics the BTL depends on: rkeys and lkeys are checked
+//! (unknown key, wrong PD, access not granted, range outside the region),
+//! RNR NAKs are retried `rnr_retry` times, vanished peers give
+//! `RetryExceeded`, a QP in error flushes in order, XRC INI QPs reach any
+//! SRQ of the target's domain by number, XRC TGT QPs live exactly as long as
+//! some process has them open and their events reach every opener, iWARP
+//! has no XRC and tears down a connection whose responder speaks first, and
+//! the RDMA CM carries private data with the real size limits. Faults
+//! (crashes, CM drops/delays/duplicates, forced QP errors, partitions, port
+//! events) are injected deterministically; introspection shows what every
+//! process and node holds.
+//!
+//! Virtual time advances when the simulation is asked to progress: an empty
+//! poll of a CQ, an event channel or the async event queue runs the next
+//! scheduled event (jumping the clock to it), or lets an idle tick pass.
+//! Single-threaded tests are therefore exactly reproducible from the seed.
+//!
+//! This module touches application memory only through `memory.rs`, and only
+//! after the key checks.
+
+mod arena;
+mod cm;
+mod faults;
+mod handles;
+mod memory;
+mod rng;
+mod transport;
+mod world;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use faults::{CmAction, CmFault, CmMsgKind};
+pub use handles::{
+    SimCmChannel, SimCmId, SimContext, SimCq, SimMr, SimPd, SimProcess, SimQp, SimSrq, SimXrcd,
+};
+
+use crate::types::*;
+use crate::{Error, Result};
+use handles::{ProcInner, Shared};
+use world::World;
+
+/// A device every node of the simulated fabric has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimDevice {
+    /// Name, the same on every node.
+    pub name: String,
+    /// What the device can do.
+    pub caps: DeviceCaps,
+}
+
+impl SimDevice {
+    /// An InfiniBand HCA with XRC, shaped like a ConnectX.
+    pub fn ib(name: &str) -> Self {
+        SimDevice {
+            name: name.into(),
+            caps: DeviceCaps {
+                transport: Transport::Infiniband,
+                xrc: true,
+                srq: true,
+                imm_data: true,
+                max_qp: 1 << 18,
+                max_qp_wr: 32_768,
+                max_srq: 1 << 16,
+                max_srq_wr: 32_767,
+                max_sge: 30,
+                max_sge_rd: 30,
+                max_cqe: (1 << 22) - 1,
+                max_inline: 220,
+                max_mr_size: u64::MAX,
+                max_qp_rd_atom: 16,
+            },
+        }
+    }
+
+    /// A RoCE device without XRC, shaped like rdma_rxe.
+    pub fn roce(name: &str) -> Self {
+        let mut d = SimDevice::ib(name);
+        d.caps.transport = Transport::Roce;
+        d.caps.xrc = false;
+        d.caps.max_sge = 32;
+        d.caps.max_sge_rd = 32;
+        d.caps.max_cqe = 32_767;
+        d.caps.max_inline = 256;
+        d.caps.max_qp_rd_atom = 128;
+        d
+    }
+
+    /// An iWARP device, shaped like siw: no XRC, no immediate data, few
+    /// SGEs, a single SGE for reads.
+    pub fn iwarp(name: &str) -> Self {
+        SimDevice {
+            name: name.into(),
+            caps: DeviceCaps {
+                transport: Transport::Iwarp,
+                xrc: false,
+                srq: true,
+                imm_data: false,
+                max_qp: 1 << 14,
+                max_qp_wr: 4_096,
+                max_srq: 1 << 12,
+                max_srq_wr: 4_096,
+                max_sge: 6,
+                max_sge_rd: 1,
+                max_cqe: 32_767,
+                max_inline: 96,
+                max_mr_size: u64::MAX,
+                max_qp_rd_atom: 32,
+            },
+        }
+    }
+}
+
+/// Timing model of the simulated fabric, in virtual nanoseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimTiming {
+    /// One-way latency between nodes.
+    pub wire_latency_ns: u64,
+    /// One-way latency through the device back to the same node.
+    pub loopback_latency_ns: u64,
+    /// Link bandwidth.
+    pub bandwidth_bytes_per_us: u64,
+    /// One-way latency of a CM message.
+    pub cm_latency_ns: u64,
+    /// How long a CM request, reply or disconnect waits for its answer.
+    pub cm_timeout_ns: u64,
+    /// How often the CM resends before giving up.
+    pub cm_max_retries: u32,
+    /// Address resolution of a node not yet in the cache.
+    pub arp_ns: u64,
+    /// Route resolution on InfiniBand (a path record query).
+    pub route_ib_ns: u64,
+    /// Route resolution on Ethernet (RoCE, iWARP: a local lookup).
+    pub route_eth_ns: u64,
+    /// Time that passes when progress finds nothing scheduled.
+    pub idle_tick_ns: u64,
+}
+
+impl Default for SimTiming {
+    fn default() -> Self {
+        SimTiming {
+            wire_latency_ns: 1_000,
+            loopback_latency_ns: 300,
+            bandwidth_bytes_per_us: 12_500,
+            cm_latency_ns: 10_000,
+            cm_timeout_ns: 4_000_000,
+            cm_max_retries: 4,
+            arp_ns: 100_000,
+            route_ib_ns: 50_000,
+            route_eth_ns: 1_000,
+            idle_tick_ns: 1_000,
+        }
+    }
+}
+
+/// Shape of a simulated fabric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Devices each node has.
+    pub devices: Vec<SimDevice>,
+    /// Timing model.
+    pub timing: SimTiming,
+}
+
+impl SimConfig {
+    /// `nodes` nodes with one InfiniBand device `sim0` each.
+    pub fn new(seed: u64, nodes: usize) -> Self {
+        SimConfig {
+            seed,
+            nodes,
+            devices: vec![SimDevice::ib("sim0")],
+            timing: SimTiming::default(),
+        }
+    }
+
+    /// Replaces the per-node devices.
+    pub fn with_devices(mut self, devices: Vec<SimDevice>) -> Self {
+        self.devices = devices;
+        self
+    }
+}
+
+/// Counters of what happened in the simulation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Events run.
+    pub events: u64,
+    /// Packets transmitted (including retransmissions).
+    pub packets: u64,
+    /// Packets lost (no such QP, wrong state, partition, out of sequence).
+    pub packets_dropped: u64,
+    /// ACK timeouts that led to a retransmission.
+    pub retransmits: u64,
+    /// RNR NAKs sent by responders.
+    pub rnr_naks: u64,
+    /// Two-sided messages delivered into receive buffers.
+    pub messages_delivered: u64,
+    /// Responder-side errors (bad rkey, unknown SRQ, too long...).
+    pub responder_errors: u64,
+    /// CQ overruns.
+    pub cq_overruns: u64,
+    /// Asynchronous events queued to processes.
+    pub async_events: u64,
+    /// QPs created (TGT QPs included).
+    pub qps_created: u64,
+    /// QPs destroyed.
+    pub qps_destroyed: u64,
+    /// XRC TGT QPs created.
+    pub tgt_created: u64,
+    /// XRC TGT QP opens (registrations by other processes).
+    pub tgt_opened: u64,
+    /// XRC TGT QPs destroyed (their last handle closed).
+    pub tgt_destroyed: u64,
+    /// CM messages sent.
+    pub cm_messages: u64,
+    /// CM messages lost.
+    pub cm_dropped: u64,
+    /// CM messages delayed by a fault rule.
+    pub cm_delayed: u64,
+    /// CM messages duplicated by a fault rule.
+    pub cm_duplicated: u64,
+    /// CM messages resent after a timeout.
+    pub cm_retries: u64,
+    /// CM events queued.
+    pub cm_events: u64,
+    /// Address resolutions that missed the cache.
+    pub addr_resolutions: u64,
+    /// Route resolutions.
+    pub route_resolutions: u64,
+    /// iWARP connections torn down because the responder spoke first.
+    pub iwarp_violations: u64,
+}
+
+/// What a process holds, for tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessView {
+    /// Process id.
+    pub pid: u32,
+    /// Node it runs on.
+    pub node: usize,
+    /// Whether it is running.
+    pub alive: bool,
+    /// RC and XRC INI QPs.
+    pub qps: usize,
+    /// Handles on XRC TGT QPs (created or opened).
+    pub tgt_handles: usize,
+    /// Memory regions.
+    pub mrs: usize,
+    /// SRQs (plain and XRC).
+    pub srqs: usize,
+    /// CQs.
+    pub cqs: usize,
+    /// Protection domains.
+    pub pds: usize,
+    /// XRC domain handles.
+    pub xrcds: usize,
+    /// RDMA CM ids.
+    pub cm_ids: usize,
+}
+
+/// An XRC TGT QP and who holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TgtQpView {
+    /// QP number.
+    pub qpn: u32,
+    /// Open handles (creator included).
+    pub open_count: usize,
+    /// Pids of the holders, one entry per handle.
+    pub openers: Vec<u32>,
+    /// State.
+    pub state: QpState,
+}
+
+/// What lives on a node, for tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// Node index.
+    pub node: usize,
+    /// Live QPs of every kind (a shared TGT QP counts once).
+    pub qps: usize,
+    /// XRC TGT QPs.
+    pub tgt_qps: Vec<TgtQpView>,
+    /// Memory regions.
+    pub mrs: usize,
+    /// SRQs.
+    pub srqs: usize,
+    /// XRC domains.
+    pub xrcds: usize,
+}
+
+/// A QP's transport counters, for tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpView {
+    /// State.
+    pub state: QpState,
+    /// RNR NAKs received for its requests.
+    pub rnr_naks: u64,
+    /// ACK timeouts.
+    pub timeouts: u64,
+    /// Open handles.
+    pub handles: usize,
+}
+
+/// The simulated fabric. Cloning gives another handle on the same world.
+#[derive(Clone)]
+pub struct SimFabric {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SimFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = self.shared.lock();
+        write!(
+            f,
+            "SimFabric(seed {}, {} nodes, t={}ns)",
+            w.cfg.seed, w.cfg.nodes, w.now
+        )
+    }
+}
+
+impl SimFabric {
+    /// Builds a fabric.
+    pub fn new(cfg: SimConfig) -> Result<Self> {
+        if cfg.nodes == 0 || cfg.nodes > 65_536 {
+            return Err(Error::invalid("a fabric has 1..=65536 nodes"));
+        }
+        if cfg.devices.is_empty() || cfg.devices.len() > 254 {
+            return Err(Error::invalid("a node has 1..=254 devices"));
+        }
+        for d in &cfg.devices {
+            if d.caps.transport == Transport::Iwarp && d.caps.xrc {
+                return Err(Error::invalid(format!("{}: iWARP has no XRC", d.name)));
+            }
+        }
+        Ok(SimFabric {
+            shared: Arc::new(Shared::new(World::new(cfg))),
+        })
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> SimConfig {
+        self.shared.lock().cfg.clone()
+    }
+
+    /// Starts a process on `node`.
+    pub fn spawn(&self, node: usize) -> Result<SimProcess> {
+        let mut w = self.shared.lock();
+        let id = w.spawn(node)?;
+        let pid = w.procs.get(id).expect("spawned").pid;
+        drop(w);
+        Ok(SimProcess(Arc::new(ProcInner {
+            shared: self.shared.clone(),
+            id,
+            node,
+            pid,
+        })))
+    }
+
+    /// Virtual time since the fabric was built.
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.shared.lock().now)
+    }
+
+    /// Runs the next due events (or moves the clock to them); see the module
+    /// documentation. Returns whether any event ran.
+    pub fn step(&self) -> bool {
+        self.shared.lock().progress()
+    }
+
+    /// Runs everything scheduled in the next `d` of virtual time.
+    pub fn advance(&self, d: Duration) {
+        let mut w = self.shared.lock();
+        let deadline = w.now + d.as_nanos() as u64;
+        w.run_until(deadline);
+    }
+
+    /// Runs events until nothing is scheduled or `max_events` ran. Returns
+    /// whether the fabric went idle.
+    pub fn run_until_idle(&self, max_events: u64) -> bool {
+        let mut w = self.shared.lock();
+        let start = w.stats.events;
+        while w.has_events() {
+            if w.stats.events - start >= max_events {
+                return false;
+            }
+            w.progress();
+        }
+        true
+    }
+
+    /// Kills a process abruptly: the kernel reclaims everything it held (its
+    /// QPs vanish, its TGT QP handles close, its CM ids are destroyed),
+    /// without any of its own teardown running.
+    pub fn crash(&self, p: &SimProcess) {
+        self.shared.lock().exit_process(p.0.id);
+    }
+
+    /// Adds a CM fault rule.
+    pub fn add_cm_fault(&self, f: CmFault) {
+        self.shared.lock().faults.add_cm(f);
+    }
+
+    /// Removes every CM fault rule.
+    pub fn clear_cm_faults(&self) {
+        self.shared.lock().faults.clear_cm();
+    }
+
+    /// Cuts all traffic (data and CM) between two nodes.
+    pub fn partition(&self, a: usize, b: usize) {
+        self.shared.lock().faults.partition(a, b);
+    }
+
+    /// Restores traffic between two nodes.
+    pub fn heal(&self, a: usize, b: usize) {
+        self.shared.lock().faults.heal(a, b);
+    }
+
+    /// Forces the QP `qpn` on `node` into the error state with a fatal
+    /// event to every process holding it (every opener, for a TGT QP).
+    pub fn force_qp_error(&self, node: usize, qpn: u32) -> Result<()> {
+        let mut w = self.shared.lock();
+        let qp = w
+            .devs
+            .iter()
+            .filter(|d| d.node == node)
+            .find_map(|d| d.qps.get(&qpn).copied())
+            .ok_or_else(|| Error::not_found(format!("QP {qpn:#x} on node {node}")))?;
+        w.qp_to_error(qp, Some(world::QpErrorEvent::Fatal));
+        Ok(())
+    }
+
+    /// Takes the ports of `node`'s devices down (or up): every context on
+    /// them hears a port event, and no traffic passes while down.
+    pub fn set_port(&self, node: usize, up: bool) {
+        let mut w = self.shared.lock();
+        let devs: Vec<usize> = (0..w.devs.len())
+            .filter(|d| w.devs[*d].node == node)
+            .collect();
+        for d in devs {
+            if w.devs[d].port_up == up {
+                continue;
+            }
+            w.devs[d].port_up = up;
+            let ctxs = w.ctxs.ids_where(|c| c.dev == d);
+            let ev = if up {
+                AsyncEvent::PortActive { port: 1 }
+            } else {
+                AsyncEvent::PortError { port: 1 }
+            };
+            for c in ctxs {
+                w.push_async(c, ev);
+            }
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> SimStats {
+        self.shared.lock().stats.clone()
+    }
+
+    /// A hash of every event run so far: two runs from the same seed doing
+    /// the same things have the same hash.
+    pub fn trace_hash(&self) -> u64 {
+        self.shared.lock().trace
+    }
+
+    /// What a process holds.
+    pub fn process_view(&self, p: &SimProcess) -> ProcessView {
+        let w = self.shared.lock();
+        let proc = w.procs.get(p.0.id);
+        let ctxs: Vec<_> = w.ctxs.ids_where(|c| c.proc == p.0.id);
+        let mine = |c: &world::Id<world::Ctx>| ctxs.contains(c);
+        let (mut qps, mut tgt) = (0, 0);
+        for (_, h) in w.qp_handles.iter().filter(|(_, h)| mine(&h.ctx)) {
+            match w.qps.get(h.qp).map(|q| q.ty) {
+                Some(QpType::XrcTgt) => tgt += 1,
+                Some(_) => qps += 1,
+                None => {}
+            }
+        }
+        ProcessView {
+            pid: p.0.pid,
+            node: p.0.node,
+            alive: proc.is_some_and(|p| p.alive),
+            qps,
+            tgt_handles: tgt,
+            mrs: w.mrs.iter().filter(|(_, m)| mine(&m.ctx)).count(),
+            srqs: w.srqs.iter().filter(|(_, s)| mine(&s.ctx)).count(),
+            cqs: w.cqs.iter().filter(|(_, c)| mine(&c.ctx)).count(),
+            pds: w.pds.iter().filter(|(_, x)| mine(&x.ctx)).count(),
+            xrcds: w.xrcd_handles.iter().filter(|(_, x)| mine(&x.ctx)).count(),
+            cm_ids: w.cm_ids.iter().filter(|(_, c)| mine(&c.ctx)).count(),
+        }
+    }
+
+    /// What lives on a node.
+    pub fn node_view(&self, node: usize) -> NodeView {
+        let w = self.shared.lock();
+        let on_node = |dev: usize| w.devs[dev].node == node;
+        let ctx_on_node = |c: world::Id<world::Ctx>| w.ctxs.get(c).is_some_and(|c| on_node(c.dev));
+        let mut tgt_qps: Vec<TgtQpView> = w
+            .qps
+            .iter()
+            .filter(|(_, q)| on_node(q.dev) && q.ty == QpType::XrcTgt)
+            .map(|(_, q)| TgtQpView {
+                qpn: q.qpn,
+                open_count: q.handles.len(),
+                openers: q
+                    .handles
+                    .iter()
+                    .filter_map(|h| w.qp_handles.get(*h))
+                    .filter_map(|h| w.ctxs.get(h.ctx))
+                    .filter_map(|c| w.procs.get(c.proc))
+                    .map(|p| p.pid)
+                    .collect(),
+                state: q.state,
+            })
+            .collect();
+        tgt_qps.sort_by_key(|t| t.qpn);
+        NodeView {
+            node,
+            qps: w.qps.iter().filter(|(_, q)| on_node(q.dev)).count(),
+            tgt_qps,
+            mrs: w.mrs.iter().filter(|(_, m)| ctx_on_node(m.ctx)).count(),
+            srqs: w.srqs.iter().filter(|(_, s)| ctx_on_node(s.ctx)).count(),
+            xrcds: w.xrcds.iter().filter(|(_, x)| on_node(x.dev)).count(),
+        }
+    }
+
+    /// A QP's counters, by node and number.
+    pub fn qp_view(&self, node: usize, qpn: u32) -> Option<QpView> {
+        let w = self.shared.lock();
+        let qp = w
+            .devs
+            .iter()
+            .filter(|d| d.node == node)
+            .find_map(|d| d.qps.get(&qpn).copied())?;
+        let q = w.qps.get(qp)?;
+        Some(QpView {
+            state: q.state,
+            rnr_naks: q.rnr_naks,
+            timeouts: q.timeouts,
+            handles: q.handles.len(),
+        })
+    }
+}

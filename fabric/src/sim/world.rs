@@ -1,0 +1,1184 @@
+//! The simulated world: every node, device, process and verbs object, the
+//! virtual clock and the event queue.
+//!
+//! Everything here runs under one lock ([`super::Shared`]). Objects live in
+//! arenas and name each other by generation-checked ids; user handles
+//! (`handles.rs`) hold ids too, so that a crashed process's objects vanish at
+//! once while its handles turn into `ProcessGone`.
+//!
+//! Nothing here iterates a `HashMap` to make a decision: the seed alone
+//! decides what happens.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub(crate) use super::arena::{Arena, Id};
+use super::rng::Rng;
+use super::{SimConfig, SimStats};
+use crate::cm::{CmEventKind, PortSpace};
+use crate::types::*;
+use crate::{Error, Result};
+
+/// Index of a device in [`World::devs`].
+pub(crate) type DevIdx = usize;
+
+pub(crate) struct Dev {
+    pub node: usize,
+    pub name: String,
+    pub caps: DeviceCaps,
+    pub lid: u16,
+    pub gid: Gid,
+    pub ip: Ipv4Addr,
+    pub port_up: bool,
+    pub lkeys: HashMap<u32, Id<MrObj>>,
+    pub rkeys: HashMap<u32, Id<MrObj>>,
+    pub qps: HashMap<u32, Id<QpObj>>,
+    pub xrc_srqs: HashMap<u32, Id<SrqObj>>,
+    pub xrcds: BTreeMap<PathBuf, Id<XrcdObj>>,
+}
+
+pub(crate) struct Proc {
+    pub node: usize,
+    pub pid: u32,
+    pub alive: bool,
+}
+
+pub(crate) struct Ctx {
+    pub proc: Id<Proc>,
+    pub dev: DevIdx,
+    pub events: VecDeque<AsyncEvent>,
+}
+
+pub(crate) struct PdObj {
+    pub ctx: Id<Ctx>,
+}
+
+pub(crate) struct MrObj {
+    pub ctx: Id<Ctx>,
+    pub pd: Id<PdObj>,
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// A completion plus what polling it releases.
+pub(crate) struct Cqe {
+    pub wc: WorkCompletion,
+    /// The QP whose send-queue slots it releases.
+    pub qp: Option<Id<QpObj>>,
+    /// How many send-queue slots (this request and the unsignaled ones
+    /// before it).
+    pub slots: u32,
+}
+
+pub(crate) struct CqObj {
+    pub ctx: Id<Ctx>,
+    pub cap: u32,
+    pub entries: VecDeque<Cqe>,
+    pub overrun: bool,
+}
+
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sgl: Vec<Sge>,
+}
+
+pub(crate) struct XrcSrqInfo {
+    pub xrcd: Id<XrcdObj>,
+    pub cq: Id<CqObj>,
+    pub srqn: u32,
+}
+
+pub(crate) struct SrqObj {
+    pub ctx: Id<Ctx>,
+    pub pd: Id<PdObj>,
+    pub xrc: Option<XrcSrqInfo>,
+    pub wqes: VecDeque<RecvWqe>,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub limit: u32,
+}
+
+pub(crate) struct XrcdObj {
+    pub dev: DevIdx,
+    pub key: PathBuf,
+    /// Handles plus TGT QPs living in the domain.
+    pub refs: u32,
+}
+
+pub(crate) struct XrcdHandle {
+    pub ctx: Id<Ctx>,
+    pub xrcd: Id<XrcdObj>,
+}
+
+/// A send work request from post to completion.
+pub(crate) struct SqEntry {
+    pub wr_id: u64,
+    pub psn: u64,
+    pub op: SendOp,
+    pub signaled: bool,
+    pub srqn: Option<u32>,
+    /// The request's SGEs (for a read, the sink).
+    pub sgl: Vec<Sge>,
+    /// Inline bytes, or the bytes gathered at first transmission.
+    pub data: Option<Arc<[u8]>>,
+    pub len: u32,
+    pub rnr_tries: u8,
+}
+
+pub(crate) struct QpObj {
+    pub dev: DevIdx,
+    pub qpn: u32,
+    pub ty: QpType,
+    pub state: QpState,
+    pub pd: Option<Id<PdObj>>,
+    pub xrcd: Option<Id<XrcdObj>>,
+    pub send_cq: Option<Id<CqObj>>,
+    pub recv_cq: Option<Id<CqObj>>,
+    pub srq: Option<Id<SrqObj>>,
+    pub caps: QpCaps,
+    /// Every open handle; one for RC and INI QPs, one per opener for TGT QPs.
+    pub handles: Vec<Id<QpHandle>>,
+    pub access: Access,
+    /// Peer device (None if the RTR address matched no device) and QPN.
+    pub peer: Option<(Option<DevIdx>, u32)>,
+    pub min_rnr_timer: u8,
+    pub rts: RtsAttr,
+    pub rq: VecDeque<RecvWqe>,
+    // Requester.
+    pub sq: VecDeque<SqEntry>,
+    /// Entries of `sq` transmitted in the current epoch.
+    pub sent: usize,
+    pub sq_used: u32,
+    pub uncovered: u32,
+    pub next_psn: u64,
+    /// Bumped on every rewind (RNR, timeout, error): stale transmissions and
+    /// deliveries are ignored.
+    pub epoch: u64,
+    pub tx_scheduled: bool,
+    pub timer_gen: u64,
+    pub timer_armed: bool,
+    pub retries: u8,
+    pub last_arrival: u64,
+    // Responder.
+    pub expected_psn: u64,
+    pub last_response: u64,
+    // iWARP peer-to-peer bookkeeping.
+    pub iwarp_responder: bool,
+    pub heard: bool,
+    pub cm_id: Option<Id<CmIdObj>>,
+    // Statistics.
+    pub rnr_naks: u64,
+    pub timeouts: u64,
+}
+
+pub(crate) struct QpHandle {
+    pub ctx: Id<Ctx>,
+    pub qp: Id<QpObj>,
+}
+
+pub(crate) struct CmChannelObj {
+    pub ctx: Id<Ctx>,
+    pub events: VecDeque<PendingCmEvent>,
+}
+
+pub(crate) struct PendingCmEvent {
+    pub id: Id<CmIdObj>,
+    pub kind: CmEventKind,
+    pub private_data: Vec<u8>,
+    pub remote_qpn: Option<u32>,
+    pub peer: Option<SocketAddrV4>,
+    pub new_id: Option<Id<CmIdObj>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CmState {
+    Idle,
+    Listening,
+    AddrResolving,
+    AddrResolved,
+    RouteResolving,
+    RouteResolved,
+    Connecting,
+    RequestReceived,
+    Accepting,
+    Established,
+    Disconnecting,
+    Disconnected,
+    Failed,
+}
+
+/// What a connection request carried, kept by the passive side.
+#[derive(Clone)]
+pub(crate) struct ReqInfo {
+    pub qpn: Option<u32>,
+    pub psn: u32,
+    pub rnr_retry: u8,
+    pub retry: u8,
+}
+
+pub(crate) struct CmIdObj {
+    pub ctx: Id<Ctx>,
+    pub channel: Id<CmChannelObj>,
+    pub ps: PortSpace,
+    pub state: CmState,
+    pub local: Option<SocketAddrV4>,
+    pub remote: Option<SocketAddrV4>,
+    pub remote_dev: Option<DevIdx>,
+    pub qp: Option<Id<QpObj>>,
+    pub peer_id: Option<Id<CmIdObj>>,
+    pub listener: Option<Id<CmIdObj>>,
+    /// Listener: children by the requesting id, to recognise duplicates.
+    pub children: HashMap<Id<CmIdObj>, Id<CmIdObj>>,
+    /// The last message sent that a timer may resend.
+    pub last_sent: Option<super::cm::CmWire>,
+    pub retries: u32,
+    pub timer_gen: u64,
+    pub psn: u32,
+    pub req: Option<ReqInfo>,
+}
+
+/// Something that happens at a point of virtual time.
+pub(crate) enum Event {
+    Tx {
+        qp: Id<QpObj>,
+        epoch: u64,
+    },
+    Deliver(Box<super::transport::Delivery>),
+    Response {
+        qp: Id<QpObj>,
+        psn: u64,
+        epoch: u64,
+        resp: super::transport::Resp,
+    },
+    AckTimeout {
+        qp: Id<QpObj>,
+        gen: u64,
+    },
+    Cm(Box<super::cm::CmDelivery>),
+    CmTimer {
+        id: Id<CmIdObj>,
+        gen: u64,
+    },
+    CmLocal {
+        id: Id<CmIdObj>,
+        kind: CmEventKind,
+        next: CmState,
+    },
+}
+
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+pub(crate) struct World {
+    pub cfg: SimConfig,
+    pub now: u64,
+    seq: u64,
+    pub rng: Rng,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    pub devs: Vec<Dev>,
+    pub procs: Arena<Proc>,
+    pub ctxs: Arena<Ctx>,
+    pub pds: Arena<PdObj>,
+    pub mrs: Arena<MrObj>,
+    pub cqs: Arena<CqObj>,
+    pub srqs: Arena<SrqObj>,
+    pub xrcds: Arena<XrcdObj>,
+    pub xrcd_handles: Arena<XrcdHandle>,
+    pub qps: Arena<QpObj>,
+    pub qp_handles: Arena<QpHandle>,
+    pub channels: Arena<CmChannelObj>,
+    pub cm_ids: Arena<CmIdObj>,
+    pub listeners: HashMap<SocketAddrV4, Id<CmIdObj>>,
+    pub next_port: u16,
+    pub next_pid: u32,
+    /// (local node, remote node) pairs whose address is cached.
+    pub arp_cache: HashSet<(usize, usize)>,
+    pub faults: super::faults::FaultState,
+    pub stats: SimStats,
+    /// Rolling hash of every processed event: equal seeds give equal traces.
+    pub trace: u64,
+}
+
+impl World {
+    pub(crate) fn new(cfg: SimConfig) -> Self {
+        let mut devs = Vec::new();
+        for node in 0..cfg.nodes {
+            for (i, d) in cfg.devices.iter().enumerate() {
+                let hi = (node >> 8) as u8;
+                let lo = (node & 0xff) as u8;
+                let ip = Ipv4Addr::new(10, hi, lo, i as u8 + 1);
+                let mut gid = [0u8; 16];
+                gid[10] = 0xff;
+                gid[11] = 0xff;
+                gid[12..].copy_from_slice(&ip.octets());
+                devs.push(Dev {
+                    node,
+                    name: d.name.clone(),
+                    caps: d.caps.clone(),
+                    lid: if d.caps.transport == Transport::Infiniband {
+                        (devs.len() + 1) as u16
+                    } else {
+                        0
+                    },
+                    gid: Gid(gid),
+                    ip,
+                    port_up: true,
+                    lkeys: HashMap::new(),
+                    rkeys: HashMap::new(),
+                    qps: HashMap::new(),
+                    xrc_srqs: HashMap::new(),
+                    xrcds: BTreeMap::new(),
+                });
+            }
+        }
+        let seed = cfg.seed;
+        World {
+            cfg,
+            now: 0,
+            seq: 0,
+            rng: Rng::new(seed),
+            queue: BinaryHeap::new(),
+            devs,
+            procs: Arena::default(),
+            ctxs: Arena::default(),
+            pds: Arena::default(),
+            mrs: Arena::default(),
+            cqs: Arena::default(),
+            srqs: Arena::default(),
+            xrcds: Arena::default(),
+            xrcd_handles: Arena::default(),
+            qps: Arena::default(),
+            qp_handles: Arena::default(),
+            channels: Arena::default(),
+            cm_ids: Arena::default(),
+            listeners: HashMap::new(),
+            next_port: 20000,
+            next_pid: 1,
+            arp_cache: HashSet::new(),
+            faults: Default::default(),
+            stats: SimStats::default(),
+            trace: 0xcbf2_9ce4_8422_2325,
+        }
+    }
+
+    // ---- time and events -------------------------------------------------
+
+    pub(crate) fn schedule(&mut self, at: u64, event: Event) {
+        debug_assert!(at >= self.now, "event scheduled in the past");
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        }));
+    }
+
+    pub(crate) fn schedule_in(&mut self, delay_ns: u64, event: Event) {
+        let at = self.now + delay_ns;
+        self.schedule(at, event);
+    }
+
+    /// Makes progress: runs the events due now, or else moves the clock to
+    /// the next event and runs what is due then, or else lets an idle tick
+    /// pass. Returns whether any event ran.
+    pub(crate) fn progress(&mut self) -> bool {
+        let next = match self.queue.peek() {
+            Some(Reverse(s)) => s.at,
+            None => {
+                self.now += self.cfg.timing.idle_tick_ns;
+                return false;
+            }
+        };
+        if next > self.now {
+            self.now = next;
+        }
+        let mut ran = 0u32;
+        while let Some(Reverse(s)) = self.queue.peek() {
+            if s.at > self.now {
+                break;
+            }
+            let Reverse(s) = self.queue.pop().expect("peeked");
+            self.trace = (self.trace ^ s.seq ^ (s.at << 20)).wrapping_mul(0x100_0000_01b3);
+            self.stats.events += 1;
+            self.run(s.event);
+            ran += 1;
+        }
+        ran > 0
+    }
+
+    /// Runs events until `deadline_ns` (inclusive) and sets the clock there.
+    pub(crate) fn run_until(&mut self, deadline_ns: u64) {
+        while let Some(Reverse(s)) = self.queue.peek() {
+            if s.at > deadline_ns {
+                break;
+            }
+            self.progress();
+        }
+        if self.now < deadline_ns {
+            self.now = deadline_ns;
+        }
+    }
+
+    /// Whether anything is scheduled.
+    pub(crate) fn has_events(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    fn run(&mut self, event: Event) {
+        match event {
+            Event::Tx { qp, epoch } => self.on_tx(qp, epoch),
+            Event::Deliver(d) => self.on_deliver(*d),
+            Event::Response {
+                qp,
+                psn,
+                epoch,
+                resp,
+            } => self.on_response(qp, psn, epoch, resp),
+            Event::AckTimeout { qp, gen } => self.on_ack_timeout(qp, gen),
+            Event::Cm(d) => self.on_cm(*d),
+            Event::CmTimer { id, gen } => self.on_cm_timer(id, gen),
+            Event::CmLocal { id, kind, next } => self.on_cm_local(id, kind, next),
+        }
+    }
+
+    // ---- lookups ---------------------------------------------------------
+
+    /// The live context, or `ProcessGone` if its process has exited.
+    pub(crate) fn ctx(&self, ctx: Id<Ctx>) -> Result<&Ctx> {
+        self.ctxs.get(ctx).ok_or(Error::ProcessGone)
+    }
+
+    pub(crate) fn ctx_dev(&self, ctx: Id<Ctx>) -> Result<DevIdx> {
+        Ok(self.ctx(ctx)?.dev)
+    }
+
+    pub(crate) fn qp_of_handle(&self, h: Id<QpHandle>) -> Result<Id<QpObj>> {
+        self.qp_handles
+            .get(h)
+            .map(|h| h.qp)
+            .ok_or(Error::ProcessGone)
+    }
+
+    /// Whether traffic between two devices is cut (partition or port down).
+    pub(crate) fn path_down(&self, a: DevIdx, b: DevIdx) -> bool {
+        !self.devs[a].port_up
+            || !self.devs[b].port_up
+            || self
+                .faults
+                .partitioned(self.devs[a].node, self.devs[b].node)
+    }
+
+    pub(crate) fn dev_by_gid(&self, addr: &PortAddr) -> Option<DevIdx> {
+        self.devs.iter().position(|d| {
+            d.gid == addr.gid || (d.lid != 0 && d.lid == addr.lid && addr.gid == Gid::default())
+        })
+    }
+
+    pub(crate) fn dev_by_ip(&self, ip: Ipv4Addr) -> Option<DevIdx> {
+        self.devs.iter().position(|d| d.ip == ip)
+    }
+
+    // ---- async events ----------------------------------------------------
+
+    pub(crate) fn push_async(&mut self, ctx: Id<Ctx>, ev: AsyncEvent) {
+        if let Some(c) = self.ctxs.get_mut(ctx) {
+            c.events.push_back(ev);
+            self.stats.async_events += 1;
+        }
+    }
+
+    /// Delivers a QP-affiliated event to every process holding the QP (for a
+    /// shared TGT QP, every opener), once per context.
+    pub(crate) fn push_qp_async(&mut self, qp: Id<QpObj>, ev: AsyncEvent) {
+        let Some(q) = self.qps.get(qp) else { return };
+        let mut ctxs: Vec<Id<Ctx>> = q
+            .handles
+            .iter()
+            .filter_map(|h| self.qp_handles.get(*h).map(|h| h.ctx))
+            .collect();
+        ctxs.dedup();
+        for c in ctxs {
+            self.push_async(c, ev);
+        }
+    }
+
+    // ---- processes and contexts -----------------------------------------
+
+    pub(crate) fn spawn(&mut self, node: usize) -> Result<Id<Proc>> {
+        if node >= self.cfg.nodes {
+            return Err(Error::invalid(format!(
+                "node {node} out of range (the fabric has {} nodes)",
+                self.cfg.nodes
+            )));
+        }
+        let pid = self.next_pid;
+        self.next_pid += 1;
+        Ok(self.procs.insert(Proc {
+            node,
+            pid,
+            alive: true,
+        }))
+    }
+
+    pub(crate) fn open_ctx(&mut self, proc: Id<Proc>, name: &str) -> Result<Id<Ctx>> {
+        let p = self.procs.get(proc).ok_or(Error::ProcessGone)?;
+        if !p.alive {
+            return Err(Error::ProcessGone);
+        }
+        let node = p.node;
+        let dev = self
+            .devs
+            .iter()
+            .position(|d| d.node == node && d.name == name)
+            .ok_or_else(|| Error::not_found(format!("device {name} on node {node}")))?;
+        Ok(self.ctxs.insert(Ctx {
+            proc,
+            dev,
+            events: VecDeque::new(),
+        }))
+    }
+
+    /// Ends a process: the kernel closes every object it held, in the order
+    /// a careful process would (CM ids, QPs, SRQs, CQs, MRs, PDs, domains).
+    pub(crate) fn exit_process(&mut self, proc: Id<Proc>) {
+        let Some(p) = self.procs.get_mut(proc) else {
+            return;
+        };
+        if !p.alive {
+            return;
+        }
+        p.alive = false;
+        for ctx in self.ctxs.ids_where(|c| c.proc == proc) {
+            self.close_ctx(ctx);
+        }
+    }
+
+    pub(crate) fn close_ctx(&mut self, ctx: Id<Ctx>) {
+        if !self.ctxs.contains(ctx) {
+            return;
+        }
+        for id in self.cm_ids.ids_where(|c| c.ctx == ctx) {
+            self.destroy_cm_id(id);
+        }
+        for ch in self.channels.ids_where(|c| c.ctx == ctx) {
+            self.channels.remove(ch);
+        }
+        for h in self.qp_handles.ids_where(|h| h.ctx == ctx) {
+            self.close_qp_handle(h);
+        }
+        for s in self.srqs.ids_where(|s| s.ctx == ctx) {
+            self.destroy_srq(s);
+        }
+        for c in self.cqs.ids_where(|c| c.ctx == ctx) {
+            self.cqs.remove(c);
+        }
+        for m in self.mrs.ids_where(|m| m.ctx == ctx) {
+            self.dereg_mr(m);
+        }
+        for p in self.pds.ids_where(|p| p.ctx == ctx) {
+            self.pds.remove(p);
+        }
+        for x in self.xrcd_handles.ids_where(|x| x.ctx == ctx) {
+            self.close_xrcd_handle(x);
+        }
+        self.ctxs.remove(ctx);
+    }
+
+    // ---- PDs and MRs -----------------------------------------------------
+
+    pub(crate) fn alloc_pd(&mut self, ctx: Id<Ctx>) -> Result<Id<PdObj>> {
+        self.ctx(ctx)?;
+        Ok(self.pds.insert(PdObj { ctx }))
+    }
+
+    fn fresh_key(&mut self, dev: DevIdx) -> u32 {
+        loop {
+            let k = self.rng.next_u32();
+            let d = &self.devs[dev];
+            if k != 0 && !d.lkeys.contains_key(&k) && !d.rkeys.contains_key(&k) {
+                return k;
+            }
+        }
+    }
+
+    pub(crate) fn reg_mr(
+        &mut self,
+        ctx: Id<Ctx>,
+        pd: Id<PdObj>,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Id<MrObj>> {
+        let dev = self.ctx_dev(ctx)?;
+        if !self.pds.contains(pd) {
+            return Err(Error::ProcessGone);
+        }
+        if len > self.devs[dev].caps.max_mr_size {
+            return Err(Error::invalid(format!(
+                "region of {len} bytes exceeds max_mr_size"
+            )));
+        }
+        if addr.checked_add(len).is_none() {
+            return Err(Error::invalid("region wraps the address space"));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            // The verbs reject remote write without local write (EINVAL).
+            return Err(Error::invalid("REMOTE_WRITE requires LOCAL_WRITE"));
+        }
+        let lkey = self.fresh_key(dev);
+        let rkey = self.fresh_key(dev);
+        let id = self.mrs.insert(MrObj {
+            ctx,
+            pd,
+            addr,
+            len,
+            access,
+            lkey,
+            rkey,
+        });
+        let d = &mut self.devs[dev];
+        d.lkeys.insert(lkey, id);
+        d.rkeys.insert(rkey, id);
+        Ok(id)
+    }
+
+    pub(crate) fn dereg_mr(&mut self, mr: Id<MrObj>) {
+        let Some(m) = self.mrs.remove(mr) else { return };
+        if let Some(c) = self.ctxs.get(m.ctx) {
+            let d = &mut self.devs[c.dev];
+            d.lkeys.remove(&m.lkey);
+            d.rkeys.remove(&m.rkey);
+        }
+    }
+
+    // ---- CQs -------------------------------------------------------------
+
+    pub(crate) fn create_cq(&mut self, ctx: Id<Ctx>, cqe: u32) -> Result<Id<CqObj>> {
+        let dev = self.ctx_dev(ctx)?;
+        let max = self.devs[dev].caps.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(Error::invalid(format!("cqe {cqe} not in 1..={max}")));
+        }
+        Ok(self.cqs.insert(CqObj {
+            ctx,
+            cap: cqe,
+            entries: VecDeque::new(),
+            overrun: false,
+        }))
+    }
+
+    /// Adds a completion; on overrun the CQ breaks, its owner hears of it and
+    /// the QP that overran it goes to the error state.
+    pub(crate) fn push_cqe(&mut self, cq: Id<CqObj>, cqe: Cqe, culprit: Option<Id<QpObj>>) {
+        let Some(c) = self.cqs.get_mut(cq) else {
+            return;
+        };
+        if c.overrun {
+            return;
+        }
+        if c.entries.len() as u32 >= c.cap {
+            c.overrun = true;
+            let ctx = c.ctx;
+            self.stats.cq_overruns += 1;
+            self.push_async(ctx, AsyncEvent::CqError { cq: cq.raw() });
+            if let Some(qp) = culprit {
+                self.qp_to_error(qp, Some(QpErrorEvent::Fatal));
+            }
+            return;
+        }
+        c.entries.push_back(cqe);
+    }
+
+    pub(crate) fn poll_cq(&mut self, cq: Id<CqObj>, out: &mut [WorkCompletion]) -> Result<usize> {
+        let c = self.cqs.get_mut(cq).ok_or(Error::ProcessGone)?;
+        if c.overrun {
+            return Err(Error::CqOverrun);
+        }
+        let n = out.len().min(c.entries.len());
+        let mut released: Vec<(Id<QpObj>, u32)> = Vec::new();
+        for slot in out.iter_mut().take(n) {
+            let e = c.entries.pop_front().expect("counted");
+            *slot = e.wc;
+            if let (Some(qp), true) = (e.qp, e.slots > 0) {
+                released.push((qp, e.slots));
+            }
+        }
+        for (qp, slots) in released {
+            if let Some(q) = self.qps.get_mut(qp) {
+                debug_assert!(q.sq_used >= slots, "releasing more SQ slots than used");
+                q.sq_used = q.sq_used.saturating_sub(slots);
+            }
+        }
+        Ok(n)
+    }
+
+    // ---- SRQs and XRC domains ---------------------------------------------
+
+    pub(crate) fn create_srq(
+        &mut self,
+        ctx: Id<Ctx>,
+        pd: Id<PdObj>,
+        xrc: Option<(Id<XrcdHandle>, Id<CqObj>)>,
+        attr: SrqAttr,
+    ) -> Result<Id<SrqObj>> {
+        let dev = self.ctx_dev(ctx)?;
+        let caps = self.devs[dev].caps.clone();
+        if !caps.srq {
+            return Err(Error::Unsupported("device has no shared receive queues"));
+        }
+        if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr {
+            return Err(Error::invalid(format!(
+                "SRQ max_wr {} not in 1..={}",
+                attr.max_wr, caps.max_srq_wr
+            )));
+        }
+        if attr.max_sge == 0 || attr.max_sge > caps.max_sge {
+            return Err(Error::invalid(format!(
+                "SRQ max_sge {} not in 1..={}",
+                attr.max_sge, caps.max_sge
+            )));
+        }
+        let live = self
+            .srqs
+            .iter()
+            .filter(|(_, s)| self.ctx_dev(s.ctx).ok() == Some(dev));
+        if live.count() as u32 >= caps.max_srq {
+            return Err(Error::NoResource("device SRQ table full"));
+        }
+        let xrc = match xrc {
+            None => None,
+            Some((xh, cq)) => {
+                if !caps.xrc {
+                    return Err(Error::Unsupported("device has no XRC"));
+                }
+                let xrcd = self.xrcd_handles.get(xh).ok_or(Error::ProcessGone)?.xrcd;
+                if !self.cqs.contains(cq) {
+                    return Err(Error::ProcessGone);
+                }
+                let srqn = loop {
+                    let n = self.rng.next_u32() & 0x00ff_ffff;
+                    if n != 0 && !self.devs[dev].xrc_srqs.contains_key(&n) {
+                        break n;
+                    }
+                };
+                Some(XrcSrqInfo { xrcd, cq, srqn })
+            }
+        };
+        let srqn = xrc.as_ref().map(|x| x.srqn);
+        let id = self.srqs.insert(SrqObj {
+            ctx,
+            pd,
+            xrc,
+            wqes: VecDeque::new(),
+            max_wr: attr.max_wr,
+            max_sge: attr.max_sge,
+            limit: attr.srq_limit,
+        });
+        if let Some(n) = srqn {
+            self.devs[dev].xrc_srqs.insert(n, id);
+        }
+        Ok(id)
+    }
+
+    pub(crate) fn destroy_srq(&mut self, srq: Id<SrqObj>) {
+        let Some(s) = self.srqs.remove(srq) else {
+            return;
+        };
+        if let (Some(x), Some(c)) = (s.xrc, self.ctxs.get(s.ctx)) {
+            self.devs[c.dev].xrc_srqs.remove(&x.srqn);
+        }
+    }
+
+    pub(crate) fn post_srq_recv(&mut self, srq: Id<SrqObj>, wr: &RecvWr<'_>) -> Result<()> {
+        let s = self.srqs.get_mut(srq).ok_or(Error::ProcessGone)?;
+        if wr.sgl.len() as u32 > s.max_sge {
+            return Err(Error::invalid(format!(
+                "{} SGEs exceed the SRQ's max_sge {}",
+                wr.sgl.len(),
+                s.max_sge
+            )));
+        }
+        if s.wqes.len() as u32 >= s.max_wr {
+            return Err(Error::NoResource("shared receive queue full"));
+        }
+        s.wqes.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sgl: wr.sgl.to_vec(),
+        });
+        Ok(())
+    }
+
+    pub(crate) fn open_xrcd(&mut self, ctx: Id<Ctx>, key: &XrcdKey) -> Result<Id<XrcdHandle>> {
+        let dev = self.ctx_dev(ctx)?;
+        if !self.devs[dev].caps.xrc {
+            return Err(Error::Unsupported("device has no XRC"));
+        }
+        let xrcd = match self.devs[dev].xrcds.get(&key.0) {
+            Some(x) => *x,
+            None => {
+                let x = self.xrcds.insert(XrcdObj {
+                    dev,
+                    key: key.0.clone(),
+                    refs: 0,
+                });
+                self.devs[dev].xrcds.insert(key.0.clone(), x);
+                x
+            }
+        };
+        self.xrcds.get_mut(xrcd).expect("just found").refs += 1;
+        Ok(self.xrcd_handles.insert(XrcdHandle { ctx, xrcd }))
+    }
+
+    fn xrcd_unref(&mut self, xrcd: Id<XrcdObj>) {
+        let Some(x) = self.xrcds.get_mut(xrcd) else {
+            return;
+        };
+        x.refs -= 1;
+        if x.refs == 0 {
+            let x = self.xrcds.remove(xrcd).expect("present");
+            self.devs[x.dev].xrcds.remove(&x.key);
+        }
+    }
+
+    pub(crate) fn close_xrcd_handle(&mut self, h: Id<XrcdHandle>) {
+        if let Some(h) = self.xrcd_handles.remove(h) {
+            self.xrcd_unref(h.xrcd);
+        }
+    }
+
+    // ---- QPs ---------------------------------------------------------------
+
+    fn fresh_qpn(&mut self, dev: DevIdx) -> u32 {
+        loop {
+            let n = self.rng.next_u32() & 0x00ff_ffff;
+            if n > 1 && !self.devs[dev].qps.contains_key(&n) {
+                return n;
+            }
+        }
+    }
+
+    fn new_qp(&mut self, dev: DevIdx, ty: QpType, caps: QpCaps) -> QpObj {
+        let qpn = self.fresh_qpn(dev);
+        QpObj {
+            dev,
+            qpn,
+            ty,
+            state: QpState::Reset,
+            pd: None,
+            xrcd: None,
+            send_cq: None,
+            recv_cq: None,
+            srq: None,
+            caps,
+            handles: Vec::new(),
+            access: Access::NONE,
+            peer: None,
+            min_rnr_timer: 12,
+            rts: RtsAttr::default(),
+            rq: VecDeque::new(),
+            sq: VecDeque::new(),
+            sent: 0,
+            sq_used: 0,
+            uncovered: 0,
+            next_psn: 0,
+            epoch: 0,
+            tx_scheduled: false,
+            timer_gen: 0,
+            timer_armed: false,
+            retries: 0,
+            last_arrival: 0,
+            expected_psn: 0,
+            last_response: 0,
+            iwarp_responder: false,
+            heard: false,
+            cm_id: None,
+            rnr_naks: 0,
+            timeouts: 0,
+        }
+    }
+
+    fn check_qp_room(&self, dev: DevIdx) -> Result<()> {
+        if self.devs[dev].qps.len() as u32 >= self.devs[dev].caps.max_qp {
+            return Err(Error::NoResource("device QP table full"));
+        }
+        Ok(())
+    }
+
+    fn insert_qp(&mut self, ctx: Id<Ctx>, qp: QpObj) -> Id<QpHandle> {
+        let dev = qp.dev;
+        let qpn = qp.qpn;
+        let id = self.qps.insert(qp);
+        self.devs[dev].qps.insert(qpn, id);
+        let h = self.qp_handles.insert(QpHandle { ctx, qp: id });
+        self.qps.get_mut(id).expect("inserted").handles.push(h);
+        self.stats.qps_created += 1;
+        h
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn create_qp(
+        &mut self,
+        ctx: Id<Ctx>,
+        pd: Id<PdObj>,
+        ty: QpType,
+        send_cq: Id<CqObj>,
+        recv_cq: Option<Id<CqObj>>,
+        srq: Option<Id<SrqObj>>,
+        caps: QpCaps,
+    ) -> Result<Id<QpHandle>> {
+        let dev = self.ctx_dev(ctx)?;
+        let dcaps = self.devs[dev].caps.clone();
+        match ty {
+            QpType::Rc => {}
+            QpType::XrcIni if dcaps.xrc => {}
+            QpType::XrcIni => return Err(Error::Unsupported("device has no XRC")),
+            QpType::XrcTgt => {
+                return Err(Error::invalid(
+                    "XRC TGT QPs are created in an XRC domain (create_tgt_qp)",
+                ))
+            }
+        }
+        if caps.max_send_wr == 0 || caps.max_send_wr > dcaps.max_qp_wr {
+            return Err(Error::invalid(format!(
+                "max_send_wr {} not in 1..={}",
+                caps.max_send_wr, dcaps.max_qp_wr
+            )));
+        }
+        if caps.max_send_sge > dcaps.max_sge || caps.max_recv_sge > dcaps.max_sge {
+            return Err(Error::invalid(format!(
+                "SGE count exceeds max_sge {}",
+                dcaps.max_sge
+            )));
+        }
+        if caps.max_inline > dcaps.max_inline {
+            return Err(Error::invalid(format!(
+                "max_inline {} exceeds the device's {}",
+                caps.max_inline, dcaps.max_inline
+            )));
+        }
+        let mut granted = caps;
+        if ty == QpType::XrcIni || srq.is_some() {
+            granted.max_recv_wr = 0;
+            granted.max_recv_sge = 0;
+        } else {
+            if recv_cq.is_none() {
+                return Err(Error::invalid("an RC QP needs a receive CQ"));
+            }
+            if caps.max_recv_wr == 0 || caps.max_recv_wr > dcaps.max_qp_wr {
+                return Err(Error::invalid(format!(
+                    "max_recv_wr {} not in 1..={}",
+                    caps.max_recv_wr, dcaps.max_qp_wr
+                )));
+            }
+        }
+        if ty == QpType::XrcIni && srq.is_some() {
+            return Err(Error::invalid("an XRC INI QP has no receive side"));
+        }
+        if let Some(s) = srq {
+            let s = self.srqs.get(s).ok_or(Error::ProcessGone)?;
+            if s.xrc.is_some() {
+                return Err(Error::invalid(
+                    "XRC SRQs receive through TGT QPs, not RC QPs",
+                ));
+            }
+        }
+        self.check_qp_room(dev)?;
+        let mut q = self.new_qp(dev, ty, granted);
+        q.pd = Some(pd);
+        q.send_cq = Some(send_cq);
+        q.recv_cq = if ty == QpType::Rc { recv_cq } else { None };
+        q.srq = srq;
+        Ok(self.insert_qp(ctx, q))
+    }
+
+    pub(crate) fn create_tgt_qp(
+        &mut self,
+        ctx: Id<Ctx>,
+        xh: Id<XrcdHandle>,
+    ) -> Result<Id<QpHandle>> {
+        let dev = self.ctx_dev(ctx)?;
+        if !self.devs[dev].caps.xrc {
+            return Err(Error::Unsupported("device has no XRC"));
+        }
+        let xrcd = self.xrcd_handles.get(xh).ok_or(Error::ProcessGone)?.xrcd;
+        self.check_qp_room(dev)?;
+        let caps = QpCaps {
+            max_send_wr: 0,
+            max_recv_wr: 0,
+            max_send_sge: 0,
+            max_recv_sge: 0,
+            max_inline: 0,
+        };
+        let mut q = self.new_qp(dev, QpType::XrcTgt, caps);
+        q.xrcd = Some(xrcd);
+        self.xrcds.get_mut(xrcd).expect("handle keeps it").refs += 1;
+        self.stats.tgt_created += 1;
+        Ok(self.insert_qp(ctx, q))
+    }
+
+    pub(crate) fn open_tgt_qp(
+        &mut self,
+        ctx: Id<Ctx>,
+        xh: Id<XrcdHandle>,
+        qpn: u32,
+    ) -> Result<Id<QpHandle>> {
+        let dev = self.ctx_dev(ctx)?;
+        let xrcd = self.xrcd_handles.get(xh).ok_or(Error::ProcessGone)?.xrcd;
+        let qp = self.devs[dev]
+            .qps
+            .get(&qpn)
+            .copied()
+            .filter(|q| {
+                self.qps
+                    .get(*q)
+                    .is_some_and(|q| q.ty == QpType::XrcTgt && q.xrcd == Some(xrcd))
+            })
+            .ok_or_else(|| Error::not_found(format!("XRC TGT QP {qpn:#x} in this domain")))?;
+        let h = self.qp_handles.insert(QpHandle { ctx, qp });
+        self.qps.get_mut(qp).expect("found").handles.push(h);
+        self.stats.tgt_opened += 1;
+        Ok(h)
+    }
+
+    /// Drops one handle; the QP itself goes with its last handle.
+    pub(crate) fn close_qp_handle(&mut self, h: Id<QpHandle>) {
+        let Some(handle) = self.qp_handles.remove(h) else {
+            return;
+        };
+        let Some(q) = self.qps.get_mut(handle.qp) else {
+            return;
+        };
+        q.handles.retain(|x| *x != h);
+        if q.handles.is_empty() {
+            self.destroy_qp(handle.qp);
+        }
+    }
+
+    fn destroy_qp(&mut self, qp: Id<QpObj>) {
+        let Some(q) = self.qps.remove(qp) else { return };
+        self.devs[q.dev].qps.remove(&q.qpn);
+        if q.ty == QpType::XrcTgt {
+            self.stats.tgt_destroyed += 1;
+            if let Some(x) = q.xrcd {
+                self.xrcd_unref(x);
+            }
+        }
+        self.stats.qps_destroyed += 1;
+        if let Some(id) = q.cm_id {
+            if let Some(c) = self.cm_ids.get_mut(id) {
+                c.qp = None;
+            }
+        }
+        // The provider cleans the destroyed QP's completions out of its CQs.
+        for cq in [q.send_cq, q.recv_cq].into_iter().flatten() {
+            if let Some(c) = self.cqs.get_mut(cq) {
+                c.entries.retain(|e| e.qp != Some(qp));
+            }
+        }
+    }
+
+    pub(crate) fn modify_qp(&mut self, qp: Id<QpObj>, t: &QpTransition, by_cm: bool) -> Result<()> {
+        let transport = {
+            let q = self.qps.get(qp).ok_or(Error::ProcessGone)?;
+            self.devs[q.dev].caps.transport
+        };
+        let q = self.qps.get_mut(qp).ok_or(Error::ProcessGone)?;
+        let from = q.state;
+        match *t {
+            QpTransition::Init(a) => {
+                if from != QpState::Reset && from != QpState::Init {
+                    return Err(Error::state(format!("INIT from {from:?}")));
+                }
+                if a.port != 1 {
+                    return Err(Error::invalid(format!("port {} does not exist", a.port)));
+                }
+                q.access = a.access;
+                q.state = QpState::Init;
+            }
+            QpTransition::Rtr(a) => {
+                if from != QpState::Init {
+                    return Err(Error::state(format!("RTR from {from:?}")));
+                }
+                if transport == Transport::Iwarp && !by_cm {
+                    return Err(Error::invalid(
+                        "iWARP QPs are connected by the RDMA CM, not by hand",
+                    ));
+                }
+                let peer_dev = self.dev_by_gid(&a.dest);
+                let q = self.qps.get_mut(qp).expect("checked");
+                q.peer = Some((peer_dev, a.dest_qpn));
+                q.expected_psn = u64::from(a.rq_psn);
+                q.min_rnr_timer = a.min_rnr_timer;
+                q.state = QpState::Rtr;
+            }
+            QpTransition::Rts(a) => {
+                if q.ty == QpType::XrcTgt {
+                    return Err(Error::invalid("an XRC TGT QP does not send: RTR is final"));
+                }
+                if from != QpState::Rtr {
+                    return Err(Error::state(format!("RTS from {from:?}")));
+                }
+                if a.retry_cnt > 7 || a.rnr_retry > 7 {
+                    return Err(Error::invalid("retry counts are 3-bit values"));
+                }
+                q.rts = a;
+                q.next_psn = u64::from(a.sq_psn);
+                q.state = QpState::Rts;
+            }
+            QpTransition::Error => {
+                self.qp_to_error(qp, None);
+            }
+            QpTransition::Reset => {
+                q.state = QpState::Reset;
+                q.sq.clear();
+                q.rq.clear();
+                q.sent = 0;
+                q.sq_used = 0;
+                q.uncovered = 0;
+                q.peer = None;
+                q.epoch += 1;
+                q.timer_gen += 1;
+                q.timer_armed = false;
+                q.tx_scheduled = false;
+                q.retries = 0;
+                q.heard = false;
+                q.iwarp_responder = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which async event accompanies a QP's move to the error state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QpErrorEvent {
+    Fatal,
+    Request,
+    Access,
+}

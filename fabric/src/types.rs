@@ -1,0 +1,632 @@
+//! Plain data exchanged with a fabric: device capabilities, access flags, QP
+//! attributes, work requests, work completions and asynchronous events.
+//!
+//! These mirror the verbs structures field for field where the BTL needs the
+//! field, so that a verbs provider converts them without loss.
+
+use std::fmt;
+use std::ops::{BitOr, BitOrAssign};
+use std::path::PathBuf;
+
+/// The wire protocol underneath a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Native InfiniBand.
+    Infiniband,
+    /// InfiniBand transport over Ethernet (RoCE v1/v2, rdma_rxe).
+    Roce,
+    /// iWARP (RDMAP/DDP/MPA over TCP: cxgb4, irdma, siw). No XRC, no
+    /// immediate data, and the MPA initiator must send first.
+    Iwarp,
+}
+
+impl Transport {
+    /// Whether the transport is one of the InfiniBand family (IB or RoCE),
+    /// which share the IB CM and the IB transport semantics.
+    pub fn is_ib_family(self) -> bool {
+        matches!(self, Transport::Infiniband | Transport::Roce)
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Infiniband => "InfiniBand",
+            Transport::Roce => "RoCE",
+            Transport::Iwarp => "iWARP",
+        })
+    }
+}
+
+/// What a device can do, as read from the device (`ibv_query_device_ex` on
+/// real verbs). Upper layers take every protocol decision from here, never
+/// from a device name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// Wire protocol.
+    pub transport: Transport,
+    /// XRC domains, XRC SRQs and XRC INI/TGT QPs are available
+    /// (`IBV_DEVICE_XRC`).
+    pub xrc: bool,
+    /// Shared receive queues are available (`max_srq > 0`).
+    pub srq: bool,
+    /// Send and RDMA write with immediate data are available.
+    pub imm_data: bool,
+    /// Most QPs the device can hold.
+    pub max_qp: u32,
+    /// Deepest send or receive queue of a QP.
+    pub max_qp_wr: u32,
+    /// Most SRQs the device can hold.
+    pub max_srq: u32,
+    /// Deepest SRQ.
+    pub max_srq_wr: u32,
+    /// Most scatter/gather entries in a send or receive work request.
+    pub max_sge: u32,
+    /// Most scatter/gather entries in an RDMA read.
+    pub max_sge_rd: u32,
+    /// Deepest completion queue.
+    pub max_cqe: u32,
+    /// Largest inline payload a send queue accepts (on real verbs found by
+    /// creating a probe QP, as the device attributes do not carry it).
+    pub max_inline: u32,
+    /// Largest memory region.
+    pub max_mr_size: u64,
+    /// Most RDMA reads a QP may have outstanding as initiator or responder.
+    pub max_qp_rd_atom: u32,
+}
+
+/// A device as listed by [`crate::Fabric::devices`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name (`mlx5_0`, `rxe0`, `sim0`).
+    pub name: String,
+    /// Capabilities.
+    pub caps: DeviceCaps,
+}
+
+/// A 128-bit global identifier of a port (IPv6 format; RoCE v2 GIDs carry the
+/// interface's IPv4 address as `::ffff:a.b.c.d`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Gid(pub [u8; 16]);
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, pair) in self.0.chunks(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
+        }
+        Ok(())
+    }
+}
+
+/// State of a physical port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortState {
+    /// Link up, traffic flows.
+    Active,
+    /// Link down or not yet initialised.
+    Down,
+}
+
+/// Attributes of a device port, as `ibv_query_port` reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Port state.
+    pub state: PortState,
+    /// Local identifier (InfiniBand only; 0 elsewhere).
+    pub lid: u16,
+    /// GID at index 0.
+    pub gid: Gid,
+    /// Active MTU in bytes.
+    pub active_mtu: u32,
+}
+
+/// Where a QP can be reached: the address half of an RTR transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PortAddr {
+    /// Destination LID (InfiniBand).
+    pub lid: u16,
+    /// Destination GID (RoCE; also IB across subnets).
+    pub gid: Gid,
+}
+
+/// Memory access rights of a memory region or of a QP's responder.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No rights beyond local read.
+    pub const NONE: Access = Access(0);
+    /// The device may write the memory locally (needed for receives and for
+    /// the sink of an RDMA read).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Remote peers may RDMA-write the memory.
+    pub const REMOTE_WRITE: Access = Access(1 << 1);
+    /// Remote peers may RDMA-read the memory.
+    pub const REMOTE_READ: Access = Access(1 << 2);
+    /// Remote peers may run atomics on the memory.
+    pub const REMOTE_ATOMIC: Access = Access(1 << 3);
+
+    /// Raw bits (the `IBV_ACCESS_*` values).
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every right in `other` is also in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for Access {
+    fn bitor_assign(&mut self, rhs: Access) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Access::REMOTE_READ, "REMOTE_READ"),
+            (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+        ];
+        let set: Vec<&str> = names
+            .iter()
+            .filter(|(a, _)| self.contains(*a))
+            .map(|(_, n)| *n)
+            .collect();
+        if set.is_empty() {
+            f.write_str("NONE")
+        } else {
+            f.write_str(&set.join("|"))
+        }
+    }
+}
+
+/// The key that lets the processes of one node share an XRC domain. On real
+/// verbs it is a file every rank of the job on the node opens; on the
+/// simulated fabric it only needs to be equal between the ranks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct XrcdKey(pub PathBuf);
+
+impl XrcdKey {
+    /// Key from anything path-like.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        XrcdKey(path.into())
+    }
+}
+
+/// Kind of queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected: a send queue and a receive queue (or an SRQ).
+    Rc,
+    /// XRC initiator: send only; every work request names the remote XRC SRQ.
+    XrcIni,
+    /// XRC target: receive only, lives in an XRC domain, delivers into the
+    /// domain's XRC SRQs; opened by number from other processes.
+    XrcTgt,
+}
+
+/// QP state (the subset of `ibv_qp_state` the BTL drives).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QpState {
+    /// Just created; nothing can be posted.
+    Reset,
+    /// Receives may be posted; nothing flows.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Broken: every outstanding and every newly posted work request
+    /// completes with a flush error.
+    Error,
+}
+
+/// Queue sizes of a QP, requested at creation and reported back as granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth (0 with an SRQ or for XRC QPs).
+    pub max_recv_wr: u32,
+    /// SGEs per send work request.
+    pub max_send_sge: u32,
+    /// SGEs per receive work request.
+    pub max_recv_sge: u32,
+    /// Largest inline payload.
+    pub max_inline: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 0,
+        }
+    }
+}
+
+/// Attributes of the RESET→INIT transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InitAttr {
+    /// Port number (1-based).
+    pub port: u8,
+    /// What remote peers may do through this QP as responder.
+    pub access: Access,
+}
+
+impl Default for InitAttr {
+    fn default() -> Self {
+        InitAttr {
+            port: 1,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+        }
+    }
+}
+
+/// Attributes of the INIT→RTR transition: where the peer QP is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RtrAttr {
+    /// Peer's port.
+    pub dest: PortAddr,
+    /// Peer's QP number.
+    pub dest_qpn: u32,
+    /// First packet sequence number expected from the peer.
+    pub rq_psn: u32,
+    /// RDMA reads the peer may have outstanding against this QP.
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer this QP advertises, in the IB 5-bit encoding.
+    pub min_rnr_timer: u8,
+}
+
+impl RtrAttr {
+    /// RTR attributes with the usual defaults for a given peer.
+    pub fn new(dest: PortAddr, dest_qpn: u32) -> Self {
+        RtrAttr {
+            dest,
+            dest_qpn,
+            rq_psn: 0,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+        }
+    }
+}
+
+/// Attributes of the RTR→RTS transition: the requester's retry policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RtsAttr {
+    /// First packet sequence number sent.
+    pub sq_psn: u32,
+    /// Local ACK timeout, IB encoding: 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    /// Transport retries before `RetryExceeded` (0..=7).
+    pub retry_cnt: u8,
+    /// RNR retries before `RnrRetryExceeded` (0..=6; 7 retries forever).
+    pub rnr_retry: u8,
+    /// RDMA reads this QP may have outstanding.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for RtsAttr {
+    fn default() -> Self {
+        RtsAttr {
+            sq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+/// A QP state change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpTransition {
+    /// RESET→INIT.
+    Init(InitAttr),
+    /// INIT→RTR.
+    Rtr(RtrAttr),
+    /// RTR→RTS.
+    Rts(RtsAttr),
+    /// Any→ERROR: flush everything outstanding.
+    Error,
+    /// Any→RESET: drop everything, the QP can be connected again.
+    Reset,
+}
+
+/// One scatter/gather element: a range of registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of a memory region covering the range.
+    pub lkey: u32,
+}
+
+/// The remote half of an RDMA operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key of a memory region covering the range.
+    pub rkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// Two-sided send, consumes a receive at the peer.
+    Send,
+    /// Send carrying 32 bits of immediate data.
+    SendWithImm(u32),
+    /// RDMA write into the peer's memory; no receive consumed.
+    Write(RemoteAddr),
+    /// RDMA write that also consumes a receive and delivers the immediate.
+    WriteWithImm(RemoteAddr, u32),
+    /// RDMA read from the peer's memory into the local SGEs.
+    Read(RemoteAddr),
+}
+
+/// Where the bytes of a send come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// Gathered from registered memory when the device processes the request.
+    Sgl(&'a [Sge]),
+    /// Copied into the work queue at post time; needs no registration. Sends
+    /// and writes only, up to the QP's `max_inline`.
+    Inline(&'a [u8]),
+}
+
+impl Payload<'_> {
+    /// Total length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Sgl(sgl) => sgl.iter().map(|s| u64::from(s.length)).sum(),
+            Payload::Inline(data) => data.len() as u64,
+        }
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: SendOp,
+    /// Local data (the sink for a read).
+    pub payload: Payload<'a>,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Wait for earlier RDMA reads to finish before starting.
+    pub fence: bool,
+    /// XRC INI QPs only: the SRQ number at the target that receives (and
+    /// whose protection domain governs RDMA access).
+    pub remote_srqn: Option<u32>,
+}
+
+impl<'a> SendWr<'a> {
+    /// A signaled work request of the given operation.
+    pub fn new(wr_id: u64, op: SendOp, payload: Payload<'a>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            payload,
+            signaled: true,
+            fence: false,
+            remote_srqn: None,
+        }
+    }
+
+    /// A signaled two-sided send of `sgl`.
+    pub fn send(wr_id: u64, sgl: &'a [Sge]) -> Self {
+        SendWr::new(wr_id, SendOp::Send, Payload::Sgl(sgl))
+    }
+
+    /// Addressed to an XRC SRQ (required on XRC INI QPs).
+    pub fn to_srq(mut self, srqn: u32) -> Self {
+        self.remote_srqn = Some(srqn);
+        self
+    }
+
+    /// Without a completion on success.
+    pub fn unsignaled(mut self) -> Self {
+        self.signaled = false;
+        self
+    }
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming message is scattered.
+    pub sgl: &'a [Sge],
+}
+
+/// Status of a completion (`ibv_wc_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Done.
+    Success,
+    /// A receive buffer was too small for the message.
+    LocalLength,
+    /// Internal QP consistency error.
+    LocalQpOperation,
+    /// An SGE's lkey is unknown, of another PD, or does not cover the range.
+    LocalProtection,
+    /// The QP was in (or went to) the error state before this request ran.
+    WrFlush,
+    /// Unexpected transport response.
+    BadResponse,
+    /// Protection error on the local data of an RDMA read response.
+    LocalAccess,
+    /// The responder rejected the request (unknown XRC SRQ, message too
+    /// long, unsupported operation).
+    RemoteInvalidRequest,
+    /// The responder refused the rkey: unknown, wrong PD, access not
+    /// granted, or range outside the region.
+    RemoteAccess,
+    /// The responder failed to complete the operation.
+    RemoteOperation,
+    /// No acknowledgement after the transport retries: peer gone, path down.
+    RetryExceeded,
+    /// The responder had no receive posted for longer than the RNR retries.
+    RnrRetryExceeded,
+    /// Fatal device error.
+    Fatal,
+    /// Anything else.
+    General,
+}
+
+/// What a completion completes (`ibv_wc_opcode`). Meaningful on success;
+/// on error the verbs leave it undefined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A send (with or without immediate).
+    Send,
+    /// An RDMA write (with or without immediate).
+    RdmaWrite,
+    /// An RDMA read.
+    RdmaRead,
+    /// A receive of a send.
+    Recv,
+    /// A receive consumed by an RDMA write with immediate.
+    RecvRdmaWithImm,
+}
+
+/// One completion (`ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or read (RDMA reads).
+    pub byte_len: u32,
+    /// Local QP the work request belonged to. For receives on an XRC SRQ,
+    /// the XRC TGT QP the message came through.
+    pub qp_num: u32,
+    /// Sending QP; defined by verbs for UD only, so connected-mode code must
+    /// not depend on it.
+    pub src_qp: u32,
+    /// Immediate data, if the message carried some.
+    pub imm: Option<u32>,
+}
+
+impl Default for WorkCompletion {
+    fn default() -> Self {
+        WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::General,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            qp_num: 0,
+            src_qp: 0,
+            imm: None,
+        }
+    }
+}
+
+/// Attributes of a shared receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Receive work requests it can hold.
+    pub max_wr: u32,
+    /// SGEs per receive.
+    pub max_sge: u32,
+    /// Arm the limit event: fire once when fewer than this many receives
+    /// remain (0 = not armed).
+    pub srq_limit: u32,
+}
+
+impl Default for SrqAttr {
+    fn default() -> Self {
+        SrqAttr {
+            max_wr: 256,
+            max_sge: 1,
+            srq_limit: 0,
+        }
+    }
+}
+
+/// An asynchronous event (`ibv_get_async_event`). Events affiliated with a
+/// shared XRC TGT QP are delivered to every process that has it open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AsyncEvent {
+    /// A QP went to the error state for a reason not tied to a work request
+    /// (a fault, a CQ overrun, a torn-down iWARP connection).
+    QpFatal {
+        /// The QP's number.
+        qpn: u32,
+    },
+    /// The QP, as responder, received a request it could not accept (unknown
+    /// XRC SRQ, message too long) and went to the error state.
+    QpRequestError {
+        /// The QP's number.
+        qpn: u32,
+    },
+    /// The QP, as responder, refused an rkey and went to the error state.
+    QpAccessError {
+        /// The QP's number.
+        qpn: u32,
+    },
+    /// A QP attached to an SRQ went to the error state and will consume no
+    /// more of the SRQ's receives.
+    QpLastWqeReached {
+        /// The QP's number.
+        qpn: u32,
+    },
+    /// An SRQ dropped below its armed limit (the limit is disarmed).
+    SrqLimitReached {
+        /// The SRQ's [`crate::Srq::id`].
+        srq: u64,
+    },
+    /// A completion queue overran.
+    CqError {
+        /// The CQ's [`crate::Cq::id`].
+        cq: u64,
+    },
+    /// A port came up.
+    PortActive {
+        /// Port number.
+        port: u8,
+    },
+    /// A port went down.
+    PortError {
+        /// Port number.
+        port: u8,
+    },
+}

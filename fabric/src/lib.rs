@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+mod buf;
 pub mod cm;
 mod error;
 pub mod sim;
@@ -25,6 +26,7 @@ mod types;
 pub use cm::{
     max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason,
 };
+pub use buf::DmaBuf;
 pub use error::{Error, Result};
 pub use types::*;
 
@@ -242,7 +244,9 @@ pub trait CmChannel: Send + Sync {
 }
 
 /// An RDMA CM connection identifier (`rdma_cm_id`). Dropping it destroys it:
-/// a connected id disconnects, a pending request is rejected.
+/// a connected id sends a disconnect (without touching the local QP), a
+/// pending request is rejected. A process's exit does the same for all its
+/// ids.
 pub trait CmId: Send + Sync {
     /// The device context whose QPs it connects.
     type Context: Context;
@@ -281,8 +285,15 @@ pub trait CmId: Send + Sync {
     /// Rejects a connect request, with private data.
     fn reject(&self, private_data: &[u8]) -> Result<()>;
 
-    /// Disconnects; the connection's QPs go to the error state.
+    /// Disconnects. The local QP goes to the error state; the peer hears
+    /// `Disconnected`, and on iWARP (where the stream under the QP closes)
+    /// its QP goes to the error state too, while on InfiniBand and RoCE the
+    /// CM leaves the peer's QP alone.
     fn disconnect(&self) -> Result<()>;
+
+    /// The local address: a listener's bound address, or the source
+    /// address picked by address resolution.
+    fn local_addr(&self) -> Option<SocketAddr>;
 
     /// The peer's address, once known.
     fn peer_addr(&self) -> Option<SocketAddr>;

@@ -890,7 +890,10 @@ impl World {
                     s,
                     CmState::Established | CmState::Accepting | CmState::Disconnecting
                 ) {
-                    if let Some(qp) = qp {
+                    // iWARP closes the stream under the QP; the IB CM leaves
+                    // a QP the application manages alone.
+                    let iwarp = self.cm_transport(id).ok() == Some(Transport::Iwarp);
+                    if let (Some(qp), true) = (qp, iwarp) {
                         self.qp_to_error(qp, None);
                     }
                     self.cancel_cm_timer(id);

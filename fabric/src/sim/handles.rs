@@ -674,12 +674,6 @@ impl SimCmId {
     fn world(&self) -> MutexGuard<'_, World> {
         self.channel.ctx.world()
     }
-
-    /// The local address (a listener's bound address, or the source address
-    /// chosen by address resolution).
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.world().cm_local_addr(self.id)
-    }
 }
 
 impl CmId for SimCmId {
@@ -719,6 +713,10 @@ impl CmId for SimCmId {
 
     fn disconnect(&self) -> Result<()> {
         self.world().cm_disconnect(self.id)
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        self.world().cm_local_addr(self.id)
     }
 
     fn peer_addr(&self) -> Option<SocketAddr> {

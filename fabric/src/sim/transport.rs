@@ -785,6 +785,17 @@ impl World {
     }
 
     fn rnr(&mut self, dst: Id<QpObj>, d: &Delivery) {
+        let Some(q) = self.qps.get(dst) else { return };
+        if self.devs[q.dev].caps.transport == Transport::Iwarp {
+            // iWARP has no RNR: DDP finds no receive buffer and terminates
+            // the connection.
+            let cm = q.cm_id;
+            self.responder_error(dst, d, WcStatus::RemoteOperation, QpErrorEvent::Fatal);
+            if let Some(id) = cm {
+                self.cm_torn_down(id);
+            }
+            return;
+        }
         self.stats.rnr_naks += 1;
         let code = self.qps.get(dst).map_or(12, |q| q.min_rnr_timer);
         self.respond(

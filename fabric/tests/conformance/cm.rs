@@ -1,0 +1,127 @@
+//! Rules of the RDMA CM: private data and its limits, rejects, connecting to
+//! nobody, disconnects.
+
+use std::net::SocketAddr;
+
+use xrcbtl_fabric::*;
+
+use super::harness::{Failure, Harness, Outcome};
+use super::util::*;
+use super::{rule, two, Rule};
+use crate::{ensure, ensure_eq};
+
+pub fn rules<H: Harness>() -> Vec<Rule<H>> {
+    vec![
+        rule("cm_private_data", &[], cm_private_data::<H>),
+        rule("cm_private_data_limits", &[], cm_private_data_limits::<H>),
+        rule("cm_reject_with_private_data", &[], cm_reject::<H>),
+        rule("cm_no_listener", &[], cm_no_listener::<H>),
+        rule("cm_disconnect", &[], cm_disconnect::<H>),
+    ]
+}
+
+fn cm_private_data<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let ea = Ep::new(&a.ctx, &Opts::default())?;
+    let eb = Ep::new(&b.ctx, &Opts::default())?;
+    let cha = a.ctx.create_cm_channel()?;
+    let chb = b.ctx.create_cm_channel()?;
+    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
+    let ida = resolve(h, &cha, PortSpace::Tcp, addr)?;
+    let req_data = pattern(1, 40);
+    ida.connect(Some(&ea.qp), &ConnParam::with_data(&req_data))?;
+    let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
+    ensure!(
+        req.private_data.starts_with(&req_data),
+        "request carried {:?}",
+        req.private_data
+    );
+    ensure_eq!(req.remote_qpn, Some(ea.qp.qp_num()));
+    let t = h.caps().transport;
+    if t.is_ib_family() {
+        // IB CM messages have fixed-size private data.
+        ensure_eq!(req.private_data.len(), max_private_data(t, PortSpace::Tcp, CmMessage::Request));
+    } else {
+        ensure_eq!(req.private_data.len(), 40);
+    }
+    let idb = req.new_id.ok_or_else(|| Failure("no id".into()))?;
+    let rep_data = pattern(2, 100);
+    idb.accept(Some(&eb.qp), &ConnParam::with_data(&rep_data))?;
+    let est = wait_cm(h, &cha, |_| true)?;
+    ensure_eq!(est.kind, CmEventKind::Established);
+    ensure!(est.private_data.starts_with(&rep_data), "reply carried {:?}", est.private_data);
+    let est = wait_cm(h, &chb, |_| true)?;
+    ensure_eq!(est.kind, CmEventKind::Established);
+    Ok(())
+}
+
+fn cm_private_data_limits<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let ea = Ep::new(&a.ctx, &Opts::default())?;
+    let cha = a.ctx.create_cm_channel()?;
+    let chb = b.ctx.create_cm_channel()?;
+    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
+    let ida = resolve(h, &cha, PortSpace::Tcp, addr)?;
+    let max = max_private_data(h.caps().transport, PortSpace::Tcp, CmMessage::Request);
+    let too_much = vec![7u8; max + 1];
+    match ida.connect(Some(&ea.qp), &ConnParam::with_data(&too_much)) {
+        Err(Error::InvalidArgument(_)) => {}
+        other => return Err(Failure(format!("{} bytes of request data: {other:?}", max + 1))),
+    }
+    // Exactly the limit goes through.
+    let exact = vec![7u8; max];
+    ida.connect(Some(&ea.qp), &ConnParam::with_data(&exact))?;
+    let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
+    ensure_eq!(req.private_data, exact);
+    Ok(())
+}
+
+fn cm_reject<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let ea = Ep::new(&a.ctx, &Opts::default())?;
+    let cha = a.ctx.create_cm_channel()?;
+    let chb = b.ctx.create_cm_channel()?;
+    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
+    let ida = resolve(h, &cha, PortSpace::Tcp, addr)?;
+    ida.connect(Some(&ea.qp), &ConnParam::default())?;
+    let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
+    let idb = req.new_id.ok_or_else(|| Failure("no id".into()))?;
+    idb.reject(b"go away: wrong job")?;
+    let e = wait_cm(h, &cha, |_| true)?;
+    ensure_eq!(e.kind, CmEventKind::Rejected(RejectReason::Consumer));
+    ensure!(e.private_data.starts_with(b"go away: wrong job"), "{:?}", e.private_data);
+    Ok(())
+}
+
+fn cm_no_listener<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let ea = Ep::new(&a.ctx, &Opts::default())?;
+    let cha = a.ctx.create_cm_channel()?;
+    let chb = b.ctx.create_cm_channel()?;
+    // A port that was listened on and no longer is.
+    let (l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
+    drop(l);
+    let ida = resolve(h, &cha, PortSpace::Tcp, SocketAddr::new(addr.ip(), addr.port()))?;
+    ida.connect(Some(&ea.qp), &ConnParam::default())?;
+    let e = wait_cm(h, &cha, |_| true)?;
+    ensure_eq!(e.kind, CmEventKind::Rejected(RejectReason::NoListener));
+    Ok(())
+}
+
+fn cm_disconnect<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    ea.id.as_ref().expect("CM endpoint").disconnect()?;
+    ensure_eq!(ea.qp.state()?, QpState::Error);
+    let e = wait_cm(h, eb.ch.as_ref().expect("CM endpoint"), |_| true)?;
+    ensure_eq!(e.kind, CmEventKind::Disconnected);
+    let e = wait_cm(h, ea.ch.as_ref().expect("CM endpoint"), |_| true)?;
+    ensure_eq!(e.kind, CmEventKind::Disconnected);
+    let peer_state = eb.qp.state()?;
+    if h.caps().transport == Transport::Iwarp {
+        ensure_eq!(peer_state, QpState::Error);
+    } else {
+        ensure_eq!(peer_state, QpState::Rts);
+    }
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! Rules of the data path: transfers, key checks, RNR, vanished peers,
+//! flushes, queue limits and SRQ events.
+
+use std::time::Duration;
+
+use xrcbtl_fabric::*;
+
+use super::harness::{Failure, Harness, Need, Outcome};
+use super::util::*;
+use super::{rule, two, Rule};
+use crate::{ensure, ensure_eq};
+
+pub fn rules<H: Harness>() -> Vec<Rule<H>> {
+    vec![
+        rule("transfer_send_recv", &[], transfer_send_recv::<H>),
+        rule("transfer_send_with_imm", &[Need::ImmData], transfer_send_with_imm::<H>),
+        rule("transfer_rdma_write_read", &[], transfer_rdma_write_read::<H>),
+        rule("transfer_manual_connect", &[Need::IbFamily], transfer_manual_connect::<H>),
+        rule("keys_unknown_rkey", &[], keys_unknown_rkey::<H>),
+        rule("keys_wrong_pd", &[], keys_wrong_pd::<H>),
+        rule("keys_access_not_granted", &[], keys_access_not_granted::<H>),
+        rule("keys_out_of_range", &[], keys_out_of_range::<H>),
+        rule("keys_local_protection", &[], keys_local_protection::<H>),
+        rule("rnr_retry_exceeded_rq", &[Need::IbFamily], rnr_retry_exceeded_rq::<H>),
+        rule("rnr_retry_exceeded_srq", &[Need::IbFamily, Need::Srq], rnr_retry_exceeded_srq::<H>),
+        rule("rnr_retries_until_receive_posted", &[Need::IbFamily], rnr_recovers::<H>),
+        rule("peer_gone_retry_exceeded", &[Need::IbFamily], peer_gone_retry_exceeded::<H>),
+        rule("error_flushes_in_order", &[], error_flushes_in_order::<H>),
+        rule("limits_send_queue_full", &[Need::IbFamily], limits_send_queue_full::<H>),
+        rule("limits_cq_overrun", &[], limits_cq_overrun::<H>),
+        rule("limits_max_inline", &[], limits_max_inline::<H>),
+        rule("srq_limit_event", &[Need::Srq], srq_limit_event::<H>),
+        rule("srq_last_wqe_reached", &[Need::Srq], srq_last_wqe_reached::<H>),
+        rule("introspect_counts", &[Need::Introspection], introspect_counts::<H>),
+    ]
+}
+
+fn transfer_send_recv<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let sizes = [0usize, 1, 7, 4096];
+    for (i, len) in sizes.iter().enumerate() {
+        ea.send(i as u32, &pattern(i as u8, *len))?;
+    }
+    let sent = wait_cq(h, &ea.cq, sizes.len())?;
+    for (i, wc) in sent.iter().enumerate() {
+        check_wc(wc, i as u64, WcStatus::Success)?;
+        ensure_eq!(wc.opcode, WcOpcode::Send);
+    }
+    let got = wait_cq(h, &eb.cq, sizes.len())?;
+    for (i, wc) in got.iter().enumerate() {
+        check_wc(wc, 1000 + i as u64, WcStatus::Success)?;
+        ensure_eq!(wc.opcode, WcOpcode::Recv);
+        ensure_eq!(wc.byte_len as usize, sizes[i]);
+        ensure_eq!(wc.qp_num, eb.qp.qp_num());
+        ensure_eq!(eb.rbuf.read(i * 4096, sizes[i]), pattern(i as u8, sizes[i]));
+    }
+    // Three SGEs gather into one message.
+    ea.sbuf.write(0, b"abc");
+    ea.sbuf.write(100, b"defgh");
+    ea.sbuf.write(4000, b"ij");
+    let sgl = [ea.sbuf.sge(0, 3), ea.sbuf.sge(100, 5), ea.sbuf.sge(4000, 2)];
+    ea.qp.post_send(&SendWr::send(9, &sgl))?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 9, WcStatus::Success)?;
+    let wc = wait_cq(h, &eb.cq, 1)?[0];
+    ensure_eq!(wc.byte_len, 10);
+    ensure_eq!(eb.rbuf.read(4 * 4096, 10), b"abcdefghij".to_vec());
+    Ok(())
+}
+
+fn transfer_send_with_imm<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    ea.sbuf.write(0, b"imm");
+    let sge = [ea.sbuf.sge(0, 3)];
+    ea.qp.post_send(&SendWr::new(1, SendOp::SendWithImm(0xdead_beef), Payload::Sgl(&sge)))?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::Success)?;
+    let wc = wait_cq(h, &eb.cq, 1)?[0];
+    ensure_eq!(wc.imm, Some(0xdead_beef));
+    ensure_eq!(wc.byte_len, 3);
+    // A write with immediate lands in memory and consumes a receive.
+    ea.sbuf.write(0, b"written");
+    let sge = [ea.sbuf.sge(0, 7)];
+    let op = SendOp::WriteWithImm(eb.rbuf.remote(8192), 7);
+    ea.qp.post_send(&SendWr::new(2, op, Payload::Sgl(&sge)))?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 2, WcStatus::Success)?;
+    let wc = wait_cq(h, &eb.cq, 1)?[0];
+    ensure_eq!(wc.opcode, WcOpcode::RecvRdmaWithImm);
+    ensure_eq!(wc.imm, Some(7));
+    ensure_eq!(eb.rbuf.read(8192, 7), b"written".to_vec());
+    Ok(())
+}
+
+fn transfer_rdma_write_read<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let data = pattern(3, 1000);
+    ea.sbuf.write(0, &data);
+    let sge = [ea.sbuf.sge(0, 1000)];
+    ea.qp.post_send(&SendWr::new(1, SendOp::Write(eb.rbuf.remote(100)), Payload::Sgl(&sge)))?;
+    let wc = wait_cq(h, &ea.cq, 1)?[0];
+    check_wc(&wc, 1, WcStatus::Success)?;
+    ensure_eq!(wc.opcode, WcOpcode::RdmaWrite);
+    ensure_eq!(eb.rbuf.read(100, 1000), data);
+
+    let data = pattern(4, 3000);
+    eb.sbuf.write(4096, &data);
+    let sge = [ea.rbuf.sge(8192, 3000)];
+    ea.qp.post_send(&SendWr::new(2, SendOp::Read(eb.sbuf.remote(4096)), Payload::Sgl(&sge)))?;
+    let wc = wait_cq(h, &ea.cq, 1)?[0];
+    check_wc(&wc, 2, WcStatus::Success)?;
+    ensure_eq!(wc.opcode, WcOpcode::RdmaRead);
+    ensure_eq!(ea.rbuf.read(8192, 3000), data);
+    // One-sided operations consume no receive.
+    expect_quiet(h, &eb.cq, Duration::from_millis(1))?;
+    Ok(())
+}
+
+fn transfer_manual_connect<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_manual::<H>(&a, &b, &Opts::default(), &Opts::default())?;
+    ea.send(0, b"by hand")?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::Success)?;
+    eb.send(1, b"and back")?;
+    check_wc(&wait_cq(h, &eb.cq, 2)?[0], 1000, WcStatus::Success)?;
+    ensure_eq!(eb.rbuf.read(0, 7), b"by hand".to_vec());
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1000, WcStatus::Success)?;
+    ensure_eq!(ea.rbuf.read(0, 8), b"and back".to_vec());
+    Ok(())
+}
+
+/// Posts a one-sided operation followed by a send, and checks the first fails
+/// with `status`, the send is flushed, and the requester QP is in error.
+fn expect_remote_failure<C: Context, H: Harness>(
+    h: &H,
+    ea: &Ep<C>,
+    op: SendOp,
+    len: u32,
+    status: WcStatus,
+) -> Outcome {
+    let sge = [ea.sbuf.sge(0, len)];
+    let local = if matches!(op, SendOp::Read(_)) { [ea.rbuf.sge(0, len)] } else { sge };
+    ea.qp.post_send(&SendWr::new(1, op, Payload::Sgl(&local)))?;
+    ea.send(2, b"after")?;
+    let wcs = wait_cq(h, &ea.cq, 2)?;
+    check_wc(&wcs[0], 1, status)?;
+    check_wc(&wcs[1], 2, WcStatus::WrFlush)?;
+    ensure_eq!(ea.qp.state()?, QpState::Error);
+    Ok(())
+}
+
+fn keys_unknown_rkey<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let good = eb.rbuf.remote(0);
+    let bad = RemoteAddr { rkey: good.rkey ^ 0x00ff_ff00, ..good };
+    expect_remote_failure(h, &ea, SendOp::Write(bad), 8, WcStatus::RemoteAccess)
+}
+
+fn keys_wrong_pd<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let other_pd = b.ctx.alloc_pd()?;
+    let foreign = DmaBuf::new(&b.ctx, &other_pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+    expect_remote_failure(h, &ea, SendOp::Write(foreign.remote(0)), 8, WcStatus::RemoteAccess)?;
+    drop(eb);
+    Ok(())
+}
+
+fn keys_access_not_granted<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    // Writing where only reads are allowed.
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let ro = DmaBuf::new(&b.ctx, &eb.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ)?;
+    expect_remote_failure(h, &ea, SendOp::Write(ro.remote(0)), 8, WcStatus::RemoteAccess)?;
+    // Reading where only writes are allowed.
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let wo = DmaBuf::new(&b.ctx, &eb.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+    expect_remote_failure(h, &ea, SendOp::Read(wo.remote(0)), 8, WcStatus::RemoteAccess)
+}
+
+fn keys_out_of_range<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let end = eb.rbuf.len();
+    // The last 8 bytes are inside; 16 bytes from there are not.
+    let sge = [ea.sbuf.sge(0, 8)];
+    ea.qp.post_send(&SendWr::new(0, SendOp::Write(eb.rbuf.remote(end - 8)), Payload::Sgl(&sge)))?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::Success)?;
+    expect_remote_failure(h, &ea, SendOp::Write(eb.rbuf.remote(end - 8)), 16, WcStatus::RemoteAccess)
+}
+
+fn keys_local_protection<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, _eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let mut sge = ea.sbuf.sge(0, 8);
+    sge.lkey ^= 0x00ff_ff00;
+    ea.qp.post_send(&SendWr::send(1, &[sge]))?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::LocalProtection)?;
+    ensure_eq!(ea.qp.state()?, QpState::Error);
+    // Past the end of a region with its own lkey.
+    let (ea, _eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let base = ea.sbuf.sge(0, 8);
+    let sge = Sge { addr: base.addr + ea.sbuf.len() as u64 - 4, ..base };
+    ea.qp.post_send(&SendWr::send(2, &[sge]))?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 2, WcStatus::LocalProtection)?;
+    Ok(())
+}
+
+fn rnr_case<H: Harness>(h: &H, srq: bool) -> Outcome {
+    let (a, b) = two(h)?;
+    let oa = Opts { rnr_retry: 2, ..Opts::default() };
+    let ob = Opts { recvs: 0, srq, ..Opts::default() };
+    let (ea, _eb) = connect_rc(h, &a, &b, &oa, &ob)?;
+    ea.send(0, b"nobody listens")?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::RnrRetryExceeded)?;
+    ensure_eq!(ea.qp.state()?, QpState::Error);
+    if h.gap(Need::Introspection).is_none() {
+        // The first attempt and two retries were refused.
+        ensure_eq!(h.rnr_naks(a.node, ea.qp.qp_num()).map_err(Failure)?, 3);
+    }
+    Ok(())
+}
+
+fn rnr_retry_exceeded_rq<H: Harness>(h: &H) -> Outcome {
+    rnr_case(h, false)
+}
+
+fn rnr_retry_exceeded_srq<H: Harness>(h: &H) -> Outcome {
+    rnr_case(h, true)
+}
+
+fn rnr_recovers<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let ob = Opts { recvs: 0, ..Opts::default() };
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &ob)?;
+    ea.send(0, b"patience")?;
+    expect_quiet(h, &ea.cq, Duration::from_millis(5))?;
+    eb.post_recv(0)?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::Success)?;
+    check_wc(&wait_cq(h, &eb.cq, 1)?[0], 1000, WcStatus::Success)?;
+    ensure_eq!(eb.rbuf.read(0, 8), b"patience".to_vec());
+    Ok(())
+}
+
+fn peer_gone_retry_exceeded<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let oa = Opts { retry: 3, ..Opts::default() };
+    let (ea, eb) = connect_rc(h, &a, &b, &oa, &Opts::default())?;
+    ea.send(0, b"are you there")?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::Success)?;
+    drop(eb);
+    h.exit(b);
+    ea.send(1, b"hello?")?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::RetryExceeded)?;
+    ensure_eq!(ea.qp.state()?, QpState::Error);
+    Ok(())
+}
+
+fn error_flushes_in_order<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    // On InfiniBand the peer has no receives, so the sends stay outstanding
+    // (RNR); on iWARP that would tear the connection down, so the peer
+    // receives and only the ordering is checked.
+    let stall = h.gap(Need::IbFamily).is_none();
+    let oa = Opts { recvs: 4, ..Opts::default() };
+    let ob = Opts { recvs: if stall { 0 } else { 16 }, ..Opts::default() };
+    let (ea, _eb) = connect_rc(h, &a, &b, &oa, &ob)?;
+    for i in 0..3 {
+        ea.send(i, b"stuck")?;
+    }
+    ea.qp.modify(&QpTransition::Error)?;
+    let wcs = wait_cq(h, &ea.cq, 7)?;
+    let sends: Vec<_> = wcs.iter().filter(|w| w.wr_id < 1000).collect();
+    let recvs: Vec<_> = wcs.iter().filter(|w| w.wr_id >= 1000).collect();
+    ensure_eq!(sends.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![0, 1, 2]);
+    ensure_eq!(recvs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1000, 1001, 1002, 1003]);
+    ensure!(recvs.iter().all(|w| w.status == WcStatus::WrFlush), "receives not flushed: {recvs:?}");
+    if stall {
+        ensure!(sends.iter().all(|w| w.status == WcStatus::WrFlush), "sends not flushed: {sends:?}");
+    } else {
+        let first_flush = sends.iter().position(|w| w.status == WcStatus::WrFlush).unwrap_or(3);
+        ensure!(
+            sends[first_flush..].iter().all(|w| w.status == WcStatus::WrFlush),
+            "a success after a flush: {sends:?}"
+        );
+    }
+    // Work posted to a QP in error is flushed too.
+    ea.send(3, b"late")?;
+    ea.post_recv(3)?;
+    let wcs = wait_cq(h, &ea.cq, 2)?;
+    ensure!(wcs.iter().all(|w| w.status == WcStatus::WrFlush), "late work not flushed: {wcs:?}");
+    Ok(())
+}
+
+fn limits_send_queue_full<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let oa = Opts { max_send_wr: 4, ..Opts::default() };
+    let ob = Opts { recvs: 0, ..Opts::default() };
+    let (ea, eb) = connect_rc(h, &a, &b, &oa, &ob)?;
+    let depth = ea.qp.caps().max_send_wr;
+    ensure!(depth >= 4, "granted depth {depth} below the request");
+    for i in 0..depth {
+        ea.send(i % 4, b"x")?;
+    }
+    let sge = [ea.sbuf.sge(0, 1)];
+    match ea.qp.post_send(&SendWr::send(99, &sge)) {
+        Err(Error::NoResource(_)) => {}
+        other => return Err(Failure(format!("post beyond the send queue: {other:?}"))),
+    }
+    for i in 0..depth.min(16) {
+        eb.post_recv(i)?;
+    }
+    let done = wait_cq(h, &ea.cq, depth.min(16) as usize)?;
+    ensure!(done.iter().all(|w| w.status == WcStatus::Success), "{done:?}");
+    ea.qp.post_send(&SendWr::send(100, &sge))?;
+    Ok(())
+}
+
+fn limits_cq_overrun<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let oa = Opts { cqe: 8, recvs: 0, max_send_wr: 64, ..Opts::default() };
+    let ob = Opts { recvs: 48, ..Opts::default() };
+    let (ea, _eb) = connect_rc(h, &a, &b, &oa, &ob)?;
+    let cap = ea.cq.capacity();
+    ensure!(cap < 48, "CQ granted {cap} entries; cannot overrun it with 48 sends");
+    for i in 0..=cap {
+        ea.send(i % 4, b"overrun")?;
+    }
+    let cq_id = ea.cq.id();
+    wait_async(h, &a.ctx, |e| *e == AsyncEvent::CqError { cq: cq_id })?;
+    let mut buf = [WorkCompletion::default(); 4];
+    match ea.cq.poll(&mut buf) {
+        Err(Error::CqOverrun) => Ok(()),
+        other => Err(Failure(format!("poll of an overrun CQ: {other:?}"))),
+    }
+}
+
+fn limits_max_inline<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let max = h.caps().max_inline.min(512);
+    let oa = Opts { max_inline: max, ..Opts::default() };
+    let (ea, eb) = connect_rc(h, &a, &b, &oa, &Opts::default())?;
+    let granted = ea.qp.caps().max_inline as usize;
+    ensure!(granted >= max as usize, "asked for {max} inline bytes, granted {granted}");
+    let data = pattern(9, granted);
+    ea.qp.post_send(&SendWr::new(1, SendOp::Send, Payload::Inline(&data)))?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::Success)?;
+    let wc = wait_cq(h, &eb.cq, 1)?[0];
+    ensure_eq!(wc.byte_len as usize, granted);
+    ensure_eq!(eb.rbuf.read(0, granted), data);
+    let too_long = pattern(9, granted + 1);
+    match ea.qp.post_send(&SendWr::new(2, SendOp::Send, Payload::Inline(&too_long))) {
+        Err(Error::InvalidArgument(_)) => Ok(()),
+        other => Err(Failure(format!("inline beyond max_inline: {other:?}"))),
+    }
+}
+
+fn srq_limit_event<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let ob = Opts { srq: true, recvs: 8, ..Opts::default() };
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &ob)?;
+    let srq = eb.srq.as_ref().expect("SRQ endpoint");
+    srq.arm_limit(4)?;
+    for i in 0..5 {
+        ea.send(i, b"drain")?;
+    }
+    wait_cq(h, &eb.cq, 5)?;
+    let id = srq.id();
+    wait_async(h, &b.ctx, |e| *e == AsyncEvent::SrqLimitReached { srq: id })?;
+    // The limit disarms itself: more receives consumed, no second event.
+    ea.send(5, b"more")?;
+    wait_cq(h, &eb.cq, 1)?;
+    h.settle(Duration::from_millis(1));
+    while let Some(e) = b.ctx.poll_async_event() {
+        ensure!(!matches!(e, AsyncEvent::SrqLimitReached { .. }), "limit fired twice");
+    }
+    Ok(())
+}
+
+fn srq_last_wqe_reached<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let ob = Opts { srq: true, ..Opts::default() };
+    let (_ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &ob)?;
+    eb.qp.modify(&QpTransition::Error)?;
+    let qpn = eb.qp.qp_num();
+    wait_async(h, &b.ctx, |e| *e == AsyncEvent::QpLastWqeReached { qpn })?;
+    Ok(())
+}
+
+fn introspect_counts<H: Harness>(h: &H) -> Outcome {
+    let p = h.spawn(0).map_err(Failure)?;
+    let v = h.process_view(&p).map_err(Failure)?;
+    ensure_eq!((v.qps, v.mrs, v.cqs, v.pds, v.srqs), (0, 0, 0, 0, 0));
+    let ep = Ep::new(&p.ctx, &Opts { srq: true, ..Opts::default() })?;
+    let v = h.process_view(&p).map_err(Failure)?;
+    ensure_eq!((v.qps, v.mrs, v.cqs, v.pds, v.srqs), (1, 2, 1, 1, 1));
+    ensure_eq!(h.node_qps(0).map_err(Failure)?, 1);
+    drop(ep);
+    let v = h.process_view(&p).map_err(Failure)?;
+    ensure_eq!((v.qps, v.mrs, v.cqs, v.pds, v.srqs), (0, 0, 0, 0, 0));
+    ensure_eq!(h.node_qps(0).map_err(Failure)?, 0);
+    Ok(())
+}

@@ -1,0 +1,328 @@
+//! Building blocks of the rules: waiting on queues in the provider's time,
+//! and setting up connected endpoints through the RDMA CM or by hand.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use std::result::Result;
+
+use xrcbtl_fabric::*;
+
+use super::harness::{Failure, Harness, Proc};
+use crate::{ensure, ensure_eq};
+
+/// How long a rule waits for something that must happen.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The CM id type of a context.
+pub type CmIdOf<C> = <<C as Context>::CmChannel as CmChannel>::Id;
+
+/// Polls `cq` until `n` completions have arrived.
+pub fn wait_cq<H: Harness, Q: Cq>(h: &H, cq: &Q, n: usize) -> Result<Vec<WorkCompletion>, Failure> {
+    let deadline = h.now() + PATIENCE;
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    while got.len() < n {
+        let k = cq.poll(&mut buf[..(n - got.len()).min(16)])?;
+        got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            ensure!(
+                h.now() < deadline,
+                "timed out with {} of {n} completions: {got:?}",
+                got.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    Ok(got)
+}
+
+/// Polls `cq` for `d` and fails if anything completes.
+pub fn expect_quiet<H: Harness, Q: Cq>(h: &H, cq: &Q, d: Duration) -> Result<(), Failure> {
+    let deadline = h.now() + d;
+    let mut buf = [WorkCompletion::default(); 4];
+    while h.now() < deadline {
+        let k = cq.poll(&mut buf)?;
+        ensure!(k == 0, "unexpected completion: {:?}", &buf[..k]);
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// Polls `ctx`'s async events until one satisfies `pred`; returns all seen.
+pub fn wait_async<H: Harness, C: Context>(
+    h: &H,
+    ctx: &C,
+    pred: impl Fn(&AsyncEvent) -> bool,
+) -> Result<Vec<AsyncEvent>, Failure> {
+    let deadline = h.now() + PATIENCE;
+    let mut seen = Vec::new();
+    loop {
+        match ctx.poll_async_event() {
+            Some(e) => {
+                let hit = pred(&e);
+                seen.push(e);
+                if hit {
+                    return Ok(seen);
+                }
+            }
+            None => {
+                ensure!(h.now() < deadline, "timed out waiting for an async event; saw {seen:?}");
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Polls `ch` until an event of `kind` arrives (for ConnectRequest, any
+/// rejection counts as a kind match only if asked for exactly).
+pub fn wait_cm<H: Harness, Ch: CmChannel>(
+    h: &H,
+    ch: &Ch,
+    pred: impl Fn(&CmEventKind) -> bool,
+) -> Result<CmEvent<Ch::Id>, Failure> {
+    let deadline = h.now() + PATIENCE;
+    let mut seen = Vec::new();
+    loop {
+        match ch.poll_event() {
+            Some(e) if pred(&e.kind) => return Ok(e),
+            Some(e) => seen.push(e.kind),
+            None => {
+                ensure!(h.now() < deadline, "timed out waiting for a CM event; saw {seen:?}");
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Resolves `dst` on a fresh id of `ch`.
+pub fn resolve<H: Harness, Ch: CmChannel>(h: &H, ch: &Ch, ps: PortSpace, dst: SocketAddr) -> Result<Ch::Id, Failure> {
+    let id = ch.create_id(ps)?;
+    id.resolve_addr(dst, 2_000)?;
+    let e = wait_cm(h, ch, |k| matches!(k, CmEventKind::AddrResolved | CmEventKind::AddrError))?;
+    ensure_eq!(e.kind, CmEventKind::AddrResolved);
+    id.resolve_route(2_000)?;
+    let e = wait_cm(h, ch, |k| matches!(k, CmEventKind::RouteResolved | CmEventKind::RouteError))?;
+    ensure_eq!(e.kind, CmEventKind::RouteResolved);
+    Ok(id)
+}
+
+/// A listening id on `p`'s device, on a free port.
+pub fn listen<H: Harness, Ch: CmChannel>(
+    h: &H,
+    p: &Proc<H::F>,
+    ch: &Ch,
+    ps: PortSpace,
+) -> Result<(Ch::Id, SocketAddr), Failure> {
+    let id = ch.create_id(ps)?;
+    id.listen(SocketAddr::new(h.addr(p), 0), 16)?;
+    let addr = id.local_addr().ok_or_else(|| Failure("listener has no address".into()))?;
+    Ok((id, addr))
+}
+
+/// How to build an RC endpoint.
+#[derive(Clone, Copy)]
+pub struct Opts {
+    /// Receive through an SRQ instead of a receive queue.
+    pub srq: bool,
+    /// Requested send queue depth.
+    pub max_send_wr: u32,
+    /// Receives posted right away (into the RQ or the SRQ).
+    pub recvs: u32,
+    /// Size of each posted receive, and of the endpoint's buffer slots.
+    pub slot: u32,
+    /// Requested inline size.
+    pub max_inline: u32,
+    /// CQ entries.
+    pub cqe: u32,
+    /// RNR retries the connection uses.
+    pub rnr_retry: u8,
+    /// Transport retries the connection uses.
+    pub retry: u8,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            srq: false,
+            max_send_wr: 32,
+            recvs: 16,
+            slot: 4096,
+            max_inline: 0,
+            cqe: 256,
+            rnr_retry: 7,
+            retry: 7,
+        }
+    }
+}
+
+/// One side of an RC connection. Fields drop in order: the QP before its
+/// CM id, queues and buffers.
+pub struct Ep<C: Context> {
+    /// The QP.
+    pub qp: C::Qp,
+    /// Its CM id (None when connected by hand).
+    pub id: Option<CmIdOf<C>>,
+    /// Its CM channel.
+    pub ch: Option<C::CmChannel>,
+    /// The SRQ, if it receives through one.
+    pub srq: Option<C::Srq>,
+    /// Receive buffer: `recvs` slots of `slot` bytes.
+    pub rbuf: DmaBuf<C>,
+    /// Send buffer of the same size.
+    pub sbuf: DmaBuf<C>,
+    /// Send and receive completions.
+    pub cq: C::Cq,
+    /// Protection domain.
+    pub pd: C::Pd,
+    /// Device context.
+    pub ctx: C,
+    /// Slot size.
+    pub slot: u32,
+}
+
+impl<C: Context> Ep<C> {
+    /// Builds the QP and buffers, and posts `o.recvs` receives.
+    pub fn new(ctx: &C, o: &Opts) -> Result<Self, Failure> {
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(o.cqe)?;
+        let slots = o.recvs.max(4) as usize;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let rbuf = DmaBuf::new(ctx, &pd, slots * o.slot as usize, access)?;
+        let sbuf = DmaBuf::new(ctx, &pd, slots * o.slot as usize, access)?;
+        let srq = if o.srq {
+            Some(ctx.create_srq(&pd, SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 })?)
+        } else {
+            None
+        };
+        let qp = ctx.create_qp(
+            &pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: Some(&cq),
+                srq: srq.as_ref(),
+                caps: QpCaps {
+                    max_send_wr: o.max_send_wr,
+                    max_recv_wr: 64,
+                    max_send_sge: 3,
+                    max_recv_sge: 1,
+                    max_inline: o.max_inline,
+                },
+            },
+        )?;
+        // Receives can be posted from INIT on; the CM takes it from here.
+        qp.modify(&QpTransition::Init(InitAttr::default()))?;
+        let ep = Ep {
+            qp,
+            id: None,
+            ch: None,
+            srq,
+            rbuf,
+            sbuf,
+            cq,
+            pd,
+            ctx: ctx.clone(),
+            slot: o.slot,
+        };
+        for i in 0..o.recvs {
+            ep.post_recv(i)?;
+        }
+        Ok(ep)
+    }
+
+    /// Posts a receive into slot `i` (wr_id = 1000 + i).
+    pub fn post_recv(&self, i: u32) -> Result<(), Failure> {
+        let sge = [self.rbuf.sge((i * self.slot) as usize, self.slot)];
+        let wr = RecvWr { wr_id: 1000 + u64::from(i), sgl: &sge };
+        match &self.srq {
+            Some(s) => s.post_recv(&wr)?,
+            None => self.qp.post_recv(&wr)?,
+        }
+        Ok(())
+    }
+
+    /// Sends `data` from slot `i` of the send buffer (wr_id = i).
+    pub fn send(&self, i: u32, data: &[u8]) -> Result<(), Failure> {
+        let off = (i * self.slot) as usize;
+        self.sbuf.write(off, data);
+        let sge = [self.sbuf.sge(off, data.len() as u32)];
+        self.qp.post_send(&SendWr::send(u64::from(i), &sge))?;
+        Ok(())
+    }
+}
+
+/// Connects an RC pair through the RDMA CM: `a` initiates, `b` listens.
+pub fn connect_rc<H: Harness>(
+    h: &H,
+    a: &Proc<H::F>,
+    b: &Proc<H::F>,
+    oa: &Opts,
+    ob: &Opts,
+) -> Result<(Ep<super::harness::Ctx<H>>, Ep<super::harness::Ctx<H>>), Failure> {
+    let mut ea = Ep::new(&a.ctx, oa)?;
+    let mut eb = Ep::new(&b.ctx, ob)?;
+    let cha = a.ctx.create_cm_channel()?;
+    let chb = b.ctx.create_cm_channel()?;
+    let (lid, laddr) = listen(h, b, &chb, PortSpace::Tcp)?;
+    let ida = resolve(h, &cha, PortSpace::Tcp, laddr)?;
+    let mut pa = ConnParam::with_data(b"hello");
+    pa.rnr_retry_count = oa.rnr_retry;
+    pa.retry_count = oa.retry;
+    ida.connect(Some(&ea.qp), &pa)?;
+    let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
+    let idb = req.new_id.ok_or_else(|| Failure("request without an id".into()))?;
+    let mut pb = ConnParam::with_data(b"welcome");
+    pb.rnr_retry_count = ob.rnr_retry;
+    idb.accept(Some(&eb.qp), &pb)?;
+    let e = wait_cm(h, &cha, |k| !matches!(k, CmEventKind::ConnectRequest))?;
+    ensure_eq!(e.kind, CmEventKind::Established);
+    let e = wait_cm(h, &chb, |_| true)?;
+    ensure_eq!(e.kind, CmEventKind::Established);
+    drop(lid);
+    ea.id = Some(ida);
+    ea.ch = Some(cha);
+    eb.id = Some(idb);
+    eb.ch = Some(chb);
+    Ok((ea, eb))
+}
+
+/// Connects an RC pair by hand (INIT, RTR, RTS with each other's address):
+/// InfiniBand-family devices only.
+pub fn connect_manual<H: Harness>(
+    a: &Proc<H::F>,
+    b: &Proc<H::F>,
+    oa: &Opts,
+    ob: &Opts,
+) -> Result<(Ep<super::harness::Ctx<H>>, Ep<super::harness::Ctx<H>>), Failure> {
+    let ea = Ep::new(&a.ctx, oa)?;
+    let eb = Ep::new(&b.ctx, ob)?;
+    let pa = a.ctx.query_port(1)?;
+    let pb = b.ctx.query_port(1)?;
+    for (e, peer_port, peer_qpn, o) in [(&ea, &pb, eb.qp.qp_num(), oa), (&eb, &pa, ea.qp.qp_num(), ob)] {
+        e.qp.modify(&QpTransition::Init(InitAttr::default()))?;
+        let dest = PortAddr { lid: peer_port.lid, gid: peer_port.gid };
+        e.qp.modify(&QpTransition::Rtr(RtrAttr::new(dest, peer_qpn)))?;
+        e.qp.modify(&QpTransition::Rts(RtsAttr {
+            rnr_retry: o.rnr_retry,
+            retry_cnt: o.retry,
+            timeout: 12,
+            ..RtsAttr::default()
+        }))?;
+    }
+    Ok((ea, eb))
+}
+
+/// Asserts a completion's status (and wr_id).
+pub fn check_wc(wc: &WorkCompletion, wr_id: u64, status: WcStatus) -> Result<(), Failure> {
+    ensure!(
+        wc.wr_id == wr_id && wc.status == status,
+        "completion {wc:?}, expected wr_id {wr_id} with {status:?}"
+    );
+    Ok(())
+}
+
+/// A recognisable pattern of `len` bytes.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}

@@ -103,7 +103,9 @@ impl<C: Context> DmaBuf<C> {
         let mut out = vec![0u8; len];
         // SAFETY: the range is inside the allocation (checked); `out` is a
         // fresh allocation.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), len) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), len)
+        };
         out
     }
 

@@ -23,10 +23,10 @@ mod error;
 pub mod sim;
 mod types;
 
+pub use buf::DmaBuf;
 pub use cm::{
     max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason,
 };
-pub use buf::DmaBuf;
 pub use error::{Error, Result};
 pub use types::*;
 

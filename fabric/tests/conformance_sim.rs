@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::harness::{caps_gap, Harness, Need, Proc};
-use xrcbtl_fabric::sim::{CmFault, ProcessView, SimConfig, SimDevice, SimFabric, SimProcess, TgtQpView};
+use xrcbtl_fabric::sim::{
+    CmFault, NodeView, ProcessView, SimConfig, SimDevice, SimFabric, SimProcess,
+};
 use xrcbtl_fabric::{DeviceCaps, Fabric, XrcdKey};
 
 struct SimHarness {
@@ -83,7 +85,9 @@ impl Harness for SimHarness {
     }
 
     fn force_qp_error(&self, node: usize, qpn: u32) -> Result<(), String> {
-        self.sim.force_qp_error(node, qpn).map_err(|e| e.to_string())
+        self.sim
+            .force_qp_error(node, qpn)
+            .map_err(|e| e.to_string())
     }
 
     fn partition(&self, a: usize, b: usize, cut: bool) -> Result<(), String> {
@@ -109,12 +113,12 @@ impl Harness for SimHarness {
         Ok(self.sim.process_view(&p.fabric))
     }
 
-    fn tgt_qps(&self, node: usize) -> Result<Vec<TgtQpView>, String> {
-        Ok(self.sim.node_view(node).tgt_qps)
+    fn node_view(&self, node: usize) -> Result<NodeView, String> {
+        Ok(self.sim.node_view(node))
     }
 
-    fn node_qps(&self, node: usize) -> Result<usize, String> {
-        Ok(self.sim.node_view(node).qps)
+    fn check(&self) -> Result<(), String> {
+        self.sim.check_invariants().map_err(|e| e.to_string())
     }
 
     fn rnr_naks(&self, node: usize, qpn: u32) -> Result<u64, String> {
@@ -130,7 +134,9 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    let config = |name: &'static str, dev: fn(&str) -> SimDevice| -> (String, conformance::Factory<SimHarness>) {
+    let config = |name: &'static str,
+                  dev: fn(&str) -> SimDevice|
+     -> (String, conformance::Factory<SimHarness>) {
         (
             name.to_string(),
             Arc::new(move || SimHarness::new(name, dev("sim0"), seed)),

@@ -460,6 +460,16 @@ impl SimFabric {
         }
     }
 
+    /// Checks the world's invariants (see the module documentation of the
+    /// simulator): nothing outlives its process, every index is consistent,
+    /// every XRC domain and TGT QP is referenced exactly by its holders.
+    pub fn check_invariants(&self) -> Result<()> {
+        self.shared
+            .lock()
+            .check_invariants()
+            .map_err(Error::InvalidState)
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> SimStats {
         self.shared.lock().stats.clone()

@@ -1182,3 +1182,120 @@ pub(crate) enum QpErrorEvent {
     Request,
     Access,
 }
+
+impl World {
+    /// Checks that the world is consistent: every object belongs to a live
+    /// context, every index points at the object it names, every XRC domain
+    /// is referenced exactly by its handles and TGT QPs, and every live QP
+    /// has a holder. A crashed or exited process must leave nothing behind.
+    pub(crate) fn check_invariants(&self) -> std::result::Result<(), String> {
+        let live_ctx = |c: Id<Ctx>, what: &str| -> std::result::Result<(), String> {
+            match self.ctxs.get(c) {
+                Some(ctx) if self.procs.get(ctx.proc).is_some_and(|p| p.alive) => Ok(()),
+                Some(_) => Err(format!("{what} belongs to a context of a dead process")),
+                None => Err(format!("{what} outlived its context")),
+            }
+        };
+        for (id, m) in self.mrs.iter() {
+            live_ctx(m.ctx, &format!("MR {id:?}"))?;
+            if !self.pds.contains(m.pd) {
+                return Err(format!("MR {id:?} outlived its PD"));
+            }
+        }
+        for (id, p) in self.pds.iter() {
+            live_ctx(p.ctx, &format!("PD {id:?}"))?;
+        }
+        for (id, c) in self.cqs.iter() {
+            live_ctx(c.ctx, &format!("CQ {id:?}"))?;
+        }
+        for (id, s) in self.srqs.iter() {
+            live_ctx(s.ctx, &format!("SRQ {id:?}"))?;
+        }
+        for (id, x) in self.xrcd_handles.iter() {
+            live_ctx(x.ctx, &format!("XRCD handle {id:?}"))?;
+        }
+        for (id, c) in self.cm_ids.iter() {
+            live_ctx(c.ctx, &format!("CM id {id:?}"))?;
+        }
+        for (id, c) in self.channels.iter() {
+            live_ctx(c.ctx, &format!("CM channel {id:?}"))?;
+        }
+        for (id, h) in self.qp_handles.iter() {
+            live_ctx(h.ctx, &format!("QP handle {id:?}"))?;
+            match self.qps.get(h.qp) {
+                Some(q) if q.handles.contains(&id) => {}
+                _ => return Err(format!("QP handle {id:?} names a QP that does not know it")),
+            }
+        }
+        for (id, q) in self.qps.iter() {
+            if q.handles.is_empty() {
+                return Err(format!("QP {:#x} lives with no holder", q.qpn));
+            }
+            if q.handles
+                .iter()
+                .any(|h| self.qp_handles.get(*h).map(|h| h.qp) != Some(id))
+            {
+                return Err(format!(
+                    "QP {:#x} lists a handle that is not its own",
+                    q.qpn
+                ));
+            }
+            if self.devs[q.dev].qps.get(&q.qpn) != Some(&id) {
+                return Err(format!("QP {:#x} missing from its device's table", q.qpn));
+            }
+            let deps_live = q.pd.is_none_or(|p| self.pds.contains(p))
+                && q.send_cq.is_none_or(|c| self.cqs.contains(c))
+                && q.recv_cq.is_none_or(|c| self.cqs.contains(c))
+                && q.srq.is_none_or(|s| self.srqs.contains(s))
+                && q.xrcd.is_none_or(|x| self.xrcds.contains(x));
+            if !deps_live {
+                return Err(format!(
+                    "QP {:#x} outlived its PD, CQ, SRQ or domain",
+                    q.qpn
+                ));
+            }
+        }
+        for (id, x) in self.xrcds.iter() {
+            let handles = self
+                .xrcd_handles
+                .iter()
+                .filter(|(_, h)| h.xrcd == id)
+                .count();
+            let tgts = self.qps.iter().filter(|(_, q)| q.xrcd == Some(id)).count();
+            if x.refs as usize != handles + tgts || x.refs == 0 {
+                return Err(format!(
+                    "XRC domain {:?} has {} references for {handles} handles and {tgts} TGT QPs",
+                    x.key, x.refs
+                ));
+            }
+        }
+        for (i, d) in self.devs.iter().enumerate() {
+            for (k, m) in d.lkeys.iter().chain(d.rkeys.iter()) {
+                if !self.mrs.contains(*m) {
+                    return Err(format!("device {i}: key {k:#x} names a dead MR"));
+                }
+            }
+            for (n, q) in &d.qps {
+                if !self.qps.contains(*q) {
+                    return Err(format!("device {i}: QPN {n:#x} names a dead QP"));
+                }
+            }
+            for (n, s) in &d.xrc_srqs {
+                if !self.srqs.contains(*s) {
+                    return Err(format!("device {i}: SRQN {n:#x} names a dead SRQ"));
+                }
+            }
+            for x in d.xrcds.values() {
+                if !self.xrcds.contains(*x) {
+                    return Err(format!("device {i}: a domain key names a dead domain"));
+                }
+            }
+        }
+        for (addr, id) in &self.listeners {
+            if self.cm_ids.get(*id).map(|c| c.state) != Some(CmState::Listening) {
+                return Err(format!("listener {addr} names an id that is not listening"));
+            }
+        }
+        Ok(())
+    }
+}

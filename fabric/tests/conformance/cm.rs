@@ -40,7 +40,10 @@ fn cm_private_data<H: Harness>(h: &H) -> Outcome {
     let t = h.caps().transport;
     if t.is_ib_family() {
         // IB CM messages have fixed-size private data.
-        ensure_eq!(req.private_data.len(), max_private_data(t, PortSpace::Tcp, CmMessage::Request));
+        ensure_eq!(
+            req.private_data.len(),
+            max_private_data(t, PortSpace::Tcp, CmMessage::Request)
+        );
     } else {
         ensure_eq!(req.private_data.len(), 40);
     }
@@ -49,7 +52,11 @@ fn cm_private_data<H: Harness>(h: &H) -> Outcome {
     idb.accept(Some(&eb.qp), &ConnParam::with_data(&rep_data))?;
     let est = wait_cm(h, &cha, |_| true)?;
     ensure_eq!(est.kind, CmEventKind::Established);
-    ensure!(est.private_data.starts_with(&rep_data), "reply carried {:?}", est.private_data);
+    ensure!(
+        est.private_data.starts_with(&rep_data),
+        "reply carried {:?}",
+        est.private_data
+    );
     let est = wait_cm(h, &chb, |_| true)?;
     ensure_eq!(est.kind, CmEventKind::Established);
     Ok(())
@@ -66,7 +73,12 @@ fn cm_private_data_limits<H: Harness>(h: &H) -> Outcome {
     let too_much = vec![7u8; max + 1];
     match ida.connect(Some(&ea.qp), &ConnParam::with_data(&too_much)) {
         Err(Error::InvalidArgument(_)) => {}
-        other => return Err(Failure(format!("{} bytes of request data: {other:?}", max + 1))),
+        other => {
+            return Err(Failure(format!(
+                "{} bytes of request data: {other:?}",
+                max + 1
+            )))
+        }
     }
     // Exactly the limit goes through.
     let exact = vec![7u8; max];
@@ -89,7 +101,11 @@ fn cm_reject<H: Harness>(h: &H) -> Outcome {
     idb.reject(b"go away: wrong job")?;
     let e = wait_cm(h, &cha, |_| true)?;
     ensure_eq!(e.kind, CmEventKind::Rejected(RejectReason::Consumer));
-    ensure!(e.private_data.starts_with(b"go away: wrong job"), "{:?}", e.private_data);
+    ensure!(
+        e.private_data.starts_with(b"go away: wrong job"),
+        "{:?}",
+        e.private_data
+    );
     Ok(())
 }
 
@@ -101,7 +117,12 @@ fn cm_no_listener<H: Harness>(h: &H) -> Outcome {
     // A port that was listened on and no longer is.
     let (l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
     drop(l);
-    let ida = resolve(h, &cha, PortSpace::Tcp, SocketAddr::new(addr.ip(), addr.port()))?;
+    let ida = resolve(
+        h,
+        &cha,
+        PortSpace::Tcp,
+        SocketAddr::new(addr.ip(), addr.port()),
+    )?;
     ida.connect(Some(&ea.qp), &ConnParam::default())?;
     let e = wait_cm(h, &cha, |_| true)?;
     ensure_eq!(e.kind, CmEventKind::Rejected(RejectReason::NoListener));

@@ -13,25 +13,65 @@ use crate::{ensure, ensure_eq};
 pub fn rules<H: Harness>() -> Vec<Rule<H>> {
     vec![
         rule("transfer_send_recv", &[], transfer_send_recv::<H>),
-        rule("transfer_send_with_imm", &[Need::ImmData], transfer_send_with_imm::<H>),
-        rule("transfer_rdma_write_read", &[], transfer_rdma_write_read::<H>),
-        rule("transfer_manual_connect", &[Need::IbFamily], transfer_manual_connect::<H>),
+        rule(
+            "transfer_send_with_imm",
+            &[Need::ImmData],
+            transfer_send_with_imm::<H>,
+        ),
+        rule(
+            "transfer_rdma_write_read",
+            &[],
+            transfer_rdma_write_read::<H>,
+        ),
+        rule(
+            "transfer_manual_connect",
+            &[Need::IbFamily],
+            transfer_manual_connect::<H>,
+        ),
         rule("keys_unknown_rkey", &[], keys_unknown_rkey::<H>),
         rule("keys_wrong_pd", &[], keys_wrong_pd::<H>),
         rule("keys_access_not_granted", &[], keys_access_not_granted::<H>),
         rule("keys_out_of_range", &[], keys_out_of_range::<H>),
         rule("keys_local_protection", &[], keys_local_protection::<H>),
-        rule("rnr_retry_exceeded_rq", &[Need::IbFamily], rnr_retry_exceeded_rq::<H>),
-        rule("rnr_retry_exceeded_srq", &[Need::IbFamily, Need::Srq], rnr_retry_exceeded_srq::<H>),
-        rule("rnr_retries_until_receive_posted", &[Need::IbFamily], rnr_recovers::<H>),
-        rule("peer_gone_retry_exceeded", &[Need::IbFamily], peer_gone_retry_exceeded::<H>),
+        rule(
+            "rnr_retry_exceeded_rq",
+            &[Need::IbFamily],
+            rnr_retry_exceeded_rq::<H>,
+        ),
+        rule(
+            "rnr_retry_exceeded_srq",
+            &[Need::IbFamily, Need::Srq],
+            rnr_retry_exceeded_srq::<H>,
+        ),
+        rule(
+            "rnr_retries_until_receive_posted",
+            &[Need::IbFamily],
+            rnr_recovers::<H>,
+        ),
+        rule(
+            "peer_gone_retry_exceeded",
+            &[Need::IbFamily],
+            peer_gone_retry_exceeded::<H>,
+        ),
         rule("error_flushes_in_order", &[], error_flushes_in_order::<H>),
-        rule("limits_send_queue_full", &[Need::IbFamily], limits_send_queue_full::<H>),
+        rule(
+            "limits_send_queue_full",
+            &[Need::IbFamily],
+            limits_send_queue_full::<H>,
+        ),
         rule("limits_cq_overrun", &[], limits_cq_overrun::<H>),
         rule("limits_max_inline", &[], limits_max_inline::<H>),
         rule("srq_limit_event", &[Need::Srq], srq_limit_event::<H>),
-        rule("srq_last_wqe_reached", &[Need::Srq], srq_last_wqe_reached::<H>),
-        rule("introspect_counts", &[Need::Introspection], introspect_counts::<H>),
+        rule(
+            "srq_last_wqe_reached",
+            &[Need::Srq],
+            srq_last_wqe_reached::<H>,
+        ),
+        rule(
+            "introspect_counts",
+            &[Need::Introspection],
+            introspect_counts::<H>,
+        ),
     ]
 }
 
@@ -73,7 +113,11 @@ fn transfer_send_with_imm<H: Harness>(h: &H) -> Outcome {
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
     ea.sbuf.write(0, b"imm");
     let sge = [ea.sbuf.sge(0, 3)];
-    ea.qp.post_send(&SendWr::new(1, SendOp::SendWithImm(0xdead_beef), Payload::Sgl(&sge)))?;
+    ea.qp.post_send(&SendWr::new(
+        1,
+        SendOp::SendWithImm(0xdead_beef),
+        Payload::Sgl(&sge),
+    ))?;
     check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::Success)?;
     let wc = wait_cq(h, &eb.cq, 1)?[0];
     ensure_eq!(wc.imm, Some(0xdead_beef));
@@ -97,7 +141,11 @@ fn transfer_rdma_write_read<H: Harness>(h: &H) -> Outcome {
     let data = pattern(3, 1000);
     ea.sbuf.write(0, &data);
     let sge = [ea.sbuf.sge(0, 1000)];
-    ea.qp.post_send(&SendWr::new(1, SendOp::Write(eb.rbuf.remote(100)), Payload::Sgl(&sge)))?;
+    ea.qp.post_send(&SendWr::new(
+        1,
+        SendOp::Write(eb.rbuf.remote(100)),
+        Payload::Sgl(&sge),
+    ))?;
     let wc = wait_cq(h, &ea.cq, 1)?[0];
     check_wc(&wc, 1, WcStatus::Success)?;
     ensure_eq!(wc.opcode, WcOpcode::RdmaWrite);
@@ -106,7 +154,11 @@ fn transfer_rdma_write_read<H: Harness>(h: &H) -> Outcome {
     let data = pattern(4, 3000);
     eb.sbuf.write(4096, &data);
     let sge = [ea.rbuf.sge(8192, 3000)];
-    ea.qp.post_send(&SendWr::new(2, SendOp::Read(eb.sbuf.remote(4096)), Payload::Sgl(&sge)))?;
+    ea.qp.post_send(&SendWr::new(
+        2,
+        SendOp::Read(eb.sbuf.remote(4096)),
+        Payload::Sgl(&sge),
+    ))?;
     let wc = wait_cq(h, &ea.cq, 1)?[0];
     check_wc(&wc, 2, WcStatus::Success)?;
     ensure_eq!(wc.opcode, WcOpcode::RdmaRead);
@@ -139,7 +191,11 @@ fn expect_remote_failure<C: Context, H: Harness>(
     status: WcStatus,
 ) -> Outcome {
     let sge = [ea.sbuf.sge(0, len)];
-    let local = if matches!(op, SendOp::Read(_)) { [ea.rbuf.sge(0, len)] } else { sge };
+    let local = if matches!(op, SendOp::Read(_)) {
+        [ea.rbuf.sge(0, len)]
+    } else {
+        sge
+    };
     ea.qp.post_send(&SendWr::new(1, op, Payload::Sgl(&local)))?;
     ea.send(2, b"after")?;
     let wcs = wait_cq(h, &ea.cq, 2)?;
@@ -153,7 +209,10 @@ fn keys_unknown_rkey<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
     let good = eb.rbuf.remote(0);
-    let bad = RemoteAddr { rkey: good.rkey ^ 0x00ff_ff00, ..good };
+    let bad = RemoteAddr {
+        rkey: good.rkey ^ 0x00ff_ff00,
+        ..good
+    };
     expect_remote_failure(h, &ea, SendOp::Write(bad), 8, WcStatus::RemoteAccess)
 }
 
@@ -161,8 +220,19 @@ fn keys_wrong_pd<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
     let other_pd = b.ctx.alloc_pd()?;
-    let foreign = DmaBuf::new(&b.ctx, &other_pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-    expect_remote_failure(h, &ea, SendOp::Write(foreign.remote(0)), 8, WcStatus::RemoteAccess)?;
+    let foreign = DmaBuf::new(
+        &b.ctx,
+        &other_pd,
+        4096,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    )?;
+    expect_remote_failure(
+        h,
+        &ea,
+        SendOp::Write(foreign.remote(0)),
+        8,
+        WcStatus::RemoteAccess,
+    )?;
     drop(eb);
     Ok(())
 }
@@ -171,12 +241,34 @@ fn keys_access_not_granted<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
     // Writing where only reads are allowed.
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
-    let ro = DmaBuf::new(&b.ctx, &eb.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ)?;
-    expect_remote_failure(h, &ea, SendOp::Write(ro.remote(0)), 8, WcStatus::RemoteAccess)?;
+    let ro = DmaBuf::new(
+        &b.ctx,
+        &eb.pd,
+        4096,
+        Access::LOCAL_WRITE | Access::REMOTE_READ,
+    )?;
+    expect_remote_failure(
+        h,
+        &ea,
+        SendOp::Write(ro.remote(0)),
+        8,
+        WcStatus::RemoteAccess,
+    )?;
     // Reading where only writes are allowed.
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
-    let wo = DmaBuf::new(&b.ctx, &eb.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-    expect_remote_failure(h, &ea, SendOp::Read(wo.remote(0)), 8, WcStatus::RemoteAccess)
+    let wo = DmaBuf::new(
+        &b.ctx,
+        &eb.pd,
+        4096,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    )?;
+    expect_remote_failure(
+        h,
+        &ea,
+        SendOp::Read(wo.remote(0)),
+        8,
+        WcStatus::RemoteAccess,
+    )
 }
 
 fn keys_out_of_range<H: Harness>(h: &H) -> Outcome {
@@ -185,9 +277,19 @@ fn keys_out_of_range<H: Harness>(h: &H) -> Outcome {
     let end = eb.rbuf.len();
     // The last 8 bytes are inside; 16 bytes from there are not.
     let sge = [ea.sbuf.sge(0, 8)];
-    ea.qp.post_send(&SendWr::new(0, SendOp::Write(eb.rbuf.remote(end - 8)), Payload::Sgl(&sge)))?;
+    ea.qp.post_send(&SendWr::new(
+        0,
+        SendOp::Write(eb.rbuf.remote(end - 8)),
+        Payload::Sgl(&sge),
+    ))?;
     check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::Success)?;
-    expect_remote_failure(h, &ea, SendOp::Write(eb.rbuf.remote(end - 8)), 16, WcStatus::RemoteAccess)
+    expect_remote_failure(
+        h,
+        &ea,
+        SendOp::Write(eb.rbuf.remote(end - 8)),
+        16,
+        WcStatus::RemoteAccess,
+    )
 }
 
 fn keys_local_protection<H: Harness>(h: &H) -> Outcome {
@@ -201,7 +303,10 @@ fn keys_local_protection<H: Harness>(h: &H) -> Outcome {
     // Past the end of a region with its own lkey.
     let (ea, _eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
     let base = ea.sbuf.sge(0, 8);
-    let sge = Sge { addr: base.addr + ea.sbuf.len() as u64 - 4, ..base };
+    let sge = Sge {
+        addr: base.addr + ea.sbuf.len() as u64 - 4,
+        ..base
+    };
     ea.qp.post_send(&SendWr::send(2, &[sge]))?;
     check_wc(&wait_cq(h, &ea.cq, 1)?[0], 2, WcStatus::LocalProtection)?;
     Ok(())
@@ -209,8 +314,15 @@ fn keys_local_protection<H: Harness>(h: &H) -> Outcome {
 
 fn rnr_case<H: Harness>(h: &H, srq: bool) -> Outcome {
     let (a, b) = two(h)?;
-    let oa = Opts { rnr_retry: 2, ..Opts::default() };
-    let ob = Opts { recvs: 0, srq, ..Opts::default() };
+    let oa = Opts {
+        rnr_retry: 2,
+        ..Opts::default()
+    };
+    let ob = Opts {
+        recvs: 0,
+        srq,
+        ..Opts::default()
+    };
     let (ea, _eb) = connect_rc(h, &a, &b, &oa, &ob)?;
     ea.send(0, b"nobody listens")?;
     check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::RnrRetryExceeded)?;
@@ -232,7 +344,10 @@ fn rnr_retry_exceeded_srq<H: Harness>(h: &H) -> Outcome {
 
 fn rnr_recovers<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ob = Opts { recvs: 0, ..Opts::default() };
+    let ob = Opts {
+        recvs: 0,
+        ..Opts::default()
+    };
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &ob)?;
     ea.send(0, b"patience")?;
     expect_quiet(h, &ea.cq, Duration::from_millis(5))?;
@@ -245,7 +360,10 @@ fn rnr_recovers<H: Harness>(h: &H) -> Outcome {
 
 fn peer_gone_retry_exceeded<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let oa = Opts { retry: 3, ..Opts::default() };
+    let oa = Opts {
+        retry: 3,
+        ..Opts::default()
+    };
     let (ea, eb) = connect_rc(h, &a, &b, &oa, &Opts::default())?;
     ea.send(0, b"are you there")?;
     check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::Success)?;
@@ -263,8 +381,14 @@ fn error_flushes_in_order<H: Harness>(h: &H) -> Outcome {
     // (RNR); on iWARP that would tear the connection down, so the peer
     // receives and only the ordering is checked.
     let stall = h.gap(Need::IbFamily).is_none();
-    let oa = Opts { recvs: 4, ..Opts::default() };
-    let ob = Opts { recvs: if stall { 0 } else { 16 }, ..Opts::default() };
+    let oa = Opts {
+        recvs: 4,
+        ..Opts::default()
+    };
+    let ob = Opts {
+        recvs: if stall { 0 } else { 16 },
+        ..Opts::default()
+    };
     let (ea, _eb) = connect_rc(h, &a, &b, &oa, &ob)?;
     for i in 0..3 {
         ea.send(i, b"stuck")?;
@@ -273,15 +397,32 @@ fn error_flushes_in_order<H: Harness>(h: &H) -> Outcome {
     let wcs = wait_cq(h, &ea.cq, 7)?;
     let sends: Vec<_> = wcs.iter().filter(|w| w.wr_id < 1000).collect();
     let recvs: Vec<_> = wcs.iter().filter(|w| w.wr_id >= 1000).collect();
-    ensure_eq!(sends.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![0, 1, 2]);
-    ensure_eq!(recvs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1000, 1001, 1002, 1003]);
-    ensure!(recvs.iter().all(|w| w.status == WcStatus::WrFlush), "receives not flushed: {recvs:?}");
+    ensure_eq!(
+        sends.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    ensure_eq!(
+        recvs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![1000, 1001, 1002, 1003]
+    );
+    ensure!(
+        recvs.iter().all(|w| w.status == WcStatus::WrFlush),
+        "receives not flushed: {recvs:?}"
+    );
     if stall {
-        ensure!(sends.iter().all(|w| w.status == WcStatus::WrFlush), "sends not flushed: {sends:?}");
-    } else {
-        let first_flush = sends.iter().position(|w| w.status == WcStatus::WrFlush).unwrap_or(3);
         ensure!(
-            sends[first_flush..].iter().all(|w| w.status == WcStatus::WrFlush),
+            sends.iter().all(|w| w.status == WcStatus::WrFlush),
+            "sends not flushed: {sends:?}"
+        );
+    } else {
+        let first_flush = sends
+            .iter()
+            .position(|w| w.status == WcStatus::WrFlush)
+            .unwrap_or(3);
+        ensure!(
+            sends[first_flush..]
+                .iter()
+                .all(|w| w.status == WcStatus::WrFlush),
             "a success after a flush: {sends:?}"
         );
     }
@@ -289,14 +430,23 @@ fn error_flushes_in_order<H: Harness>(h: &H) -> Outcome {
     ea.send(3, b"late")?;
     ea.post_recv(3)?;
     let wcs = wait_cq(h, &ea.cq, 2)?;
-    ensure!(wcs.iter().all(|w| w.status == WcStatus::WrFlush), "late work not flushed: {wcs:?}");
+    ensure!(
+        wcs.iter().all(|w| w.status == WcStatus::WrFlush),
+        "late work not flushed: {wcs:?}"
+    );
     Ok(())
 }
 
 fn limits_send_queue_full<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let oa = Opts { max_send_wr: 4, ..Opts::default() };
-    let ob = Opts { recvs: 0, ..Opts::default() };
+    let oa = Opts {
+        max_send_wr: 4,
+        ..Opts::default()
+    };
+    let ob = Opts {
+        recvs: 0,
+        ..Opts::default()
+    };
     let (ea, eb) = connect_rc(h, &a, &b, &oa, &ob)?;
     let depth = ea.qp.caps().max_send_wr;
     ensure!(depth >= 4, "granted depth {depth} below the request");
@@ -312,18 +462,32 @@ fn limits_send_queue_full<H: Harness>(h: &H) -> Outcome {
         eb.post_recv(i)?;
     }
     let done = wait_cq(h, &ea.cq, depth.min(16) as usize)?;
-    ensure!(done.iter().all(|w| w.status == WcStatus::Success), "{done:?}");
+    ensure!(
+        done.iter().all(|w| w.status == WcStatus::Success),
+        "{done:?}"
+    );
     ea.qp.post_send(&SendWr::send(100, &sge))?;
     Ok(())
 }
 
 fn limits_cq_overrun<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let oa = Opts { cqe: 8, recvs: 0, max_send_wr: 64, ..Opts::default() };
-    let ob = Opts { recvs: 48, ..Opts::default() };
+    let oa = Opts {
+        cqe: 8,
+        recvs: 0,
+        max_send_wr: 64,
+        ..Opts::default()
+    };
+    let ob = Opts {
+        recvs: 48,
+        ..Opts::default()
+    };
     let (ea, _eb) = connect_rc(h, &a, &b, &oa, &ob)?;
     let cap = ea.cq.capacity();
-    ensure!(cap < 48, "CQ granted {cap} entries; cannot overrun it with 48 sends");
+    ensure!(
+        cap < 48,
+        "CQ granted {cap} entries; cannot overrun it with 48 sends"
+    );
     for i in 0..=cap {
         ea.send(i % 4, b"overrun")?;
     }
@@ -339,18 +503,28 @@ fn limits_cq_overrun<H: Harness>(h: &H) -> Outcome {
 fn limits_max_inline<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
     let max = h.caps().max_inline.min(512);
-    let oa = Opts { max_inline: max, ..Opts::default() };
+    let oa = Opts {
+        max_inline: max,
+        ..Opts::default()
+    };
     let (ea, eb) = connect_rc(h, &a, &b, &oa, &Opts::default())?;
     let granted = ea.qp.caps().max_inline as usize;
-    ensure!(granted >= max as usize, "asked for {max} inline bytes, granted {granted}");
+    ensure!(
+        granted >= max as usize,
+        "asked for {max} inline bytes, granted {granted}"
+    );
     let data = pattern(9, granted);
-    ea.qp.post_send(&SendWr::new(1, SendOp::Send, Payload::Inline(&data)))?;
+    ea.qp
+        .post_send(&SendWr::new(1, SendOp::Send, Payload::Inline(&data)))?;
     check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::Success)?;
     let wc = wait_cq(h, &eb.cq, 1)?[0];
     ensure_eq!(wc.byte_len as usize, granted);
     ensure_eq!(eb.rbuf.read(0, granted), data);
     let too_long = pattern(9, granted + 1);
-    match ea.qp.post_send(&SendWr::new(2, SendOp::Send, Payload::Inline(&too_long))) {
+    match ea
+        .qp
+        .post_send(&SendWr::new(2, SendOp::Send, Payload::Inline(&too_long)))
+    {
         Err(Error::InvalidArgument(_)) => Ok(()),
         other => Err(Failure(format!("inline beyond max_inline: {other:?}"))),
     }
@@ -358,7 +532,11 @@ fn limits_max_inline<H: Harness>(h: &H) -> Outcome {
 
 fn srq_limit_event<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ob = Opts { srq: true, recvs: 8, ..Opts::default() };
+    let ob = Opts {
+        srq: true,
+        recvs: 8,
+        ..Opts::default()
+    };
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &ob)?;
     let srq = eb.srq.as_ref().expect("SRQ endpoint");
     srq.arm_limit(4)?;
@@ -373,14 +551,20 @@ fn srq_limit_event<H: Harness>(h: &H) -> Outcome {
     wait_cq(h, &eb.cq, 1)?;
     h.settle(Duration::from_millis(1));
     while let Some(e) = b.ctx.poll_async_event() {
-        ensure!(!matches!(e, AsyncEvent::SrqLimitReached { .. }), "limit fired twice");
+        ensure!(
+            !matches!(e, AsyncEvent::SrqLimitReached { .. }),
+            "limit fired twice"
+        );
     }
     Ok(())
 }
 
 fn srq_last_wqe_reached<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ob = Opts { srq: true, ..Opts::default() };
+    let ob = Opts {
+        srq: true,
+        ..Opts::default()
+    };
     let (_ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &ob)?;
     eb.qp.modify(&QpTransition::Error)?;
     let qpn = eb.qp.qp_num();
@@ -392,7 +576,13 @@ fn introspect_counts<H: Harness>(h: &H) -> Outcome {
     let p = h.spawn(0).map_err(Failure)?;
     let v = h.process_view(&p).map_err(Failure)?;
     ensure_eq!((v.qps, v.mrs, v.cqs, v.pds, v.srqs), (0, 0, 0, 0, 0));
-    let ep = Ep::new(&p.ctx, &Opts { srq: true, ..Opts::default() })?;
+    let ep = Ep::new(
+        &p.ctx,
+        &Opts {
+            srq: true,
+            ..Opts::default()
+        },
+    )?;
     let v = h.process_view(&p).map_err(Failure)?;
     ensure_eq!((v.qps, v.mrs, v.cqs, v.pds, v.srqs), (1, 2, 1, 1, 1));
     ensure_eq!(h.node_qps(0).map_err(Failure)?, 1);

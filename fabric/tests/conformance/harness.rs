@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use xrcbtl_fabric::sim::{CmFault, ProcessView, TgtQpView};
+use xrcbtl_fabric::sim::{CmFault, NodeView, ProcessView, TgtQpView};
 use xrcbtl_fabric::{Context, DeviceCaps, Fabric, Transport, XrcdKey};
 
 /// A process of the harness with its device opened.
@@ -56,13 +56,15 @@ pub fn caps_gap(device: &str, caps: &DeviceCaps, need: Need) -> Option<String> {
         Need::Xrc if !caps.xrc => Some(format!("{device} ({t}): device caps report no XRC")),
         Need::NoXrc if caps.xrc => Some(format!("{device} ({t}): device caps report XRC")),
         Need::Srq if !caps.srq => Some(format!("{device} ({t}): device caps report no SRQ")),
-        Need::ImmData if !caps.imm_data => {
-            Some(format!("{device} ({t}): no immediate data on this transport"))
-        }
+        Need::ImmData if !caps.imm_data => Some(format!(
+            "{device} ({t}): no immediate data on this transport"
+        )),
         Need::IbFamily if t == Transport::Iwarp => Some(format!(
             "{device} ({t}): iWARP has no RNR and its QPs are connected only by the CM"
         )),
-        Need::Iwarp if t != Transport::Iwarp => Some(format!("{device} ({t}): not an iWARP device")),
+        Need::Iwarp if t != Transport::Iwarp => {
+            Some(format!("{device} ({t}): not an iWARP device"))
+        }
         _ => None,
     }
 }
@@ -139,14 +141,26 @@ pub trait Harness: Sized + Send + Sync + 'static {
         Err(self.gap(Need::Introspection).unwrap_or_default())
     }
 
-    /// The XRC TGT QPs living on `node`.
-    fn tgt_qps(&self, _node: usize) -> Result<Vec<TgtQpView>, String> {
+    /// What lives on `node`.
+    fn node_view(&self, _node: usize) -> Result<NodeView, String> {
         Err(self.gap(Need::Introspection).unwrap_or_default())
     }
 
+    /// The XRC TGT QPs living on `node`.
+    fn tgt_qps(&self, node: usize) -> Result<Vec<TgtQpView>, String> {
+        Ok(self.node_view(node)?.tgt_qps)
+    }
+
     /// Live QPs on `node`.
-    fn node_qps(&self, _node: usize) -> Result<usize, String> {
-        Err(self.gap(Need::Introspection).unwrap_or_default())
+    fn node_qps(&self, node: usize) -> Result<usize, String> {
+        Ok(self.node_view(node)?.qps)
+    }
+
+    /// Checks the provider's internal invariants after a rule (nothing
+    /// leaked, every table consistent); providers that cannot look inside
+    /// answer `Ok`.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
     }
 
     /// RNR NAKs QP `qpn` on `node` has received.
@@ -193,7 +207,12 @@ macro_rules! ensure_eq {
         if a != b {
             return Err($crate::conformance::harness::Failure(format!(
                 "{}:{}: {} = {:?}, expected {} = {:?}",
-                file!(), line!(), stringify!($a), a, stringify!($b), b
+                file!(),
+                line!(),
+                stringify!($a),
+                a,
+                stringify!($b),
+                b
             )));
         }
     }};

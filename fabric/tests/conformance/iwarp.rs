@@ -11,13 +11,21 @@ use crate::{ensure, ensure_eq};
 pub fn rules<H: Harness>() -> Vec<Rule<H>> {
     vec![
         rule("iwarp_caps_have_no_xrc", &[Need::Iwarp], iwarp_caps::<H>),
-        rule("iwarp_initiator_speaks_first", &[Need::Iwarp], iwarp_initiator_first::<H>),
+        rule(
+            "iwarp_initiator_speaks_first",
+            &[Need::Iwarp],
+            iwarp_initiator_first::<H>,
+        ),
         rule(
             "iwarp_responder_first_tears_down",
             &[Need::Iwarp, Need::P2pEnforced],
             iwarp_responder_first::<H>,
         ),
-        rule("iwarp_send_without_receive_terminates", &[Need::Iwarp], iwarp_no_rnr::<H>),
+        rule(
+            "iwarp_send_without_receive_terminates",
+            &[Need::Iwarp],
+            iwarp_no_rnr::<H>,
+        ),
     ]
 }
 
@@ -28,7 +36,10 @@ fn iwarp_caps<H: Harness>(h: &H) -> Outcome {
     ensure!(!caps.xrc, "an iWARP device reports XRC");
     match p.ctx.open_xrcd(&h.xrcd_key("iwarp")) {
         Err(Error::Unsupported(_)) => Ok(()),
-        other => Err(Failure(format!("open_xrcd on iWARP: {:?}", other.map(|_| ())))),
+        other => Err(Failure(format!(
+            "open_xrcd on iWARP: {:?}",
+            other.map(|_| ())
+        ))),
     }
 }
 
@@ -53,7 +64,10 @@ fn iwarp_responder_first<H: Harness>(h: &H) -> Outcome {
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
     eb.send(1, b"too early")?;
     let wc = wait_cq(h, &eb.cq, 1)?[0];
-    ensure!(wc.wr_id == 1 && wc.status != WcStatus::Success, "early send completed: {wc:?}");
+    ensure!(
+        wc.wr_id == 1 && wc.status != WcStatus::Success,
+        "early send completed: {wc:?}"
+    );
     ensure_eq!(eb.qp.state()?, QpState::Error);
     ensure_eq!(ea.qp.state()?, QpState::Error);
     for (side, ch) in [("initiator", &ea.ch), ("responder", &eb.ch)] {
@@ -66,11 +80,17 @@ fn iwarp_responder_first<H: Harness>(h: &H) -> Outcome {
 
 fn iwarp_no_rnr<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ob = Opts { recvs: 0, ..Opts::default() };
+    let ob = Opts {
+        recvs: 0,
+        ..Opts::default()
+    };
     let (ea, _eb) = connect_rc(h, &a, &b, &Opts::default(), &ob)?;
     ea.send(0, b"no buffer")?;
     let wc = wait_cq(h, &ea.cq, 1)?[0];
-    ensure!(wc.status != WcStatus::Success, "a send without a receive succeeded: {wc:?}");
+    ensure!(
+        wc.status != WcStatus::Success,
+        "a send without a receive succeeded: {wc:?}"
+    );
     ensure_eq!(ea.qp.state()?, QpState::Error);
     Ok(())
 }

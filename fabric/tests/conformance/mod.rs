@@ -62,9 +62,10 @@ pub fn run_suite<H: Harness>(configs: Vec<(String, Factory<H>)>) -> ExitCode {
             Err(e) => {
                 let msg = format!("{config}: cannot set up: {e}");
                 eprintln!("conformance: {msg}");
-                trials.push(libtest_mimic::Trial::test(format!("{config}::setup"), move || {
-                    Err(msg.clone().into())
-                }));
+                trials.push(libtest_mimic::Trial::test(
+                    format!("{config}::setup"),
+                    move || Err(msg.clone().into()),
+                ));
                 None
             }
         };
@@ -87,7 +88,16 @@ pub fn run_suite<H: Harness>(configs: Vec<(String, Factory<H>)>) -> ExitCode {
                     println!("{label}: skipped: {reason}");
                     return Ok(());
                 }
-                run(&h).map_err(|f| format!("{} [{}]: {}", label, h.label(), f.0).into())
+                run(&h).map_err(|f| format!("{} [{}]: {}", label, h.label(), f.0))?;
+                // Whatever the rule left behind must be consistent.
+                h.check().map_err(|e| {
+                    format!(
+                        "{} [{}]: invariant broken after the rule: {e}",
+                        label,
+                        h.label()
+                    )
+                    .into()
+                })
             })
             .with_ignored_flag(gap.is_some());
             trials.push(trial);
@@ -107,8 +117,12 @@ pub fn run_suite<H: Harness>(configs: Vec<(String, Factory<H>)>) -> ExitCode {
 }
 
 /// Two processes: on nodes 0 and 1, or both on node 0 if there is one node.
-pub fn two<H: Harness>(h: &H) -> Result<(harness::Proc<H::F>, harness::Proc<H::F>), harness::Failure> {
+pub fn two<H: Harness>(
+    h: &H,
+) -> Result<(harness::Proc<H::F>, harness::Proc<H::F>), harness::Failure> {
     let a = h.spawn(0).map_err(harness::Failure)?;
-    let b = h.spawn(if h.nodes() > 1 { 1 } else { 0 }).map_err(harness::Failure)?;
+    let b = h
+        .spawn(if h.nodes() > 1 { 1 } else { 0 })
+        .map_err(harness::Failure)?;
     Ok((a, b))
 }

@@ -67,7 +67,10 @@ pub fn wait_async<H: Harness, C: Context>(
                 }
             }
             None => {
-                ensure!(h.now() < deadline, "timed out waiting for an async event; saw {seen:?}");
+                ensure!(
+                    h.now() < deadline,
+                    "timed out waiting for an async event; saw {seen:?}"
+                );
                 std::thread::yield_now();
             }
         }
@@ -88,7 +91,10 @@ pub fn wait_cm<H: Harness, Ch: CmChannel>(
             Some(e) if pred(&e.kind) => return Ok(e),
             Some(e) => seen.push(e.kind),
             None => {
-                ensure!(h.now() < deadline, "timed out waiting for a CM event; saw {seen:?}");
+                ensure!(
+                    h.now() < deadline,
+                    "timed out waiting for a CM event; saw {seen:?}"
+                );
                 std::thread::yield_now();
             }
         }
@@ -96,13 +102,22 @@ pub fn wait_cm<H: Harness, Ch: CmChannel>(
 }
 
 /// Resolves `dst` on a fresh id of `ch`.
-pub fn resolve<H: Harness, Ch: CmChannel>(h: &H, ch: &Ch, ps: PortSpace, dst: SocketAddr) -> Result<Ch::Id, Failure> {
+pub fn resolve<H: Harness, Ch: CmChannel>(
+    h: &H,
+    ch: &Ch,
+    ps: PortSpace,
+    dst: SocketAddr,
+) -> Result<Ch::Id, Failure> {
     let id = ch.create_id(ps)?;
     id.resolve_addr(dst, 2_000)?;
-    let e = wait_cm(h, ch, |k| matches!(k, CmEventKind::AddrResolved | CmEventKind::AddrError))?;
+    let e = wait_cm(h, ch, |k| {
+        matches!(k, CmEventKind::AddrResolved | CmEventKind::AddrError)
+    })?;
     ensure_eq!(e.kind, CmEventKind::AddrResolved);
     id.resolve_route(2_000)?;
-    let e = wait_cm(h, ch, |k| matches!(k, CmEventKind::RouteResolved | CmEventKind::RouteError))?;
+    let e = wait_cm(h, ch, |k| {
+        matches!(k, CmEventKind::RouteResolved | CmEventKind::RouteError)
+    })?;
     ensure_eq!(e.kind, CmEventKind::RouteResolved);
     Ok(id)
 }
@@ -116,7 +131,9 @@ pub fn listen<H: Harness, Ch: CmChannel>(
 ) -> Result<(Ch::Id, SocketAddr), Failure> {
     let id = ch.create_id(ps)?;
     id.listen(SocketAddr::new(h.addr(p), 0), 16)?;
-    let addr = id.local_addr().ok_or_else(|| Failure("listener has no address".into()))?;
+    let addr = id
+        .local_addr()
+        .ok_or_else(|| Failure("listener has no address".into()))?;
     Ok((id, addr))
 }
 
@@ -191,7 +208,14 @@ impl<C: Context> Ep<C> {
         let rbuf = DmaBuf::new(ctx, &pd, slots * o.slot as usize, access)?;
         let sbuf = DmaBuf::new(ctx, &pd, slots * o.slot as usize, access)?;
         let srq = if o.srq {
-            Some(ctx.create_srq(&pd, SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 })?)
+            Some(ctx.create_srq(
+                &pd,
+                SrqAttr {
+                    max_wr: 64,
+                    max_sge: 1,
+                    srq_limit: 0,
+                },
+            )?)
         } else {
             None
         };
@@ -234,7 +258,10 @@ impl<C: Context> Ep<C> {
     /// Posts a receive into slot `i` (wr_id = 1000 + i).
     pub fn post_recv(&self, i: u32) -> Result<(), Failure> {
         let sge = [self.rbuf.sge((i * self.slot) as usize, self.slot)];
-        let wr = RecvWr { wr_id: 1000 + u64::from(i), sgl: &sge };
+        let wr = RecvWr {
+            wr_id: 1000 + u64::from(i),
+            sgl: &sge,
+        };
         match &self.srq {
             Some(s) => s.post_recv(&wr)?,
             None => self.qp.post_recv(&wr)?,
@@ -271,7 +298,9 @@ pub fn connect_rc<H: Harness>(
     pa.retry_count = oa.retry;
     ida.connect(Some(&ea.qp), &pa)?;
     let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
-    let idb = req.new_id.ok_or_else(|| Failure("request without an id".into()))?;
+    let idb = req
+        .new_id
+        .ok_or_else(|| Failure("request without an id".into()))?;
     let mut pb = ConnParam::with_data(b"welcome");
     pb.rnr_retry_count = ob.rnr_retry;
     idb.accept(Some(&eb.qp), &pb)?;
@@ -299,9 +328,15 @@ pub fn connect_manual<H: Harness>(
     let eb = Ep::new(&b.ctx, ob)?;
     let pa = a.ctx.query_port(1)?;
     let pb = b.ctx.query_port(1)?;
-    for (e, peer_port, peer_qpn, o) in [(&ea, &pb, eb.qp.qp_num(), oa), (&eb, &pa, ea.qp.qp_num(), ob)] {
+    for (e, peer_port, peer_qpn, o) in [
+        (&ea, &pb, eb.qp.qp_num(), oa),
+        (&eb, &pa, ea.qp.qp_num(), ob),
+    ] {
         e.qp.modify(&QpTransition::Init(InitAttr::default()))?;
-        let dest = PortAddr { lid: peer_port.lid, gid: peer_port.gid };
+        let dest = PortAddr {
+            lid: peer_port.lid,
+            gid: peer_port.gid,
+        };
         e.qp.modify(&QpTransition::Rtr(RtrAttr::new(dest, peer_qpn)))?;
         e.qp.modify(&QpTransition::Rts(RtsAttr {
             rnr_retry: o.rnr_retry,
@@ -324,5 +359,7 @@ pub fn check_wc(wc: &WorkCompletion, wr_id: u64, status: WcStatus) -> Result<(),
 
 /// A recognisable pattern of `len` bytes.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }

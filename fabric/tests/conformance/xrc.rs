@@ -14,16 +14,56 @@ use crate::{ensure, ensure_eq};
 
 pub fn rules<H: Harness>() -> Vec<Rule<H>> {
     vec![
-        rule("xrc_ini_reaches_any_srq_of_domain", &[Need::Xrc], xrc_ini_reaches_any_srq::<H>),
-        rule("xrc_unknown_srqn_fails", &[Need::Xrc], xrc_unknown_srqn_fails::<H>),
-        rule("xrc_tgt_outlives_creator", &[Need::Xrc], xrc_tgt_outlives_creator::<H>),
-        rule("xrc_tgt_dies_with_last_opener", &[Need::Xrc], xrc_tgt_dies_with_last_opener::<H>),
-        rule("xrc_exit_closes_tgt_handles", &[Need::Xrc, Need::Introspection], xrc_exit_closes_handles::<H>),
-        rule("xrc_crash_closes_tgt_handles", &[Need::Xrc, Need::Crash, Need::Introspection], xrc_crash_closes_handles::<H>),
-        rule("xrc_tgt_error_reaches_every_opener", &[Need::Xrc, Need::Faults], xrc_tgt_events_reach_all::<H>),
-        rule("xrc_open_gone_or_foreign_tgt_fails", &[Need::Xrc], xrc_open_gone_fails::<H>),
-        rule("xrc_domain_shared_by_key_per_node", &[Need::Xrc], xrc_domain_per_node::<H>),
-        rule("no_xrc_is_unsupported", &[Need::NoXrc], no_xrc_unsupported::<H>),
+        rule(
+            "xrc_ini_reaches_any_srq_of_domain",
+            &[Need::Xrc],
+            xrc_ini_reaches_any_srq::<H>,
+        ),
+        rule(
+            "xrc_unknown_srqn_fails",
+            &[Need::Xrc],
+            xrc_unknown_srqn_fails::<H>,
+        ),
+        rule(
+            "xrc_tgt_outlives_creator",
+            &[Need::Xrc],
+            xrc_tgt_outlives_creator::<H>,
+        ),
+        rule(
+            "xrc_tgt_dies_with_last_opener",
+            &[Need::Xrc],
+            xrc_tgt_dies_with_last_opener::<H>,
+        ),
+        rule(
+            "xrc_exit_closes_tgt_handles",
+            &[Need::Xrc, Need::Introspection],
+            xrc_exit_closes_handles::<H>,
+        ),
+        rule(
+            "xrc_crash_closes_tgt_handles",
+            &[Need::Xrc, Need::Crash, Need::Introspection],
+            xrc_crash_closes_handles::<H>,
+        ),
+        rule(
+            "xrc_tgt_error_reaches_every_opener",
+            &[Need::Xrc, Need::Faults],
+            xrc_tgt_events_reach_all::<H>,
+        ),
+        rule(
+            "xrc_open_gone_or_foreign_tgt_fails",
+            &[Need::Xrc],
+            xrc_open_gone_fails::<H>,
+        ),
+        rule(
+            "xrc_domain_shared_by_key_per_node",
+            &[Need::Xrc],
+            xrc_domain_per_node::<H>,
+        ),
+        rule(
+            "no_xrc_is_unsupported",
+            &[Need::NoXrc],
+            no_xrc_unsupported::<H>,
+        ),
     ]
 }
 
@@ -46,11 +86,28 @@ impl<C: Context> Rank<C> {
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(256)?;
         let xrcd = ctx.open_xrcd(key)?;
-        let srq = ctx.create_xrc_srq(&pd, &xrcd, &cq, SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 })?;
-        let rbuf = DmaBuf::new(ctx, &pd, 16 * 1024, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+        let srq = ctx.create_xrc_srq(
+            &pd,
+            &xrcd,
+            &cq,
+            SrqAttr {
+                max_wr: 64,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )?;
+        let rbuf = DmaBuf::new(
+            ctx,
+            &pd,
+            16 * 1024,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
         for i in 0..16u32 {
             let sge = [rbuf.sge(i as usize * 1024, 1024)];
-            srq.post_recv(&RecvWr { wr_id: u64::from(i), sgl: &sge })?;
+            srq.post_recv(&RecvWr {
+                wr_id: u64::from(i),
+                sgl: &sge,
+            })?;
         }
         Ok(Rank {
             tgt: None,
@@ -96,7 +153,12 @@ impl<C: Context> Ini<C> {
 }
 
 /// Connects `s`'s new INI QP to a TGT QP that `r` creates on the request.
-fn xrc_connect<H: Harness>(h: &H, s: &Proc<H::F>, rp: &Proc<H::F>, r: &mut Rank<Ctx<H>>) -> Result<Ini<Ctx<H>>, Failure> {
+fn xrc_connect<H: Harness>(
+    h: &H,
+    s: &Proc<H::F>,
+    rp: &Proc<H::F>,
+    r: &mut Rank<Ctx<H>>,
+) -> Result<Ini<Ctx<H>>, Failure> {
     let pd = s.ctx.alloc_pd()?;
     let cq = s.ctx.create_cq(256)?;
     let qp = s.ctx.create_qp(
@@ -106,7 +168,13 @@ fn xrc_connect<H: Harness>(h: &H, s: &Proc<H::F>, rp: &Proc<H::F>, r: &mut Rank<
             send_cq: &cq,
             recv_cq: None,
             srq: None,
-            caps: QpCaps { max_send_wr: 32, max_recv_wr: 0, max_send_sge: 1, max_recv_sge: 0, max_inline: 0 },
+            caps: QpCaps {
+                max_send_wr: 32,
+                max_recv_wr: 0,
+                max_send_sge: 1,
+                max_recv_sge: 0,
+                max_inline: 0,
+            },
         },
     )?;
     let sbuf = DmaBuf::new(&s.ctx, &pd, 4096, Access::LOCAL_WRITE)?;
@@ -123,7 +191,14 @@ fn xrc_connect<H: Harness>(h: &H, s: &Proc<H::F>, rp: &Proc<H::F>, r: &mut Rank<
     drop(l);
     r.tgt = Some(tgt);
     r.id = Some(rid);
-    Ok(Ini { qp, id, ch, sbuf, cq, pd })
+    Ok(Ini {
+        qp,
+        id,
+        ch,
+        sbuf,
+        cq,
+        pd,
+    })
 }
 
 fn recv_node<H: Harness>(h: &H) -> usize {
@@ -135,14 +210,24 @@ fn recv_node<H: Harness>(h: &H) -> usize {
 }
 
 /// Sends `data` to `r` and checks it arrives through TGT QP `tgt_qpn`.
-fn deliver<H: Harness>(h: &H, s: &Ini<Ctx<H>>, r: &Rank<Ctx<H>>, tgt_qpn: u32, wr_id: u64, data: &[u8]) -> Outcome {
+fn deliver<H: Harness>(
+    h: &H,
+    s: &Ini<Ctx<H>>,
+    r: &Rank<Ctx<H>>,
+    tgt_qpn: u32,
+    wr_id: u64,
+    data: &[u8],
+) -> Outcome {
     s.send(wr_id, r.srqn(), data)?;
     check_wc(&wait_cq(h, &s.cq, 1)?[0], wr_id, WcStatus::Success)?;
     let wc = wait_cq(h, &r.cq, 1)?[0];
     ensure_eq!(wc.status, WcStatus::Success);
     ensure_eq!(wc.qp_num, tgt_qpn);
     ensure_eq!(wc.byte_len as usize, data.len());
-    ensure_eq!(r.rbuf.read(wc.wr_id as usize * 1024, data.len()), data.to_vec());
+    ensure_eq!(
+        r.rbuf.read(wc.wr_id as usize * 1024, data.len()),
+        data.to_vec()
+    );
     Ok(())
 }
 
@@ -170,7 +255,11 @@ fn xrc_unknown_srqn_fails<H: Harness>(h: &H) -> Outcome {
     let ini = xrc_connect(h, &s, &p1, &mut r1)?;
     let bogus = r1.srqn() ^ 0x5a5a5;
     ini.send(1, bogus, b"nobody")?;
-    check_wc(&wait_cq(h, &ini.cq, 1)?[0], 1, WcStatus::RemoteInvalidRequest)?;
+    check_wc(
+        &wait_cq(h, &ini.cq, 1)?[0],
+        1,
+        WcStatus::RemoteInvalidRequest,
+    )?;
     ensure_eq!(ini.qp.state()?, QpState::Error);
     Ok(())
 }
@@ -192,7 +281,12 @@ fn xrc_tgt_outlives_creator<H: Harness>(h: &H) -> Outcome {
     h.exit(p1);
     if h.gap(Need::Introspection).is_none() {
         let tgts = h.tgt_qps(node).map_err(Failure)?;
-        ensure_eq!(tgts.iter().map(|t| (t.qpn, t.open_count)).collect::<Vec<_>>(), vec![(tgt, 1)]);
+        ensure_eq!(
+            tgts.iter()
+                .map(|t| (t.qpn, t.open_count))
+                .collect::<Vec<_>>(),
+            vec![(tgt, 1)]
+        );
     }
     deliver(h, &ini, &r2, tgt, 2, b"after the creator left")?;
     Ok(())
@@ -237,7 +331,11 @@ fn xrc_tgt_dies_with_last_opener<H: Harness>(h: &H) -> Outcome {
     count(0)?;
     match r3.ctx.open_tgt_qp(&r3.xrcd, tgt) {
         Err(Error::NotFound(_)) => {}
-        Err(e) => return Err(Failure(format!("opening a destroyed TGT QP: {e:?}, expected NotFound"))),
+        Err(e) => {
+            return Err(Failure(format!(
+                "opening a destroyed TGT QP: {e:?}, expected NotFound"
+            )))
+        }
         Ok(_) => return Err(Failure("a destroyed TGT QP could be opened".into())),
     }
     // The sender finds out: nothing answers at that QP number.
@@ -265,7 +363,19 @@ fn xrc_exit_case<H: Harness>(h: &H, crash: bool) -> Outcome {
         h.crash(&p2).map_err(Failure)?;
         let v = h.process_view(&p2).map_err(Failure)?;
         ensure!(!v.alive, "crashed process still alive");
-        ensure_eq!((v.qps, v.tgt_handles, v.mrs, v.srqs, v.cqs, v.pds, v.xrcds, v.cm_ids), (0, 0, 0, 0, 0, 0, 0, 0));
+        ensure_eq!(
+            (
+                v.qps,
+                v.tgt_handles,
+                v.mrs,
+                v.srqs,
+                v.cqs,
+                v.pds,
+                v.xrcds,
+                v.cm_ids
+            ),
+            (0, 0, 0, 0, 0, 0, 0, 0)
+        );
     } else {
         h.exit(p2);
     }
@@ -281,7 +391,10 @@ fn xrc_exit_case<H: Harness>(h: &H, crash: bool) -> Outcome {
     } else {
         h.exit(p1);
     }
-    ensure!(h.tgt_qps(node).map_err(Failure)?.is_empty(), "TGT QP left behind");
+    ensure!(
+        h.tgt_qps(node).map_err(Failure)?.is_empty(),
+        "TGT QP left behind"
+    );
     drop(r1);
     Ok(())
 }
@@ -312,14 +425,21 @@ fn xrc_tgt_events_reach_all<H: Harness>(h: &H) -> Outcome {
     for (i, p) in [&p1, &p2, &p3].into_iter().enumerate() {
         let seen = wait_async(h, &p.ctx, |e| *e == AsyncEvent::QpFatal { qpn: tgt })
             .map_err(|f| Failure(format!("opener {}: {}", i + 1, f.0)))?;
-        ensure!(seen.len() == 1, "opener {}: unexpected events before: {seen:?}", i + 1);
+        ensure!(
+            seen.len() == 1,
+            "opener {}: unexpected events before: {seen:?}",
+            i + 1
+        );
     }
     // Every opener unregisters on the error; the QP goes with the last.
     for r in [&mut r1, &mut r2, &mut r3] {
         r.tgt = None;
     }
     if h.gap(Need::Introspection).is_none() {
-        ensure!(h.tgt_qps(node).map_err(Failure)?.is_empty(), "TGT QP left behind");
+        ensure!(
+            h.tgt_qps(node).map_err(Failure)?.is_empty(),
+            "TGT QP left behind"
+        );
     }
     ini.send(1, r2.srqn(), b"into the void")?;
     check_wc(&wait_cq(h, &ini.cq, 1)?[0], 1, WcStatus::RetryExceeded)?;
@@ -338,12 +458,21 @@ fn xrc_open_gone_fails<H: Harness>(h: &H) -> Outcome {
     let _ini = xrc_connect(h, &s, &p1, &mut r1)?;
     let tgt = r1.tgt.as_ref().expect("connected").qp_num();
     // A number nobody created.
-    ensure!(r1.ctx.open_tgt_qp(&r1.xrcd, tgt ^ 0x1234).is_err(), "opened a TGT QP that never existed");
+    ensure!(
+        r1.ctx.open_tgt_qp(&r1.xrcd, tgt ^ 0x1234).is_err(),
+        "opened a TGT QP that never existed"
+    );
     // A TGT QP of another domain.
-    ensure!(r2.ctx.open_tgt_qp(&r2.xrcd, tgt).is_err(), "opened a TGT QP of another domain");
+    ensure!(
+        r2.ctx.open_tgt_qp(&r2.xrcd, tgt).is_err(),
+        "opened a TGT QP of another domain"
+    );
     // A TGT QP that died with its only holder.
     r1.tgt = None;
-    ensure!(r1.ctx.open_tgt_qp(&r1.xrcd, tgt).is_err(), "opened a destroyed TGT QP");
+    ensure!(
+        r1.ctx.open_tgt_qp(&r1.xrcd, tgt).is_err(),
+        "opened a destroyed TGT QP"
+    );
     Ok(())
 }
 
@@ -365,10 +494,18 @@ fn xrc_domain_per_node<H: Harness>(h: &H) -> Outcome {
             elsewhere.ctx.open_tgt_qp(&elsewhere.xrcd, tgt).is_err(),
             "a TGT QP was opened from another node's domain"
         );
+        if h.gap(Need::Introspection).is_none() {
+            ensure_eq!(h.node_view(0).map_err(Failure)?.xrcds, 1);
+            ensure_eq!(h.node_view(node).map_err(Failure)?.xrcds, 2);
+        }
     }
     // An SRQ of another domain is not reachable through this TGT QP.
     ini.send(1, r2.srqn(), b"wrong domain")?;
-    check_wc(&wait_cq(h, &ini.cq, 1)?[0], 1, WcStatus::RemoteInvalidRequest)?;
+    check_wc(
+        &wait_cq(h, &ini.cq, 1)?[0],
+        1,
+        WcStatus::RemoteInvalidRequest,
+    )?;
     Ok(())
 }
 
@@ -377,16 +514,30 @@ fn no_xrc_unsupported<H: Harness>(h: &H) -> Outcome {
     ensure!(!p.ctx.caps().xrc, "caps report XRC");
     match p.ctx.open_xrcd(&h.xrcd_key("none")) {
         Err(Error::Unsupported(_)) => {}
-        other => return Err(Failure(format!("open_xrcd without XRC: {:?}", other.map(|_| ())))),
+        other => {
+            return Err(Failure(format!(
+                "open_xrcd without XRC: {:?}",
+                other.map(|_| ())
+            )))
+        }
     }
     let pd = p.ctx.alloc_pd()?;
     let cq = p.ctx.create_cq(16)?;
     let ini = p.ctx.create_qp(
         &pd,
-        &QpInit { qp_type: QpType::XrcIni, send_cq: &cq, recv_cq: None, srq: None, caps: QpCaps::default() },
+        &QpInit {
+            qp_type: QpType::XrcIni,
+            send_cq: &cq,
+            recv_cq: None,
+            srq: None,
+            caps: QpCaps::default(),
+        },
     );
     match ini {
         Err(Error::Unsupported(_)) => Ok(()),
-        other => Err(Failure(format!("XRC INI QP without XRC: {:?}", other.map(|_| ())))),
+        other => Err(Failure(format!(
+            "XRC INI QP without XRC: {:?}",
+            other.map(|_| ())
+        ))),
     }
 }

@@ -200,6 +200,9 @@ pub struct SimStats {
     pub retransmits: u64,
     /// RNR NAKs sent by responders.
     pub rnr_naks: u64,
+    /// Retransmitted packets a responder had already executed (acknowledged
+    /// again, not delivered twice).
+    pub duplicates: u64,
     /// Two-sided messages delivered into receive buffers.
     pub messages_delivered: u64,
     /// Responder-side errors (bad rkey, unknown SRQ, too long...).

@@ -502,10 +502,22 @@ impl World {
         self.schedule_in(0, super::world::Event::Tx { qp, epoch });
     }
 
-    pub(crate) fn on_response(&mut self, qp: Id<QpObj>, psn: u64, epoch: u64, resp: Resp) {
-        let Some(q) = self.qps.get_mut(qp) else {
+    pub(crate) fn on_response(
+        &mut self,
+        qp: Id<QpObj>,
+        from_dev: DevIdx,
+        psn: u64,
+        epoch: u64,
+        resp: Resp,
+    ) {
+        let Some(q) = self.qps.get(qp) else {
             return;
         };
+        if self.path_down(from_dev, q.dev) {
+            self.stats.packets_dropped += 1;
+            return;
+        }
+        let q = self.qps.get_mut(qp).expect("live");
         if q.state != QpState::Rts {
             return;
         }
@@ -619,6 +631,7 @@ impl World {
             at,
             super::world::Event::Response {
                 qp: d.src,
+                from_dev: dev,
                 psn: d.psn,
                 epoch: d.epoch,
                 resp,
@@ -669,6 +682,9 @@ impl World {
             return;
         }
         let duplicate = d.psn < q.expected_psn;
+        if duplicate {
+            self.stats.duplicates += 1;
+        }
         if duplicate && !matches!(d.op, SendOp::Read(_)) {
             self.respond(dst, &d, Resp::Ack);
             return;

@@ -252,6 +252,7 @@ pub(crate) enum Event {
     Deliver(Box<super::transport::Delivery>),
     Response {
         qp: Id<QpObj>,
+        from_dev: DevIdx,
         psn: u64,
         epoch: u64,
         resp: super::transport::Resp,
@@ -456,10 +457,11 @@ impl World {
             Event::Deliver(d) => self.on_deliver(*d),
             Event::Response {
                 qp,
+                from_dev,
                 psn,
                 epoch,
                 resp,
-            } => self.on_response(qp, psn, epoch, resp),
+            } => self.on_response(qp, from_dev, psn, epoch, resp),
             Event::AckTimeout { qp, gen } => self.on_ack_timeout(qp, gen),
             Event::Cm(d) => self.on_cm(*d),
             Event::CmTimer { id, gen } => self.on_cm_timer(id, gen),

@@ -116,10 +116,14 @@ pub fn run_suite<H: Harness>(configs: Vec<(String, Factory<H>)>) -> ExitCode {
     libtest_mimic::run(&args, trials).exit_code()
 }
 
+/// Two processes of a harness.
+pub type ProcPair<H> = (
+    harness::Proc<<H as Harness>::F>,
+    harness::Proc<<H as Harness>::F>,
+);
+
 /// Two processes: on nodes 0 and 1, or both on node 0 if there is one node.
-pub fn two<H: Harness>(
-    h: &H,
-) -> Result<(harness::Proc<H::F>, harness::Proc<H::F>), harness::Failure> {
+pub fn two<H: Harness>(h: &H) -> Result<ProcPair<H>, harness::Failure> {
     let a = h.spawn(0).map_err(harness::Failure)?;
     let b = h
         .spawn(if h.nodes() > 1 { 1 } else { 0 })

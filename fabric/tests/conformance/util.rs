@@ -279,6 +279,9 @@ impl<C: Context> Ep<C> {
     }
 }
 
+/// Two connected endpoints of a harness.
+pub type EpPair<H> = (Ep<super::harness::Ctx<H>>, Ep<super::harness::Ctx<H>>);
+
 /// Connects an RC pair through the RDMA CM: `a` initiates, `b` listens.
 pub fn connect_rc<H: Harness>(
     h: &H,
@@ -286,7 +289,7 @@ pub fn connect_rc<H: Harness>(
     b: &Proc<H::F>,
     oa: &Opts,
     ob: &Opts,
-) -> Result<(Ep<super::harness::Ctx<H>>, Ep<super::harness::Ctx<H>>), Failure> {
+) -> Result<EpPair<H>, Failure> {
     let mut ea = Ep::new(&a.ctx, oa)?;
     let mut eb = Ep::new(&b.ctx, ob)?;
     let cha = a.ctx.create_cm_channel()?;
@@ -323,7 +326,7 @@ pub fn connect_manual<H: Harness>(
     b: &Proc<H::F>,
     oa: &Opts,
     ob: &Opts,
-) -> Result<(Ep<super::harness::Ctx<H>>, Ep<super::harness::Ctx<H>>), Failure> {
+) -> Result<EpPair<H>, Failure> {
     let ea = Ep::new(&a.ctx, oa)?;
     let eb = Ep::new(&b.ctx, ob)?;
     let pa = a.ctx.query_port(1)?;

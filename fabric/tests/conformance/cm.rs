@@ -1,8 +1,6 @@
 //! Rules of the RDMA CM: private data and its limits, rejects, connecting to
 //! nobody, disconnects.
 
-use std::net::SocketAddr;
-
 use xrcbtl_fabric::*;
 
 use super::harness::{Failure, Harness, Outcome};
@@ -22,12 +20,14 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
 
 fn cm_private_data<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ea = Ep::new(&a.ctx, &Opts::default())?;
+    let Dial {
+        id: ida,
+        listener: _l,
+        ep: ea,
+        cha,
+        chb,
+    } = dial(h, &a, &b, &Opts::default())?;
     let eb = Ep::new(&b.ctx, &Opts::default())?;
-    let cha = a.ctx.create_cm_channel()?;
-    let chb = b.ctx.create_cm_channel()?;
-    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
-    let ida = resolve(h, &cha, PortSpace::Tcp, addr)?;
     let req_data = pattern(1, 40);
     ida.connect(Some(&ea.qp), &ConnParam::with_data(&req_data))?;
     let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
@@ -64,11 +64,13 @@ fn cm_private_data<H: Harness>(h: &H) -> Outcome {
 
 fn cm_private_data_limits<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ea = Ep::new(&a.ctx, &Opts::default())?;
-    let cha = a.ctx.create_cm_channel()?;
-    let chb = b.ctx.create_cm_channel()?;
-    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
-    let ida = resolve(h, &cha, PortSpace::Tcp, addr)?;
+    let Dial {
+        id: ida,
+        listener: _l,
+        ep: ea,
+        cha: _cha,
+        chb,
+    } = dial(h, &a, &b, &Opts::default())?;
     let max = max_private_data(h.caps().transport, PortSpace::Tcp, CmMessage::Request);
     let too_much = vec![7u8; max + 1];
     match ida.connect(Some(&ea.qp), &ConnParam::with_data(&too_much)) {
@@ -90,11 +92,13 @@ fn cm_private_data_limits<H: Harness>(h: &H) -> Outcome {
 
 fn cm_reject<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ea = Ep::new(&a.ctx, &Opts::default())?;
-    let cha = a.ctx.create_cm_channel()?;
-    let chb = b.ctx.create_cm_channel()?;
-    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
-    let ida = resolve(h, &cha, PortSpace::Tcp, addr)?;
+    let Dial {
+        id: ida,
+        listener: _l,
+        ep: ea,
+        cha,
+        chb,
+    } = dial(h, &a, &b, &Opts::default())?;
     ida.connect(Some(&ea.qp), &ConnParam::default())?;
     let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
     let idb = req.new_id.ok_or_else(|| Failure("no id".into()))?;
@@ -111,18 +115,15 @@ fn cm_reject<H: Harness>(h: &H) -> Outcome {
 
 fn cm_no_listener<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
-    let ea = Ep::new(&a.ctx, &Opts::default())?;
-    let cha = a.ctx.create_cm_channel()?;
-    let chb = b.ctx.create_cm_channel()?;
     // A port that was listened on and no longer is.
-    let (l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
-    drop(l);
-    let ida = resolve(
-        h,
-        &cha,
-        PortSpace::Tcp,
-        SocketAddr::new(addr.ip(), addr.port()),
-    )?;
+    let Dial {
+        id: ida,
+        listener,
+        ep: ea,
+        cha,
+        chb: _chb,
+    } = dial(h, &a, &b, &Opts::default())?;
+    drop(listener);
     ida.connect(Some(&ea.qp), &ConnParam::default())?;
     let e = wait_cm(h, &cha, |_| true)?;
     ensure_eq!(e.kind, CmEventKind::Rejected(RejectReason::NoListener));

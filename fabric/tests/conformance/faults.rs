@@ -109,13 +109,10 @@ fn fault_cm_unreachable<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
     h.cm_fault(CmFault::new(Some(CmMsgKind::Req), CmAction::Drop))
         .map_err(Failure)?;
-    let ea = Ep::new(&a.ctx, &Opts::default())?;
-    let cha = a.ctx.create_cm_channel()?;
-    let chb = b.ctx.create_cm_channel()?;
-    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
-    let ida = resolve(h, &cha, PortSpace::Tcp, addr)?;
-    ida.connect(Some(&ea.qp), &ConnParam::default())?;
-    let e = wait_cm(h, &cha, |_| true)?;
+    let d = dial(h, &a, &b, &Opts::default())?;
+    d.id.connect(Some(&d.ep.qp), &ConnParam::default())?;
+    let (cha, chb) = (&d.cha, &d.chb);
+    let e = wait_cm(h, cha, |_| true)?;
     ensure_eq!(e.kind, CmEventKind::Unreachable);
     ensure!(
         chb.poll_event().is_none(),
@@ -190,13 +187,9 @@ fn fault_partition<H: Harness>(h: &H) -> Outcome {
     ea.send(0, b"across the cut")?;
     check_wc(&wait_cq(h, &ea.cq, 1)?[0], 0, WcStatus::RetryExceeded)?;
     // No new connection across the cut either.
-    let e2 = Ep::new(&a.ctx, &Opts::default())?;
-    let cha = a.ctx.create_cm_channel()?;
-    let chb = b.ctx.create_cm_channel()?;
-    let (_l, addr) = listen(h, &b, &chb, PortSpace::Tcp)?;
-    let id = resolve(h, &cha, PortSpace::Tcp, addr)?;
-    id.connect(Some(&e2.qp), &ConnParam::default())?;
-    ensure_eq!(wait_cm(h, &cha, |_| true)?.kind, CmEventKind::Unreachable);
+    let d = dial(h, &a, &b, &Opts::default())?;
+    d.id.connect(Some(&d.ep.qp), &ConnParam::default())?;
+    ensure_eq!(wait_cm(h, &d.cha, |_| true)?.kind, CmEventKind::Unreachable);
     // Healed, the nodes talk again.
     h.partition(a.node, b.node, false).map_err(Failure)?;
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;

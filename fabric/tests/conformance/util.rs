@@ -282,6 +282,42 @@ impl<C: Context> Ep<C> {
 /// Two connected endpoints of a harness.
 pub type EpPair<H> = (Ep<super::harness::Ctx<H>>, Ep<super::harness::Ctx<H>>);
 
+/// An endpoint on one process with a CM id resolved towards a listener on
+/// another, not yet connected. Fields drop in order: ids before channels.
+pub struct Dial<C: Context> {
+    /// The initiator's id, route resolved.
+    pub id: CmIdOf<C>,
+    /// The listening id.
+    pub listener: CmIdOf<C>,
+    /// The initiator's endpoint.
+    pub ep: Ep<C>,
+    /// The initiator's channel.
+    pub cha: C::CmChannel,
+    /// The listener's channel.
+    pub chb: C::CmChannel,
+}
+
+/// Builds an endpoint on `a`, listens on `b` and resolves the way there.
+pub fn dial<H: Harness>(
+    h: &H,
+    a: &Proc<H::F>,
+    b: &Proc<H::F>,
+    oa: &Opts,
+) -> Result<Dial<super::harness::Ctx<H>>, Failure> {
+    let ep = Ep::new(&a.ctx, oa)?;
+    let cha = a.ctx.create_cm_channel()?;
+    let chb = b.ctx.create_cm_channel()?;
+    let (listener, addr) = listen(h, b, &chb, PortSpace::Tcp)?;
+    let id = resolve(h, &cha, PortSpace::Tcp, addr)?;
+    Ok(Dial {
+        id,
+        listener,
+        ep,
+        cha,
+        chb,
+    })
+}
+
 /// Connects an RC pair through the RDMA CM: `a` initiates, `b` listens.
 pub fn connect_rc<H: Harness>(
     h: &H,
@@ -290,12 +326,14 @@ pub fn connect_rc<H: Harness>(
     oa: &Opts,
     ob: &Opts,
 ) -> Result<EpPair<H>, Failure> {
-    let mut ea = Ep::new(&a.ctx, oa)?;
+    let Dial {
+        id: ida,
+        listener,
+        ep: mut ea,
+        cha,
+        chb,
+    } = dial(h, a, b, oa)?;
     let mut eb = Ep::new(&b.ctx, ob)?;
-    let cha = a.ctx.create_cm_channel()?;
-    let chb = b.ctx.create_cm_channel()?;
-    let (lid, laddr) = listen(h, b, &chb, PortSpace::Tcp)?;
-    let ida = resolve(h, &cha, PortSpace::Tcp, laddr)?;
     let mut pa = ConnParam::with_data(b"hello");
     pa.rnr_retry_count = oa.rnr_retry;
     pa.retry_count = oa.retry;
@@ -311,7 +349,7 @@ pub fn connect_rc<H: Harness>(
     ensure_eq!(e.kind, CmEventKind::Established);
     let e = wait_cm(h, &chb, |_| true)?;
     ensure_eq!(e.kind, CmEventKind::Established);
-    drop(lid);
+    drop(listener);
     ea.id = Some(ida);
     ea.ch = Some(cha);
     eb.id = Some(idb);

@@ -231,172 +231,176 @@ fn deliver<H: Harness>(
     Ok(())
 }
 
+/// A sender on node 0 whose one INI QP is connected to a TGT QP created by
+/// rank 0 of the receiving node; rank `i` uses the domain `keys[i]`.
+struct Scene<H: Harness> {
+    ini: Ini<Ctx<H>>,
+    ranks: Vec<Option<Rank<Ctx<H>>>>,
+    procs: Vec<Option<Proc<H::F>>>,
+    sender: Proc<H::F>,
+    tgt: u32,
+    node: usize,
+}
+
+impl<H: Harness> Scene<H> {
+    fn new(h: &H, keys: &[&str]) -> Result<Self, Failure> {
+        let node = recv_node(h);
+        let sender = h.spawn(0).map_err(Failure)?;
+        let mut procs = Vec::new();
+        let mut ranks = Vec::new();
+        for k in keys {
+            let p = h.spawn(node).map_err(Failure)?;
+            ranks.push(Some(Rank::new(&p.ctx, &h.xrcd_key(k))?));
+            procs.push(Some(p));
+        }
+        let creator = ranks[0].as_mut().expect("just made");
+        let ini = xrc_connect(h, &sender, procs[0].as_ref().expect("just made"), creator)?;
+        let tgt = creator.tgt.as_ref().expect("connected").qp_num();
+        Ok(Scene {
+            ini,
+            ranks,
+            procs,
+            sender,
+            tgt,
+            node,
+        })
+    }
+
+    fn rank(&mut self, i: usize) -> &mut Rank<Ctx<H>> {
+        self.ranks[i].as_mut().expect("rank still running")
+    }
+
+    fn proc(&self, i: usize) -> &Proc<H::F> {
+        self.procs[i].as_ref().expect("rank still running")
+    }
+
+    /// Rank `i` drops its objects and exits.
+    fn exit(&mut self, h: &H, i: usize) {
+        self.ranks[i] = None;
+        h.exit(self.procs[i].take().expect("rank still running"));
+    }
+
+    /// Sends to rank `i` and checks the message arrives through the TGT QP.
+    fn deliver(&mut self, h: &H, i: usize, wr_id: u64, data: &[u8]) -> Outcome {
+        let tgt = self.tgt;
+        let r = self.ranks[i].as_ref().expect("rank still running");
+        deliver(h, &self.ini, r, tgt, wr_id, data)
+    }
+
+    /// Sends to SRQ `srqn` and expects the send to fail with `status`.
+    fn send_fails(&self, h: &H, srqn: u32, status: WcStatus) -> Outcome {
+        self.ini.send(9, srqn, b"doomed")?;
+        check_wc(&wait_cq(h, &self.ini.cq, 1)?[0], 9, status)
+    }
+
+    /// Total open handles on the node's TGT QPs, and how many TGT QPs live
+    /// (checked only where the provider can look).
+    fn expect_open(&self, h: &H, handles: usize) -> Outcome {
+        if h.gap(Need::Introspection).is_none() {
+            let tgts = h.tgt_qps(self.node).map_err(Failure)?;
+            let open: usize = tgts.iter().map(|t| t.open_count).sum();
+            ensure_eq!(open, handles);
+            ensure_eq!(tgts.len(), usize::from(handles > 0));
+        }
+        Ok(())
+    }
+}
+
 fn xrc_ini_reaches_any_srq<H: Harness>(h: &H) -> Outcome {
-    let key = h.xrcd_key("any-srq");
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(recv_node(h)).map_err(Failure)?;
-    let p2 = h.spawn(recv_node(h)).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let r2 = Rank::new(&p2.ctx, &key)?;
-    let ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let tgt = r1.tgt.as_ref().expect("connected").qp_num();
+    let mut sc = Scene::new(h, &["a", "a"])?;
     // One INI QP, one TGT QP, two ranks' SRQs.
-    deliver(h, &ini, &r1, tgt, 1, b"to rank one")?;
-    deliver(h, &ini, &r2, tgt, 2, b"to rank two")?;
-    deliver(h, &ini, &r1, tgt, 3, b"and back to one")?;
-    Ok(())
+    sc.deliver(h, 0, 1, b"to rank one")?;
+    sc.deliver(h, 1, 2, b"to rank two")?;
+    sc.deliver(h, 0, 3, b"and back to one")
 }
 
 fn xrc_unknown_srqn_fails<H: Harness>(h: &H) -> Outcome {
-    let key = h.xrcd_key("unknown-srqn");
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(recv_node(h)).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let bogus = r1.srqn() ^ 0x5a5a5;
-    ini.send(1, bogus, b"nobody")?;
-    check_wc(
-        &wait_cq(h, &ini.cq, 1)?[0],
-        1,
-        WcStatus::RemoteInvalidRequest,
-    )?;
-    ensure_eq!(ini.qp.state()?, QpState::Error);
+    let mut sc = Scene::new(h, &["a"])?;
+    let bogus = sc.rank(0).srqn() ^ 0x5a5a5;
+    sc.send_fails(h, bogus, WcStatus::RemoteInvalidRequest)?;
+    ensure_eq!(sc.ini.qp.state()?, QpState::Error);
     Ok(())
 }
 
 fn xrc_tgt_outlives_creator<H: Harness>(h: &H) -> Outcome {
-    let key = h.xrcd_key("outlives");
-    let node = recv_node(h);
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(node).map_err(Failure)?;
-    let p2 = h.spawn(node).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let mut r2 = Rank::new(&p2.ctx, &key)?;
-    let ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let tgt = r1.tgt.as_ref().expect("connected").qp_num();
-    r2.open(tgt)?;
-    deliver(h, &ini, &r2, tgt, 1, b"before")?;
+    let mut sc = Scene::new(h, &["a", "a"])?;
+    let tgt = sc.tgt;
+    sc.rank(1).open(tgt)?;
+    sc.deliver(h, 1, 1, b"before")?;
     // The creator exits; the opener keeps the TGT QP, traffic goes on.
-    drop(r1);
-    h.exit(p1);
-    if h.gap(Need::Introspection).is_none() {
-        let tgts = h.tgt_qps(node).map_err(Failure)?;
-        ensure_eq!(
-            tgts.iter()
-                .map(|t| (t.qpn, t.open_count))
-                .collect::<Vec<_>>(),
-            vec![(tgt, 1)]
-        );
-    }
-    deliver(h, &ini, &r2, tgt, 2, b"after the creator left")?;
-    Ok(())
+    sc.exit(h, 0);
+    sc.expect_open(h, 1)?;
+    sc.deliver(h, 1, 2, b"after the creator left")
 }
 
 fn xrc_tgt_dies_with_last_opener<H: Harness>(h: &H) -> Outcome {
-    let key = h.xrcd_key("last-opener");
-    let node = recv_node(h);
-    let count = |n: usize| -> Result<(), Failure> {
-        if h.gap(Need::Introspection).is_none() {
-            let tgts = h.tgt_qps(node).map_err(Failure)?;
-            let open: usize = tgts.iter().map(|t| t.open_count).sum();
-            ensure_eq!(open, n);
-            ensure_eq!(tgts.len(), usize::from(n > 0));
-        }
-        Ok(())
-    };
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(node).map_err(Failure)?;
-    let p2 = h.spawn(node).map_err(Failure)?;
-    let p3 = h.spawn(node).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let mut r2 = Rank::new(&p2.ctx, &key)?;
-    let mut r3 = Rank::new(&p3.ctx, &key)?;
-    let ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let tgt = r1.tgt.as_ref().expect("connected").qp_num();
-    count(1)?;
-    r2.open(tgt)?;
-    r3.open(tgt)?;
-    count(3)?;
-    r3.tgt = None;
-    count(2)?;
-    drop(r1);
-    h.exit(p1);
-    count(1)?;
+    let mut sc = Scene::new(h, &["a", "a", "a"])?;
+    let tgt = sc.tgt;
+    sc.expect_open(h, 1)?;
+    sc.rank(1).open(tgt)?;
+    sc.rank(2).open(tgt)?;
+    sc.expect_open(h, 3)?;
+    sc.rank(2).tgt = None;
+    sc.expect_open(h, 2)?;
+    sc.exit(h, 0);
+    sc.expect_open(h, 1)?;
     // Still alive: another rank can register with it.
-    r3.open(tgt)?;
-    r3.tgt = None;
-    deliver(h, &ini, &r2, tgt, 1, b"still here")?;
+    sc.rank(2).open(tgt)?;
+    sc.rank(2).tgt = None;
+    sc.deliver(h, 1, 1, b"still here")?;
     // The last opener lets go: the QP is gone and cannot be opened.
-    r2.tgt = None;
-    count(0)?;
-    match r3.ctx.open_tgt_qp(&r3.xrcd, tgt) {
+    sc.rank(1).tgt = None;
+    sc.expect_open(h, 0)?;
+    let r = sc.rank(2);
+    match r.ctx.open_tgt_qp(&r.xrcd, tgt) {
         Err(Error::NotFound(_)) => {}
-        Err(e) => {
-            return Err(Failure(format!(
-                "opening a destroyed TGT QP: {e:?}, expected NotFound"
-            )))
-        }
+        Err(e) => return Err(Failure(format!("opening a destroyed TGT QP: {e:?}"))),
         Ok(_) => return Err(Failure("a destroyed TGT QP could be opened".into())),
     }
     // The sender finds out: nothing answers at that QP number.
-    ini.send(2, r2.srqn(), b"gone")?;
-    check_wc(&wait_cq(h, &ini.cq, 1)?[0], 2, WcStatus::RetryExceeded)?;
-    Ok(())
+    let srqn = sc.rank(1).srqn();
+    sc.send_fails(h, srqn, WcStatus::RetryExceeded)
 }
 
+/// A rank exits (or crashes) while still holding its objects: the exit
+/// itself must release its TGT QP handle. Needs introspection, so it runs
+/// where a process can be ended under its handles (the simulator).
 fn xrc_exit_case<H: Harness>(h: &H, crash: bool) -> Outcome {
-    let key = h.xrcd_key("exit");
-    let node = recv_node(h);
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(node).map_err(Failure)?;
-    let p2 = h.spawn(node).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let mut r2 = Rank::new(&p2.ctx, &key)?;
-    let ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let tgt = r1.tgt.as_ref().expect("connected").qp_num();
-    r2.open(tgt)?;
-    ensure_eq!(h.tgt_qps(node).map_err(Failure)?[0].open_count, 2);
-    // r2 leaves while its handles are still held: the exit itself must
-    // release them.
-    ensure_eq!(h.process_view(&p2).map_err(Failure)?.tgt_handles, 1);
+    let mut sc = Scene::new(h, &["a", "a"])?;
+    let tgt = sc.tgt;
+    sc.rank(1).open(tgt)?;
+    sc.expect_open(h, 2)?;
+    ensure_eq!(h.process_view(sc.proc(1)).map_err(Failure)?.tgt_handles, 1);
     if crash {
-        h.crash(&p2).map_err(Failure)?;
-        let v = h.process_view(&p2).map_err(Failure)?;
+        h.crash(sc.proc(1)).map_err(Failure)?;
+        let v = h.process_view(sc.proc(1)).map_err(Failure)?;
         ensure!(!v.alive, "crashed process still alive");
-        ensure_eq!(
-            (
-                v.qps,
-                v.tgt_handles,
-                v.mrs,
-                v.srqs,
-                v.cqs,
-                v.pds,
-                v.xrcds,
-                v.cm_ids
-            ),
-            (0, 0, 0, 0, 0, 0, 0, 0)
+        let held = (
+            v.qps,
+            v.tgt_handles,
+            v.mrs,
+            v.srqs,
+            v.cqs,
+            v.pds,
+            v.xrcds,
+            v.cm_ids,
         );
+        ensure_eq!(held, (0, 0, 0, 0, 0, 0, 0, 0));
     } else {
-        h.exit(p2);
+        h.exit(sc.procs[1].take().expect("running"));
     }
-    ensure_eq!(h.tgt_qps(node).map_err(Failure)?[0].open_count, 1);
-    deliver(h, &ini, &r1, tgt, 1, b"survivor")?;
-    // r2's handles are dead, dropping them later changes nothing.
-    drop(r2);
-    ensure_eq!(h.tgt_qps(node).map_err(Failure)?[0].open_count, 1);
-    // The creator goes too: nothing is left on the node.
-    ensure_eq!(h.process_view(&p1).map_err(Failure)?.tgt_handles, 1);
+    sc.expect_open(h, 1)?;
+    sc.deliver(h, 0, 1, b"survivor")?;
+    // The dead rank's handles are dead: dropping them changes nothing.
+    sc.ranks[1] = None;
+    sc.expect_open(h, 1)?;
+    // The creator goes the same way: nothing is left on the node.
     if crash {
-        h.crash(&p1).map_err(Failure)?;
+        h.crash(sc.proc(0)).map_err(Failure)?;
     } else {
-        h.exit(p1);
+        h.exit(sc.procs[0].take().expect("running"));
     }
-    ensure!(
-        h.tgt_qps(node).map_err(Failure)?.is_empty(),
-        "TGT QP left behind"
-    );
-    drop(r1);
-    Ok(())
+    sc.expect_open(h, 0)
 }
 
 fn xrc_exit_closes_handles<H: Harness>(h: &H) -> Outcome {
@@ -408,105 +412,70 @@ fn xrc_crash_closes_handles<H: Harness>(h: &H) -> Outcome {
 }
 
 fn xrc_tgt_events_reach_all<H: Harness>(h: &H) -> Outcome {
-    let key = h.xrcd_key("events");
-    let node = recv_node(h);
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(node).map_err(Failure)?;
-    let p2 = h.spawn(node).map_err(Failure)?;
-    let p3 = h.spawn(node).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let mut r2 = Rank::new(&p2.ctx, &key)?;
-    let mut r3 = Rank::new(&p3.ctx, &key)?;
-    let ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let tgt = r1.tgt.as_ref().expect("connected").qp_num();
-    r2.open(tgt)?;
-    r3.open(tgt)?;
-    h.force_qp_error(node, tgt).map_err(Failure)?;
-    for (i, p) in [&p1, &p2, &p3].into_iter().enumerate() {
-        let seen = wait_async(h, &p.ctx, |e| *e == AsyncEvent::QpFatal { qpn: tgt })
-            .map_err(|f| Failure(format!("opener {}: {}", i + 1, f.0)))?;
+    let mut sc = Scene::new(h, &["a", "a", "a"])?;
+    let tgt = sc.tgt;
+    sc.rank(1).open(tgt)?;
+    sc.rank(2).open(tgt)?;
+    h.force_qp_error(sc.node, tgt).map_err(Failure)?;
+    for i in 0..3 {
+        let seen = wait_async(h, &sc.proc(i).ctx, |e| {
+            *e == AsyncEvent::QpFatal { qpn: tgt }
+        })
+        .map_err(|f| Failure(format!("opener {i}: {}", f.0)))?;
         ensure!(
             seen.len() == 1,
-            "opener {}: unexpected events before: {seen:?}",
-            i + 1
+            "opener {i}: unexpected events before: {seen:?}"
         );
     }
     // Every opener unregisters on the error; the QP goes with the last.
-    for r in [&mut r1, &mut r2, &mut r3] {
-        r.tgt = None;
+    for i in 0..3 {
+        sc.rank(i).tgt = None;
     }
-    if h.gap(Need::Introspection).is_none() {
-        ensure!(
-            h.tgt_qps(node).map_err(Failure)?.is_empty(),
-            "TGT QP left behind"
-        );
-    }
-    ini.send(1, r2.srqn(), b"into the void")?;
-    check_wc(&wait_cq(h, &ini.cq, 1)?[0], 1, WcStatus::RetryExceeded)?;
-    Ok(())
+    sc.expect_open(h, 0)?;
+    let srqn = sc.rank(1).srqn();
+    sc.send_fails(h, srqn, WcStatus::RetryExceeded)
 }
 
 fn xrc_open_gone_fails<H: Harness>(h: &H) -> Outcome {
-    let key = h.xrcd_key("gone");
-    let other = h.xrcd_key("gone-other");
-    let node = recv_node(h);
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(node).map_err(Failure)?;
-    let p2 = h.spawn(node).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let r2 = Rank::new(&p2.ctx, &other)?;
-    let _ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let tgt = r1.tgt.as_ref().expect("connected").qp_num();
-    // A number nobody created.
+    let mut sc = Scene::new(h, &["a", "b"])?;
+    let tgt = sc.tgt;
+    let r0 = sc.rank(0);
     ensure!(
-        r1.ctx.open_tgt_qp(&r1.xrcd, tgt ^ 0x1234).is_err(),
+        r0.ctx.open_tgt_qp(&r0.xrcd, tgt ^ 0x1234).is_err(),
         "opened a TGT QP that never existed"
     );
-    // A TGT QP of another domain.
+    let r1 = sc.rank(1);
     ensure!(
-        r2.ctx.open_tgt_qp(&r2.xrcd, tgt).is_err(),
+        r1.ctx.open_tgt_qp(&r1.xrcd, tgt).is_err(),
         "opened a TGT QP of another domain"
     );
     // A TGT QP that died with its only holder.
-    r1.tgt = None;
+    let r0 = sc.rank(0);
+    r0.tgt = None;
     ensure!(
-        r1.ctx.open_tgt_qp(&r1.xrcd, tgt).is_err(),
+        r0.ctx.open_tgt_qp(&r0.xrcd, tgt).is_err(),
         "opened a destroyed TGT QP"
     );
     Ok(())
 }
 
 fn xrc_domain_per_node<H: Harness>(h: &H) -> Outcome {
-    let key = h.xrcd_key("domain");
-    let other = h.xrcd_key("domain-other");
-    let node = recv_node(h);
-    let s = h.spawn(0).map_err(Failure)?;
-    let p1 = h.spawn(node).map_err(Failure)?;
-    let p2 = h.spawn(node).map_err(Failure)?;
-    let mut r1 = Rank::new(&p1.ctx, &key)?;
-    let r2 = Rank::new(&p2.ctx, &other)?;
-    let ini = xrc_connect(h, &s, &p1, &mut r1)?;
-    let tgt = r1.tgt.as_ref().expect("connected").qp_num();
-    if node != 0 {
+    let mut sc = Scene::new(h, &["a", "b"])?;
+    if sc.node != 0 {
         // The same key on another node is another domain.
-        let elsewhere = Rank::new(&s.ctx, &key)?;
+        let elsewhere = Rank::new(&sc.sender.ctx, &h.xrcd_key("a"))?;
         ensure!(
-            elsewhere.ctx.open_tgt_qp(&elsewhere.xrcd, tgt).is_err(),
+            elsewhere.ctx.open_tgt_qp(&elsewhere.xrcd, sc.tgt).is_err(),
             "a TGT QP was opened from another node's domain"
         );
         if h.gap(Need::Introspection).is_none() {
             ensure_eq!(h.node_view(0).map_err(Failure)?.xrcds, 1);
-            ensure_eq!(h.node_view(node).map_err(Failure)?.xrcds, 2);
+            ensure_eq!(h.node_view(sc.node).map_err(Failure)?.xrcds, 2);
         }
     }
     // An SRQ of another domain is not reachable through this TGT QP.
-    ini.send(1, r2.srqn(), b"wrong domain")?;
-    check_wc(
-        &wait_cq(h, &ini.cq, 1)?[0],
-        1,
-        WcStatus::RemoteInvalidRequest,
-    )?;
-    Ok(())
+    let other = sc.rank(1).srqn();
+    sc.send_fails(h, other, WcStatus::RemoteInvalidRequest)
 }
 
 fn no_xrc_unsupported<H: Harness>(h: &H) -> Outcome {

@@ -42,7 +42,7 @@ MUTATIONS = [
      ["rnr_retries_until_receive_posted"]),
     ("vanished peer acknowledges", "transport.rs",
      "let Some(dst) = self.devs[dst_dev].qps.get(&d.dst_qpn).copied() else {\n            self.stats.packets_dropped += 1;\n            return;",
-     "let Some(dst) = self.devs[dst_dev].qps.get(&d.dst_qpn).copied() else {\n            self.stats.packets_dropped += 1;\n            self.schedule_in(0, super::world::Event::Response { qp: d.src, psn: d.psn, epoch: d.epoch, resp: Resp::Ack });\n            return;",
+     "let Some(dst) = self.devs[dst_dev].qps.get(&d.dst_qpn).copied() else {\n            self.stats.packets_dropped += 1;\n            self.schedule_in(0, super::world::Event::Response { qp: d.src, from_dev: dst_dev, psn: d.psn, epoch: d.epoch, resp: Resp::Ack });\n            return;",
      ["peer_gone_retry_exceeded"]),
     ("flush out of order", "transport.rs",
      "let sq = std::mem::take(&mut q.sq);",

@@ -22,6 +22,8 @@ pub mod cm;
 mod error;
 pub mod sim;
 mod types;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use buf::DmaBuf;
 pub use cm::{
@@ -194,6 +196,11 @@ pub trait Cq: Clone + Send + Sync {
     /// Moves up to `out.len()` completions into `out`, oldest first, and
     /// returns how many. `Err(CqOverrun)` once the queue has overrun.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// Blocks until the queue holds a completion or `timeout` passes (on
+    /// real verbs through the CQ's completion channel; on the simulator in
+    /// virtual time). Returns whether completions are ready to poll.
+    fn wait(&self, timeout: std::time::Duration) -> Result<bool>;
 }
 
 /// A shared receive queue (plain or XRC).

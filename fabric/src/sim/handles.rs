@@ -466,6 +466,24 @@ impl Cq for SimCq {
         w.progress();
         w.poll_cq(self.0.id, out)
     }
+
+    fn wait(&self, timeout: std::time::Duration) -> Result<bool> {
+        let mut w = self.0.ctx.world();
+        let deadline = w.now + timeout.as_nanos() as u64;
+        loop {
+            let c = w.cqs.get(self.0.id).ok_or(Error::ProcessGone)?;
+            if c.overrun {
+                return Err(Error::CqOverrun);
+            }
+            if !c.entries.is_empty() {
+                return Ok(true);
+            }
+            if w.now >= deadline {
+                return Ok(false);
+            }
+            w.progress();
+        }
+    }
 }
 
 struct SrqInner {

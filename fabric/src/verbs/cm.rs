@@ -1,0 +1,697 @@
+//! The RDMA CM on librdmacm, with QPs the application owns: the provider
+//! moves them through INIT/RTR/RTS with `rdma_init_qp_attr` as the handshake
+//! progresses (on iWARP the kernel's iw_cm does RTR/RTS itself).
+//!
+//! RC ids use `RDMA_PS_TCP` and are created at once. XRC ids use `RDMA_PS_IB`
+//! and must carry the XRC QP type, which librdmacm only sets through
+//! `rdma_create_ep`; they are therefore created when their role is known
+//! (listen: XRC_RECV; resolve: XRC_SEND, resolved synchronously) and then
+//! migrated onto the channel.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CString;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::objects::VerbsQp;
+use super::sys;
+use super::{check, last_error, VerbsContext};
+use crate::cm::{
+    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason,
+};
+use crate::types::{QpState, QpType, Transport};
+use crate::{CmChannel, CmId, Context, Error, Qp, Result};
+
+/// What the channel knows about one of its ids.
+struct Entry {
+    key: u64,
+    ps: PortSpace,
+    qp: Option<VerbsQp>,
+}
+
+/// An event made by the provider rather than read from librdmacm.
+struct Synthetic {
+    key: u64,
+    kind: CmEventKind,
+    private_data: Vec<u8>,
+    remote_qpn: Option<u32>,
+}
+
+#[derive(Default)]
+struct ChanState {
+    next_key: u64,
+    ids: HashMap<usize, Entry>,
+    synthetic: VecDeque<Synthetic>,
+}
+
+pub(crate) struct ChanInner {
+    ctx: VerbsContext,
+    ch: *mut sys::rdma_event_channel,
+    state: Mutex<ChanState>,
+}
+
+// SAFETY: an event channel is a file descriptor librdmacm reads under its
+// own locking; the bookkeeping is behind a mutex.
+unsafe impl Send for ChanInner {}
+// SAFETY: as above.
+unsafe impl Sync for ChanInner {}
+
+impl Drop for ChanInner {
+    fn drop(&mut self) {
+        // SAFETY: every id of the channel holds it alive, so none is left;
+        // every event read was acked.
+        unsafe { sys::rdma_destroy_event_channel(self.ch) };
+    }
+}
+
+impl ChanInner {
+    fn state(&self) -> MutexGuard<'_, ChanState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An RDMA CM event channel on librdmacm.
+pub struct VerbsCmChannel(Arc<ChanInner>);
+
+impl VerbsCmChannel {
+    pub(crate) fn new(ctx: &VerbsContext) -> Result<Self> {
+        // SAFETY: plain constructor; the fd is made non-blocking before use.
+        let ch = unsafe { sys::rdma_create_event_channel() };
+        if ch.is_null() {
+            return Err(last_error("rdma_create_event_channel"));
+        }
+        // SAFETY: `ch` is a live channel with an open fd.
+        unsafe {
+            let fd = (*ch).fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        Ok(VerbsCmChannel(Arc::new(ChanInner {
+            ctx: ctx.clone(),
+            ch,
+            state: Mutex::default(),
+        })))
+    }
+
+    fn register(&self, id: *mut sys::rdma_cm_id, ps: PortSpace) -> VerbsCmId {
+        let mut s = self.0.state();
+        s.next_key += 1;
+        let key = s.next_key;
+        if !id.is_null() {
+            s.ids.insert(id as usize, Entry { key, ps, qp: None });
+        }
+        VerbsCmId {
+            chan: self.0.clone(),
+            key,
+            ps,
+            id: AtomicPtr::new(id),
+        }
+    }
+}
+
+fn transport_of(ctx: &VerbsContext) -> Transport {
+    ctx.caps().transport
+}
+
+fn reject_reason(transport: Transport, status: i32, private_len: usize) -> RejectReason {
+    match (transport, status) {
+        // IB CM reject reasons (IBA table 112).
+        (Transport::Infiniband | Transport::Roce, 8) => RejectReason::NoListener,
+        (Transport::Infiniband | Transport::Roce, 28) => RejectReason::Consumer,
+        (Transport::Infiniband | Transport::Roce, 1) => RejectReason::Timeout,
+        (_, s) if s == -libc::ETIMEDOUT => RejectReason::Timeout,
+        // iWARP reports both an MPA reject and a TCP reset as ECONNREFUSED;
+        // only a consumer's reject carries private data.
+        (Transport::Iwarp, _) if private_len == 0 => RejectReason::NoListener,
+        _ => RejectReason::Consumer,
+    }
+}
+
+impl CmChannel for VerbsCmChannel {
+    type Context = VerbsContext;
+    type Id = VerbsCmId;
+
+    fn create_id(&self, ps: PortSpace) -> Result<VerbsCmId> {
+        if ps == PortSpace::Ib {
+            // Created with its XRC type once listen or resolve says which.
+            return Ok(self.register(null_mut(), ps));
+        }
+        let mut id = null_mut();
+        // SAFETY: the channel is live; `id` receives the new id.
+        if unsafe { sys::rdma_create_id(self.0.ch, &mut id, null_mut(), sys::RDMA_PS_TCP) } != 0 {
+            return Err(last_error("rdma_create_id"));
+        }
+        Ok(self.register(id, ps))
+    }
+
+    fn poll_event(&self) -> Option<CmEvent<VerbsCmId>> {
+        if let Some(s) = self.0.state().synthetic.pop_front() {
+            return Some(CmEvent {
+                id: s.key,
+                kind: s.kind,
+                private_data: s.private_data,
+                remote_qpn: s.remote_qpn,
+                peer: None,
+                new_id: None,
+            });
+        }
+        loop {
+            let mut ev = null_mut();
+            // SAFETY: the channel is live and non-blocking.
+            if unsafe { sys::rdma_get_cm_event(self.0.ch, &mut ev) } != 0 {
+                return None;
+            }
+            let out = self.translate(ev);
+            // SAFETY: acks the event just read, exactly once, after every
+            // field needed was copied out.
+            unsafe { sys::rdma_ack_cm_event(ev) };
+            if out.is_some() {
+                return out;
+            }
+        }
+    }
+}
+
+impl VerbsCmChannel {
+    /// Copies an event out and performs what the provider owes the
+    /// application's QP; `None` for events the fabric does not report.
+    fn translate(&self, ev: *mut sys::rdma_cm_event) -> Option<CmEvent<VerbsCmId>> {
+        // SAFETY: `ev` is a live, unacked event; for connection events the
+        // `conn` member of the parameter union is the one filled in.
+        let (id, listen_id, kind, status, private_data, remote_qpn) = unsafe {
+            let e = &*ev;
+            let c = &e.param.conn;
+            let data = if c.private_data.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(
+                    c.private_data.cast::<u8>(),
+                    usize::from(c.private_data_len),
+                )
+                .to_vec()
+            };
+            (e.id, e.listen_id, e.event, e.status, data, c.qp_num)
+        };
+        let transport = transport_of(&self.0.ctx);
+        let key_of = |p: *mut sys::rdma_cm_id| self.0.state().ids.get(&(p as usize)).map(|e| e.key);
+        let simple = |key: u64, kind: CmEventKind, data: Vec<u8>| CmEvent {
+            id: key,
+            kind,
+            private_data: data,
+            remote_qpn: None,
+            peer: None,
+            new_id: None,
+        };
+        match kind {
+            sys::RDMA_CM_EVENT_CONNECT_REQUEST => {
+                let lkey = key_of(listen_id)?;
+                let ps = self
+                    .0
+                    .state()
+                    .ids
+                    .get(&(listen_id as usize))
+                    .map(|e| e.ps)?;
+                let new = self.register(id, ps);
+                Some(CmEvent {
+                    id: lkey,
+                    kind: CmEventKind::ConnectRequest,
+                    private_data,
+                    remote_qpn: Some(remote_qpn),
+                    peer: peer_of(id),
+                    new_id: Some(new),
+                })
+            }
+            sys::RDMA_CM_EVENT_CONNECT_RESPONSE => {
+                // IB with an application QP: finish the handshake here.
+                let key = key_of(id)?;
+                let qp = self
+                    .0
+                    .state()
+                    .ids
+                    .get(&(id as usize))
+                    .and_then(|e| e.qp.clone());
+                let done = qp
+                    .map_or(Ok(()), |qp| {
+                        cm_transition(id, &qp, &[sys::IBV_QPS_RTR, sys::IBV_QPS_RTS])
+                    })
+                    // SAFETY: `id` is live; RTU goes out on success.
+                    .and_then(|_| check("rdma_establish", unsafe { sys::rdma_establish(id) }));
+                let kind = if done.is_ok() {
+                    CmEventKind::Established
+                } else {
+                    // SAFETY: `id` is live; refuse the half-made connection.
+                    unsafe { sys::rdma_reject(id, std::ptr::null(), 0) };
+                    CmEventKind::ConnectError
+                };
+                Some(CmEvent {
+                    remote_qpn: Some(remote_qpn),
+                    ..simple(key, kind, private_data)
+                })
+            }
+            sys::RDMA_CM_EVENT_ESTABLISHED => Some(CmEvent {
+                remote_qpn: Some(remote_qpn),
+                ..simple(key_of(id)?, CmEventKind::Established, private_data)
+            }),
+            sys::RDMA_CM_EVENT_REJECTED => {
+                let reason = reject_reason(transport, status, private_data.len());
+                Some(simple(
+                    key_of(id)?,
+                    CmEventKind::Rejected(reason),
+                    private_data,
+                ))
+            }
+            sys::RDMA_CM_EVENT_ADDR_RESOLVED => {
+                Some(simple(key_of(id)?, CmEventKind::AddrResolved, vec![]))
+            }
+            sys::RDMA_CM_EVENT_ADDR_ERROR => {
+                Some(simple(key_of(id)?, CmEventKind::AddrError, vec![]))
+            }
+            sys::RDMA_CM_EVENT_ROUTE_RESOLVED => {
+                Some(simple(key_of(id)?, CmEventKind::RouteResolved, vec![]))
+            }
+            sys::RDMA_CM_EVENT_ROUTE_ERROR => {
+                Some(simple(key_of(id)?, CmEventKind::RouteError, vec![]))
+            }
+            sys::RDMA_CM_EVENT_UNREACHABLE => {
+                Some(simple(key_of(id)?, CmEventKind::Unreachable, vec![]))
+            }
+            sys::RDMA_CM_EVENT_CONNECT_ERROR => {
+                Some(simple(key_of(id)?, CmEventKind::ConnectError, vec![]))
+            }
+            sys::RDMA_CM_EVENT_DISCONNECTED | sys::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                Some(simple(key_of(id)?, CmEventKind::Disconnected, vec![]))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Moves an application QP through `states` with the attributes the CM
+/// computed for this connection.
+fn cm_transition(
+    id: *mut sys::rdma_cm_id,
+    qp: &VerbsQp,
+    states: &[sys::ibv_qp_state],
+) -> Result<()> {
+    for &s in states {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: s,
+            ..Default::default()
+        };
+        let mut mask = 0;
+        // SAFETY: `id` is live and bound to a device.
+        check("rdma_init_qp_attr", unsafe {
+            sys::rdma_init_qp_attr(id, &mut attr, &mut mask)
+        })?;
+        qp.modify_raw(&mut attr, mask)?;
+    }
+    Ok(())
+}
+
+fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is large and aligned enough for any
+            // sockaddr.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Reads a socket address librdmacm filled in.
+///
+/// # Safety
+/// `sa` is null or points to a valid sockaddr of its family's size.
+unsafe fn from_sockaddr(sa: *const sys::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract; the family tells the layout.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let sin = &*(sa as *const libc::sockaddr_in);
+                let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    ip,
+                    u16::from_be(sin.sin_port),
+                )))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(sa as *const libc::sockaddr_in6);
+                let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    u16::from_be(sin6.sin6_port),
+                    sin6.sin6_flowinfo,
+                    sin6.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn peer_of(id: *mut sys::rdma_cm_id) -> Option<SocketAddr> {
+    // SAFETY: `id` is live; librdmacm returns its stored address.
+    unsafe { from_sockaddr(sys::rdma_get_peer_addr(id)) }
+}
+
+/// An RDMA CM id on librdmacm.
+pub struct VerbsCmId {
+    chan: Arc<ChanInner>,
+    key: u64,
+    ps: PortSpace,
+    /// Null until created, for XRC ids.
+    id: AtomicPtr<sys::rdma_cm_id>,
+}
+
+// SAFETY: the id pointer is only used in calls librdmacm makes thread-safe;
+// the bookkeeping lives in the channel behind its mutex.
+unsafe impl Send for VerbsCmId {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsCmId {}
+
+impl Drop for VerbsCmId {
+    fn drop(&mut self) {
+        let id = self.id.load(Ordering::Acquire);
+        if id.is_null() {
+            return;
+        }
+        self.chan.state().ids.remove(&(id as usize));
+        // SAFETY: created (or handed over in a connect request) for this
+        // handle only; every event naming it was acked.
+        unsafe { sys::rdma_destroy_id(id) };
+    }
+}
+
+impl VerbsCmId {
+    fn raw(&self) -> Result<*mut sys::rdma_cm_id> {
+        let id = self.id.load(Ordering::Acquire);
+        if id.is_null() {
+            return Err(Error::state(
+                "the XRC CM id has not been bound or resolved yet",
+            ));
+        }
+        Ok(id)
+    }
+
+    /// The id's device must be this channel's: its QPs live there.
+    fn check_device(&self, id: *mut sys::rdma_cm_id) -> Result<()> {
+        // SAFETY: `id` is live.
+        let verbs = unsafe { (*id).verbs };
+        if !verbs.is_null() && verbs != self.chan.ctx.raw() {
+            return Err(Error::invalid(format!(
+                "the address belongs to another device than {}",
+                self.chan.ctx.name()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_private(&self, msg: CmMessage, data: &[u8]) -> Result<()> {
+        let t = transport_of(&self.chan.ctx);
+        let max = max_private_data(t, self.ps, msg);
+        if data.len() > max {
+            return Err(Error::invalid(format!(
+                "{} bytes of private data exceed the {msg:?} limit of {max} on {t}",
+                data.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates an XRC id with `rdma_create_ep` (the only way librdmacm sets
+    /// its QP type) and moves it onto the channel.
+    fn create_xrc(&self, addr: SocketAddr, passive: bool) -> Result<*mut sys::rdma_cm_id> {
+        let host = CString::new(addr.ip().to_string()).expect("no NUL in an address");
+        let port = CString::new(addr.port().to_string()).expect("no NUL in a number");
+        let hints = sys::rdma_addrinfo {
+            ai_flags: (sys::RAI_NUMERICHOST | if passive { sys::RAI_PASSIVE } else { 0 }) as i32,
+            ai_port_space: sys::RDMA_PS_IB as i32,
+            ai_qp_type: if passive {
+                sys::IBV_QPT_XRC_RECV
+            } else {
+                sys::IBV_QPT_XRC_SEND
+            } as i32,
+            ..Default::default()
+        };
+        let mut res = null_mut();
+        // SAFETY: valid C strings and hints; `res` receives a list freed below.
+        if unsafe { sys::rdma_getaddrinfo(host.as_ptr(), port.as_ptr(), &hints, &mut res) } != 0 {
+            return Err(last_error("rdma_getaddrinfo"));
+        }
+        let mut id = null_mut();
+        // SAFETY: `res` is the list just returned; no PD or QP is attached.
+        let rc = unsafe { sys::rdma_create_ep(&mut id, res, null_mut(), null_mut()) };
+        // SAFETY: freed once, after use.
+        unsafe { sys::rdma_freeaddrinfo(res) };
+        if rc != 0 {
+            return Err(last_error("rdma_create_ep"));
+        }
+        // SAFETY: `id` is a live synchronous id; migrating makes its events
+        // arrive on this channel.
+        if unsafe { sys::rdma_migrate_id(id, self.chan.ch) } != 0 {
+            let e = last_error("rdma_migrate_id");
+            // SAFETY: created above, not yet shared.
+            unsafe { sys::rdma_destroy_ep(id) };
+            return Err(e);
+        }
+        self.id.store(id, Ordering::Release);
+        self.chan.state().ids.insert(
+            id as usize,
+            Entry {
+                key: self.key,
+                ps: self.ps,
+                qp: None,
+            },
+        );
+        Ok(id)
+    }
+
+    fn synthesize(&self, kind: CmEventKind) {
+        self.chan.state().synthetic.push_back(Synthetic {
+            key: self.key,
+            kind,
+            private_data: Vec::new(),
+            remote_qpn: None,
+        });
+    }
+
+    fn remember_qp(&self, id: *mut sys::rdma_cm_id, qp: &VerbsQp) {
+        if let Some(e) = self.chan.state().ids.get_mut(&(id as usize)) {
+            e.qp = Some(qp.clone());
+        }
+    }
+
+    fn conn_param(p: &ConnParam<'_>, qp: Option<&VerbsQp>) -> sys::rdma_conn_param {
+        sys::rdma_conn_param {
+            private_data: p.private_data.as_ptr().cast(),
+            private_data_len: p.private_data.len() as u8,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            flow_control: 1,
+            retry_count: p.retry_count.min(7),
+            rnr_retry_count: p.rnr_retry_count.min(7),
+            srq: 0,
+            qp_num: qp.map_or(0, |q| q.qp_num()),
+        }
+    }
+}
+
+impl CmId for VerbsCmId {
+    type Context = VerbsContext;
+
+    fn key(&self) -> u64 {
+        self.key
+    }
+
+    fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<()> {
+        let id = if self.ps == PortSpace::Ib {
+            self.create_xrc(addr, true)?
+        } else {
+            let id = self.raw()?;
+            let (mut ss, _) = to_sockaddr(addr);
+            // SAFETY: `id` is live; the address is a valid sockaddr.
+            if unsafe { sys::rdma_bind_addr(id, (&mut ss as *mut libc::sockaddr_storage).cast()) }
+                != 0
+            {
+                return Err(last_error("rdma_bind_addr"));
+            }
+            id
+        };
+        self.check_device(id)?;
+        // SAFETY: `id` is live and bound.
+        if unsafe { sys::rdma_listen(id, backlog as i32) } != 0 {
+            return Err(last_error("rdma_listen"));
+        }
+        Ok(())
+    }
+
+    fn resolve_addr(&self, dst: SocketAddr, timeout_ms: u32) -> Result<()> {
+        if self.ps == PortSpace::Ib {
+            // rdma_create_ep resolves address and route before returning.
+            let id = self.create_xrc(dst, false)?;
+            self.check_device(id)?;
+            self.synthesize(CmEventKind::AddrResolved);
+            return Ok(());
+        }
+        let id = self.raw()?;
+        let (mut ss, _) = to_sockaddr(dst);
+        // SAFETY: `id` is live; the destination is a valid sockaddr.
+        let rc = unsafe {
+            sys::rdma_resolve_addr(
+                id,
+                null_mut(),
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                timeout_ms as i32,
+            )
+        };
+        if rc != 0 {
+            return Err(last_error("rdma_resolve_addr"));
+        }
+        Ok(())
+    }
+
+    fn resolve_route(&self, timeout_ms: u32) -> Result<()> {
+        let id = self.raw()?;
+        if self.ps == PortSpace::Ib {
+            self.synthesize(CmEventKind::RouteResolved);
+            return Ok(());
+        }
+        // SAFETY: `id` is live with a resolved address.
+        if unsafe { sys::rdma_resolve_route(id, timeout_ms as i32) } != 0 {
+            return Err(last_error("rdma_resolve_route"));
+        }
+        Ok(())
+    }
+
+    fn connect(&self, qp: Option<&VerbsQp>, p: &ConnParam<'_>) -> Result<()> {
+        let id = self.raw()?;
+        self.check_device(id)?;
+        self.check_private(CmMessage::Request, p.private_data)?;
+        if let Some(qp) = qp {
+            if !matches!(qp.qp_type(), QpType::Rc | QpType::XrcIni) {
+                return Err(Error::invalid(format!(
+                    "a {:?} QP cannot initiate",
+                    qp.qp_type()
+                )));
+            }
+            match qp.state()? {
+                QpState::Reset => cm_transition(id, qp, &[sys::IBV_QPS_INIT])?,
+                QpState::Init => {}
+                s => {
+                    return Err(Error::state(format!(
+                        "the CM needs a QP in RESET or INIT, not {s:?}"
+                    )))
+                }
+            }
+            self.remember_qp(id, qp);
+        }
+        let mut param = Self::conn_param(p, qp);
+        // SAFETY: `id` is live with a resolved route; the parameters and
+        // private data are valid for the call.
+        if unsafe { sys::rdma_connect(id, &mut param) } != 0 {
+            return Err(last_error("rdma_connect"));
+        }
+        Ok(())
+    }
+
+    fn accept(&self, qp: Option<&VerbsQp>, p: &ConnParam<'_>) -> Result<()> {
+        let id = self.raw()?;
+        self.check_private(CmMessage::Reply, p.private_data)?;
+        if let Some(qp) = qp {
+            let iwarp = transport_of(&self.chan.ctx) == Transport::Iwarp;
+            let mut states = Vec::new();
+            if qp.state()? == QpState::Reset {
+                states.push(sys::IBV_QPS_INIT);
+            }
+            // On iWARP the kernel's iw_cm moves the QP to RTS itself.
+            if !iwarp {
+                states.push(sys::IBV_QPS_RTR);
+                if qp.qp_type() != QpType::XrcTgt {
+                    states.push(sys::IBV_QPS_RTS);
+                }
+            }
+            cm_transition(id, qp, &states)?;
+            self.remember_qp(id, qp);
+        }
+        let mut param = Self::conn_param(p, qp);
+        // SAFETY: `id` is a live connect-request id.
+        if unsafe { sys::rdma_accept(id, &mut param) } != 0 {
+            return Err(last_error("rdma_accept"));
+        }
+        Ok(())
+    }
+
+    fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let id = self.raw()?;
+        self.check_private(CmMessage::Reject, private_data)?;
+        // SAFETY: `id` is a live connect-request id; the data is valid.
+        if unsafe { sys::rdma_reject(id, private_data.as_ptr().cast(), private_data.len() as u8) }
+            != 0
+        {
+            return Err(last_error("rdma_reject"));
+        }
+        Ok(())
+    }
+
+    fn disconnect(&self) -> Result<()> {
+        let id = self.raw()?;
+        // SAFETY: `id` is live.
+        if unsafe { sys::rdma_disconnect(id) } != 0 {
+            return Err(last_error("rdma_disconnect"));
+        }
+        let qp = self
+            .chan
+            .state()
+            .ids
+            .get(&(id as usize))
+            .and_then(|e| e.qp.clone());
+        if let Some(qp) = qp {
+            qp.modify(&crate::QpTransition::Error)?;
+        }
+        Ok(())
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        let id = self.raw().ok()?;
+        // SAFETY: `id` is live; librdmacm returns its stored address.
+        let a = unsafe { from_sockaddr(sys::rdma_get_local_addr(id)) }?;
+        // A listener bound to the unspecified address reports port only.
+        Some(a)
+            .filter(|a| !matches!(a.ip(), IpAddr::V4(ip) if ip.is_unspecified()) || a.port() != 0)
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        peer_of(self.raw().ok()?)
+    }
+}

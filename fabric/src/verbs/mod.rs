@@ -1,0 +1,322 @@
+//! `VerbsFabric`: the fabric traits on real libibverbs and librdmacm.
+//!
+//! A thin translation: every trait method is one or a few verbs calls. The
+//! device contexts are librdmacm's own (`rdma_get_devices`), so RDMA CM ids
+//! and the QPs they connect live on the same context. Objects own what they
+//! depend on (`Arc`): an MR keeps its PD, a QP its PD, CQs, SRQ and XRC
+//! domain; dropping the last handle destroys the verbs object.
+//!
+//! This module and `buf.rs`/`sim/memory.rs` are the only places with
+//! `unsafe`; every block says why it is sound.
+
+mod cm;
+mod objects;
+pub(crate) mod sys;
+
+use std::ffi::CStr;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+pub use cm::{VerbsCmChannel, VerbsCmId};
+pub use objects::{VerbsCq, VerbsMr, VerbsPd, VerbsQp, VerbsSrq, VerbsXrcd};
+
+use crate::types::*;
+use crate::{Context, Error, Fabric, QpInit, Result};
+
+/// Maps an errno from a verbs call onto the fabric's error.
+pub(crate) fn errno_error(verb: &'static str, errno: i32) -> Error {
+    match errno {
+        libc::EOPNOTSUPP | libc::ENOSYS | libc::EPROTONOSUPPORT => Error::Unsupported(verb),
+        libc::ENOMEM | libc::EAGAIN => Error::NoResource(verb),
+        libc::EINVAL => Error::InvalidArgument(format!("{verb}: invalid argument (EINVAL)")),
+        libc::ENOENT | libc::ENODEV => Error::NotFound(format!("{verb}: no such object")),
+        libc::EADDRINUSE => Error::AddrInUse(verb.to_string()),
+        e => Error::Verbs {
+            verb,
+            source: io::Error::from_raw_os_error(e),
+        },
+    }
+}
+
+/// The error of a call that returned NULL or -1 and set `errno`.
+pub(crate) fn last_error(verb: &'static str) -> Error {
+    errno_error(
+        verb,
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
+/// The error of an ibv call that returns an errno value (0 on success).
+pub(crate) fn check(verb: &'static str, rc: i32) -> Result<()> {
+    match rc {
+        0 => Ok(()),
+        // Some providers return -1 and set errno instead.
+        r if r < 0 => Err(last_error(verb)),
+        r => Err(errno_error(verb, r)),
+    }
+}
+
+/// librdmacm's device list: the contexts every id and object uses.
+struct DeviceList {
+    list: *mut *mut sys::ibv_context,
+    contexts: Vec<*mut sys::ibv_context>,
+}
+
+// SAFETY: the list is only read after construction; the contexts it points
+// to are thread-safe verbs objects owned by librdmacm.
+unsafe impl Send for DeviceList {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceList {}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        if !self.list.is_null() {
+            // SAFETY: `list` came from rdma_get_devices and is freed once;
+            // the contexts themselves stay open inside librdmacm.
+            unsafe { sys::rdma_free_devices(self.list) };
+        }
+    }
+}
+
+/// The verbs devices of this process.
+#[derive(Clone)]
+pub struct VerbsFabric {
+    devs: Arc<DeviceList>,
+}
+
+impl std::fmt::Debug for VerbsFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VerbsFabric({} devices)", self.devs.contexts.len())
+    }
+}
+
+impl VerbsFabric {
+    /// Lists the devices (none is a valid answer: an empty fabric).
+    pub fn new() -> Result<Self> {
+        let mut n: i32 = 0;
+        // SAFETY: rdma_get_devices writes the count and returns a
+        // NULL-terminated array (or NULL when there are no devices).
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
+        let mut contexts = Vec::new();
+        if !list.is_null() {
+            for i in 0..n.max(0) as usize {
+                // SAFETY: `list` holds `n` entries.
+                let c = unsafe { *list.add(i) };
+                if !c.is_null() {
+                    contexts.push(c);
+                }
+            }
+        }
+        Ok(VerbsFabric {
+            devs: Arc::new(DeviceList { list, contexts }),
+        })
+    }
+
+    fn describe(ctx: *mut sys::ibv_context) -> Result<(String, DeviceCaps)> {
+        // SAFETY: `ctx` is a live librdmacm context; its device pointer and
+        // name are valid for the context's life.
+        let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name((*ctx).device)) }
+            .to_string_lossy()
+            .into_owned();
+        let caps = objects::query_caps(ctx)?;
+        Ok((name, caps))
+    }
+}
+
+impl Fabric for VerbsFabric {
+    type Context = VerbsContext;
+
+    fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        self.devs
+            .contexts
+            .iter()
+            .map(|c| Self::describe(*c).map(|(name, caps)| DeviceInfo { name, caps }))
+            .collect()
+    }
+
+    fn open(&self, name: &str) -> Result<VerbsContext> {
+        for &ctx in &self.devs.contexts {
+            let (dev, caps) = Self::describe(ctx)?;
+            if dev != name {
+                continue;
+            }
+            // Async events are read without blocking.
+            // SAFETY: async_fd is the context's open event descriptor.
+            unsafe {
+                let fd = (*ctx).async_fd;
+                let flags = libc::fcntl(fd, libc::F_GETFL);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+                    return Err(last_error("fcntl(async_fd)"));
+                }
+            }
+            return Ok(VerbsContext(Arc::new(CtxInner {
+                ctx,
+                name: dev,
+                caps,
+                overrun: Mutex::new(Vec::new()),
+                _devs: self.devs.clone(),
+            })));
+        }
+        Err(Error::not_found(format!("verbs device {name}")))
+    }
+}
+
+pub(crate) struct CtxInner {
+    pub(crate) ctx: *mut sys::ibv_context,
+    name: String,
+    caps: DeviceCaps,
+    /// Overrun flags of this context's CQs, set by the async event reader.
+    pub(crate) overrun: Mutex<Vec<(usize, Arc<AtomicBool>)>>,
+    _devs: Arc<DeviceList>,
+}
+
+// SAFETY: ibv_context is thread-safe for every call this module makes.
+unsafe impl Send for CtxInner {}
+// SAFETY: as above.
+unsafe impl Sync for CtxInner {}
+
+/// An opened verbs device.
+#[derive(Clone)]
+pub struct VerbsContext(pub(crate) Arc<CtxInner>);
+
+impl std::fmt::Debug for VerbsContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VerbsContext({})", self.0.name)
+    }
+}
+
+impl VerbsContext {
+    pub(crate) fn raw(&self) -> *mut sys::ibv_context {
+        self.0.ctx
+    }
+}
+
+/// The XRC domain key for a job on a device: a file in a directory only
+/// this user can reach (`$XDG_RUNTIME_DIR/xrcbtl`, else `/tmp/xrcbtl-<uid>`,
+/// mode 0700, checked to be ours), so that the ranks of one job on a node
+/// share the domain and nobody else can open it.
+pub fn job_xrcd_key(job: &str, device: &str) -> Result<XrcdKey> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    if job.is_empty() || !job.chars().all(ok) || !device.chars().all(ok) {
+        return Err(Error::invalid(format!(
+            "job id {job:?} or device {device:?} is not a plain name"
+        )));
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("xrcbtl"),
+        _ => PathBuf::from(format!("/tmp/xrcbtl-{uid}")),
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(Error::Verbs {
+                verb: "mkdir",
+                source: e,
+            })
+        }
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| Error::Verbs {
+        verb: "stat",
+        source: e,
+    })?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+        return Err(Error::invalid(format!(
+            "{} must be a directory of uid {uid} with mode 0700",
+            dir.display()
+        )));
+    }
+    Ok(XrcdKey(dir.join(format!("xrcd-{job}-{device}"))))
+}
+
+impl Context for VerbsContext {
+    type Pd = VerbsPd;
+    type Mr = VerbsMr;
+    type Cq = VerbsCq;
+    type Srq = VerbsSrq;
+    type Qp = VerbsQp;
+    type Xrcd = VerbsXrcd;
+    type CmChannel = VerbsCmChannel;
+
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    fn caps(&self) -> &DeviceCaps {
+        &self.0.caps
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        objects::query_port(self.raw(), port)
+    }
+
+    fn alloc_pd(&self) -> Result<VerbsPd> {
+        VerbsPd::new(self)
+    }
+
+    unsafe fn reg_mr(
+        &self,
+        pd: &VerbsPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<VerbsMr> {
+        // SAFETY: the caller upholds reg_mr's contract.
+        unsafe { VerbsMr::new(pd, addr, len, access) }
+    }
+
+    fn create_cq(&self, cqe: u32) -> Result<VerbsCq> {
+        VerbsCq::new(self, cqe)
+    }
+
+    fn create_srq(&self, pd: &VerbsPd, attr: SrqAttr) -> Result<VerbsSrq> {
+        VerbsSrq::new(self, pd, None, attr)
+    }
+
+    fn open_xrcd(&self, key: &XrcdKey) -> Result<VerbsXrcd> {
+        if !self.0.caps.xrc {
+            return Err(Error::Unsupported("the device caps report no XRC"));
+        }
+        VerbsXrcd::open(self, key)
+    }
+
+    fn create_xrc_srq(
+        &self,
+        pd: &VerbsPd,
+        xrcd: &VerbsXrcd,
+        cq: &VerbsCq,
+        attr: SrqAttr,
+    ) -> Result<VerbsSrq> {
+        VerbsSrq::new(self, pd, Some((xrcd, cq)), attr)
+    }
+
+    fn create_qp(&self, pd: &VerbsPd, init: &QpInit<'_, Self>) -> Result<VerbsQp> {
+        if init.qp_type == QpType::XrcIni && !self.0.caps.xrc {
+            return Err(Error::Unsupported("the device caps report no XRC"));
+        }
+        VerbsQp::create(self, pd, init)
+    }
+
+    fn create_tgt_qp(&self, xrcd: &VerbsXrcd) -> Result<VerbsQp> {
+        VerbsQp::create_tgt(self, xrcd)
+    }
+
+    fn open_tgt_qp(&self, xrcd: &VerbsXrcd, qpn: u32) -> Result<VerbsQp> {
+        VerbsQp::open_tgt(self, xrcd, qpn)
+    }
+
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        objects::read_async_event(self)
+    }
+
+    fn create_cm_channel(&self) -> Result<VerbsCmChannel> {
+        VerbsCmChannel::new(self)
+    }
+}

@@ -1,0 +1,1094 @@
+//! Verbs objects: PD, MR, CQ (with its completion channel), SRQ and XRC SRQ,
+//! XRC domain, QPs (RC, XRC INI, XRC TGT created or opened), device and port
+//! queries, and the async event reader.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::sys;
+use super::{check, errno_error, last_error, VerbsContext};
+use crate::types::*;
+use crate::{Cq, Error, Mr, Pd, Qp, QpInit, Result, Srq, Xrcd};
+
+/// Reads the device's capabilities.
+pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<DeviceCaps> {
+    let mut attr = sys::ibv_device_attr_ex::default();
+    // SAFETY: `ctx` is a live context; `attr` is a writable out-structure.
+    check("ibv_query_device_ex", unsafe {
+        sys::ibv_query_device_ex(ctx, null(), &mut attr)
+    })?;
+    let a = &attr.orig_attr;
+    // SAFETY: a live context's device pointer is valid.
+    let iwarp = unsafe { (*(*ctx).device).transport_type } == sys::IBV_TRANSPORT_IWARP;
+    let mut port = sys::ibv_port_attr::default();
+    // SAFETY: as above; port 1 exists on every device.
+    check("ibv_query_port", unsafe {
+        sys::___ibv_query_port(ctx, 1, &mut port)
+    })?;
+    let transport = if iwarp {
+        Transport::Iwarp
+    } else if u32::from(port.link_layer) == sys::IBV_LINK_LAYER_ETHERNET {
+        Transport::Roce
+    } else {
+        Transport::Infiniband
+    };
+    let pos = |v: i32| v.max(0) as u32;
+    Ok(DeviceCaps {
+        transport,
+        xrc: a.device_cap_flags & sys::IBV_DEVICE_XRC != 0,
+        srq: a.max_srq > 0,
+        // iWARP (RFC 5040) carries no immediate data; siw and cxgb4 refuse it.
+        imm_data: !iwarp,
+        max_qp: pos(a.max_qp),
+        max_qp_wr: pos(a.max_qp_wr),
+        max_srq: pos(a.max_srq),
+        max_srq_wr: pos(a.max_srq_wr),
+        max_sge: pos(a.max_sge),
+        max_sge_rd: pos(a.max_sge_rd),
+        max_cqe: pos(a.max_cqe),
+        max_inline: probe_max_inline(ctx)?,
+        max_mr_size: a.max_mr_size,
+        max_qp_rd_atom: pos(a.max_qp_rd_atom),
+    })
+}
+
+/// The device attributes do not carry the inline limit: create a probe QP
+/// asking for less and less until the provider accepts, and read what it
+/// granted.
+fn probe_max_inline(ctx: *mut sys::ibv_context) -> Result<u32> {
+    // SAFETY: every object made here is destroyed before returning, in
+    // reverse order, and only passed to calls on the same context.
+    unsafe {
+        let pd = sys::ibv_alloc_pd(ctx);
+        if pd.is_null() {
+            return Err(last_error("ibv_alloc_pd"));
+        }
+        let cq = sys::ibv_create_cq(ctx, 4, null_mut(), null_mut(), 0);
+        if cq.is_null() {
+            sys::ibv_dealloc_pd(pd);
+            return Err(last_error("ibv_create_cq"));
+        }
+        let mut granted = 0;
+        for want in [1024u32, 512, 256, 220, 128, 96, 64, 32] {
+            let mut init = sys::ibv_qp_init_attr {
+                send_cq: cq,
+                recv_cq: cq,
+                qp_type: sys::IBV_QPT_RC,
+                ..Default::default()
+            };
+            init.cap.max_send_wr = 1;
+            init.cap.max_recv_wr = 1;
+            init.cap.max_send_sge = 1;
+            init.cap.max_recv_sge = 1;
+            init.cap.max_inline_data = want;
+            let qp = sys::ibv_create_qp(pd, &mut init);
+            if !qp.is_null() {
+                granted = init.cap.max_inline_data;
+                sys::ibv_destroy_qp(qp);
+                break;
+            }
+        }
+        sys::ibv_destroy_cq(cq);
+        sys::ibv_dealloc_pd(pd);
+        Ok(granted)
+    }
+}
+
+pub(crate) fn query_port(ctx: *mut sys::ibv_context, port: u8) -> Result<PortAttr> {
+    let mut attr = sys::ibv_port_attr::default();
+    // SAFETY: `ctx` is live; `attr` is a writable out-structure.
+    check("ibv_query_port", unsafe {
+        sys::___ibv_query_port(ctx, port, &mut attr)
+    })?;
+    let mut gid = sys::ibv_gid::default();
+    // SAFETY: as above, GID index 0 exists on every active port.
+    check("ibv_query_gid", unsafe {
+        sys::ibv_query_gid(ctx, port, 0, &mut gid)
+    })?;
+    // SAFETY: `raw` views the union's 16 bytes, always initialised.
+    let raw = unsafe { gid.raw };
+    Ok(PortAttr {
+        state: if attr.state == sys::IBV_PORT_ACTIVE {
+            PortState::Active
+        } else {
+            PortState::Down
+        },
+        lid: attr.lid,
+        gid: Gid(raw),
+        active_mtu: 128u32 << attr.active_mtu.min(5),
+    })
+}
+
+/// Reads one async event (the descriptor is non-blocking), translating the
+/// kinds the fabric knows and skipping the others.
+pub(crate) fn read_async_event(c: &VerbsContext) -> Option<AsyncEvent> {
+    loop {
+        let mut ev = sys::ibv_async_event::default();
+        // SAFETY: the context is live; its async fd is non-blocking, so the
+        // call returns -1 at once when no event is queued.
+        if unsafe { sys::ibv_get_async_event(c.raw(), &mut ev) } != 0 {
+            return None;
+        }
+        // SAFETY: the union member read matches the event type, as verbs(7)
+        // specifies; the objects stay valid until the event is acked.
+        let out = unsafe {
+            let qpn = || (*ev.element.qp).qp_num;
+            match ev.event_type {
+                sys::IBV_EVENT_QP_FATAL => Some(AsyncEvent::QpFatal { qpn: qpn() }),
+                sys::IBV_EVENT_QP_REQ_ERR => Some(AsyncEvent::QpRequestError { qpn: qpn() }),
+                sys::IBV_EVENT_QP_ACCESS_ERR => Some(AsyncEvent::QpAccessError { qpn: qpn() }),
+                sys::IBV_EVENT_QP_LAST_WQE_REACHED => {
+                    Some(AsyncEvent::QpLastWqeReached { qpn: qpn() })
+                }
+                sys::IBV_EVENT_SRQ_LIMIT_REACHED => Some(AsyncEvent::SrqLimitReached {
+                    srq: ev.element.srq as u64,
+                }),
+                sys::IBV_EVENT_CQ_ERR => {
+                    let cq = ev.element.cq as usize;
+                    let flags = c.0.overrun.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some((_, f)) = flags.iter().find(|(p, _)| *p == cq) {
+                        f.store(true, Ordering::Release);
+                    }
+                    Some(AsyncEvent::CqError { cq: cq as u64 })
+                }
+                sys::IBV_EVENT_PORT_ACTIVE => Some(AsyncEvent::PortActive {
+                    port: ev.element.port_num as u8,
+                }),
+                sys::IBV_EVENT_PORT_ERR => Some(AsyncEvent::PortError {
+                    port: ev.element.port_num as u8,
+                }),
+                _ => None,
+            }
+        };
+        // SAFETY: acknowledges the event just read, exactly once.
+        unsafe { sys::ibv_ack_async_event(&mut ev) };
+        if out.is_some() {
+            return out;
+        }
+    }
+}
+
+// ---- PD ------------------------------------------------------------------
+
+pub(crate) struct PdInner {
+    _ctx: VerbsContext,
+    pub(crate) pd: *mut sys::ibv_pd,
+}
+
+// SAFETY: a PD is a thread-safe verbs object.
+unsafe impl Send for PdInner {}
+// SAFETY: as above.
+unsafe impl Sync for PdInner {}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_alloc_pd; every object using it holds this
+        // PD alive, so nothing uses it any more.
+        unsafe { sys::ibv_dealloc_pd(self.pd) };
+    }
+}
+
+/// A verbs protection domain.
+#[derive(Clone)]
+pub struct VerbsPd(pub(crate) Arc<PdInner>);
+
+impl Pd for VerbsPd {}
+
+impl VerbsPd {
+    pub(crate) fn new(ctx: &VerbsContext) -> Result<Self> {
+        // SAFETY: the context is live.
+        let pd = unsafe { sys::ibv_alloc_pd(ctx.raw()) };
+        if pd.is_null() {
+            return Err(last_error("ibv_alloc_pd"));
+        }
+        Ok(VerbsPd(Arc::new(PdInner {
+            _ctx: ctx.clone(),
+            pd,
+        })))
+    }
+}
+
+// ---- MR ------------------------------------------------------------------
+
+/// A verbs memory region.
+pub struct VerbsMr {
+    mr: *mut sys::ibv_mr,
+    access: Access,
+    _pd: VerbsPd,
+}
+
+// SAFETY: an MR is immutable after registration; deregistration is
+// thread-safe.
+unsafe impl Send for VerbsMr {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsMr {}
+
+impl VerbsMr {
+    /// # Safety
+    /// As [`crate::Context::reg_mr`].
+    pub(crate) unsafe fn new(
+        pd: &VerbsPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self> {
+        // SAFETY: the PD is live; the caller keeps the range valid while the
+        // region lives. The access bits are the IBV_ACCESS_* values.
+        let mr = unsafe { sys::ibv_reg_mr(pd.0.pd, addr.cast(), len, access.bits() as i32) };
+        if mr.is_null() {
+            return Err(last_error("ibv_reg_mr"));
+        }
+        Ok(VerbsMr {
+            mr,
+            access,
+            _pd: pd.clone(),
+        })
+    }
+
+    fn get(&self) -> &sys::ibv_mr {
+        // SAFETY: valid from registration until drop.
+        unsafe { &*self.mr }
+    }
+}
+
+impl Drop for VerbsMr {
+    fn drop(&mut self) {
+        // SAFETY: registered in `new`, deregistered once.
+        unsafe { sys::ibv_dereg_mr(self.mr) };
+    }
+}
+
+impl Mr for VerbsMr {
+    fn addr(&self) -> u64 {
+        self.get().addr as u64
+    }
+    fn len(&self) -> usize {
+        self.get().length
+    }
+    fn lkey(&self) -> u32 {
+        self.get().lkey
+    }
+    fn rkey(&self) -> u32 {
+        self.get().rkey
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+}
+
+// ---- CQ ------------------------------------------------------------------
+
+pub(crate) struct CqInner {
+    ctx: VerbsContext,
+    pub(crate) cq: *mut sys::ibv_cq,
+    chan: *mut sys::ibv_comp_channel,
+    overrun: Arc<AtomicBool>,
+    /// A completion `wait` took off the queue to see whether one was there.
+    stash: Mutex<Option<WorkCompletion>>,
+    stashed: AtomicBool,
+    cap: u32,
+}
+
+// SAFETY: CQs and completion channels are thread-safe verbs objects; the
+// stash is behind a mutex.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let key = self.cq as usize;
+        self.ctx
+            .0
+            .overrun
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(p, _)| *p != key);
+        // SAFETY: every QP and SRQ using the CQ holds it alive, so none is
+        // left; every CQ event taken was acked.
+        unsafe {
+            sys::ibv_destroy_cq(self.cq);
+            sys::ibv_destroy_comp_channel(self.chan);
+        }
+    }
+}
+
+/// A verbs completion queue with its own completion channel.
+#[derive(Clone)]
+pub struct VerbsCq(pub(crate) Arc<CqInner>);
+
+fn wc_status(s: sys::ibv_wc_status) -> WcStatus {
+    match s {
+        sys::IBV_WC_SUCCESS => WcStatus::Success,
+        sys::IBV_WC_LOC_LEN_ERR => WcStatus::LocalLength,
+        sys::IBV_WC_LOC_QP_OP_ERR => WcStatus::LocalQpOperation,
+        sys::IBV_WC_LOC_PROT_ERR => WcStatus::LocalProtection,
+        sys::IBV_WC_WR_FLUSH_ERR => WcStatus::WrFlush,
+        sys::IBV_WC_BAD_RESP_ERR => WcStatus::BadResponse,
+        sys::IBV_WC_LOC_ACCESS_ERR => WcStatus::LocalAccess,
+        sys::IBV_WC_REM_INV_REQ_ERR => WcStatus::RemoteInvalidRequest,
+        sys::IBV_WC_REM_ACCESS_ERR => WcStatus::RemoteAccess,
+        sys::IBV_WC_REM_OP_ERR => WcStatus::RemoteOperation,
+        sys::IBV_WC_RETRY_EXC_ERR => WcStatus::RetryExceeded,
+        sys::IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExceeded,
+        sys::IBV_WC_FATAL_ERR => WcStatus::Fatal,
+        _ => WcStatus::General,
+    }
+}
+
+fn wc_opcode(o: sys::ibv_wc_opcode) -> WcOpcode {
+    match o {
+        sys::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+        sys::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+        sys::IBV_WC_RECV => WcOpcode::Recv,
+        sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+        _ => WcOpcode::Send,
+    }
+}
+
+fn convert_wc(w: &sys::ibv_wc) -> WorkCompletion {
+    let imm = (w.wc_flags & sys::IBV_WC_WITH_IMM != 0)
+        // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
+        .then(|| u32::from_be(unsafe { w.__bindgen_anon_1.imm_data }));
+    WorkCompletion {
+        wr_id: w.wr_id,
+        status: wc_status(w.status),
+        opcode: wc_opcode(w.opcode),
+        byte_len: w.byte_len,
+        qp_num: w.qp_num,
+        src_qp: w.src_qp,
+        imm,
+    }
+}
+
+impl VerbsCq {
+    pub(crate) fn new(ctx: &VerbsContext, cqe: u32) -> Result<Self> {
+        let max = ctx.0.caps.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(Error::invalid(format!("cqe {cqe} not in 1..={max}")));
+        }
+        // SAFETY: the context is live; the channel's fd is made non-blocking
+        // before anyone reads it; the CQ is bound to the channel it owns.
+        unsafe {
+            let chan = sys::ibv_create_comp_channel(ctx.raw());
+            if chan.is_null() {
+                return Err(last_error("ibv_create_comp_channel"));
+            }
+            let fd = (*chan).fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            let cq = sys::ibv_create_cq(ctx.raw(), cqe as i32, null_mut(), chan, 0);
+            if cq.is_null() {
+                let e = last_error("ibv_create_cq");
+                sys::ibv_destroy_comp_channel(chan);
+                return Err(e);
+            }
+            let overrun = Arc::new(AtomicBool::new(false));
+            ctx.0
+                .overrun
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((cq as usize, overrun.clone()));
+            Ok(VerbsCq(Arc::new(CqInner {
+                ctx: ctx.clone(),
+                cq,
+                chan,
+                overrun,
+                stash: Mutex::new(None),
+                stashed: AtomicBool::new(false),
+                cap: (*cq).cqe.max(0) as u32,
+            })))
+        }
+    }
+
+    fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut raw = [sys::ibv_wc::default(); 32];
+        let mut done = 0;
+        while done < out.len() {
+            let want = (out.len() - done).min(raw.len());
+            // SAFETY: the CQ is live; `raw` has room for `want` entries.
+            let n = unsafe { sys::ibv_poll_cq(self.0.cq, want as i32, raw.as_mut_ptr()) };
+            if n < 0 {
+                if self.0.overrun.load(Ordering::Acquire) {
+                    return Err(Error::CqOverrun);
+                }
+                return Err(errno_error("ibv_poll_cq", -n));
+            }
+            for (slot, w) in out[done..].iter_mut().zip(&raw[..n as usize]) {
+                *slot = convert_wc(w);
+            }
+            done += n as usize;
+            if (n as usize) < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl Cq for VerbsCq {
+    fn id(&self) -> u64 {
+        self.0.cq as u64
+    }
+
+    fn capacity(&self) -> u32 {
+        self.0.cap
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        if self.0.overrun.load(Ordering::Acquire) {
+            return Err(Error::CqOverrun);
+        }
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let mut first = 0;
+        if self.0.stashed.load(Ordering::Acquire) {
+            let mut s = self.0.stash.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(wc) = s.take() {
+                out[0] = wc;
+                first = 1;
+            }
+            self.0.stashed.store(false, Ordering::Release);
+        }
+        Ok(first + self.poll_raw(&mut out[first..])?)
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<bool> {
+        if self.0.stashed.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        // SAFETY: the CQ is live.
+        check("ibv_req_notify_cq", unsafe {
+            sys::ibv_req_notify_cq(self.0.cq, 0)
+        })?;
+        // A completion may have arrived before the CQ was armed: look once.
+        let mut one = [WorkCompletion::default()];
+        if self.poll_raw(&mut one)? == 1 {
+            *self.0.stash.lock().unwrap_or_else(|e| e.into_inner()) = Some(one[0]);
+            self.0.stashed.store(true, Ordering::Release);
+            return Ok(true);
+        }
+        let mut pfd = libc::pollfd {
+            // SAFETY: the channel is live.
+            fd: unsafe { (*self.0.chan).fd },
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            return Err(last_error("poll(comp_channel)"));
+        }
+        if r == 0 {
+            return Ok(false);
+        }
+        let mut cq = null_mut();
+        let mut cq_ctx = null_mut();
+        // SAFETY: the fd is readable, so an event is queued; it belongs to
+        // this CQ (the channel is private to it) and is acked at once.
+        unsafe {
+            if sys::ibv_get_cq_event(self.0.chan, &mut cq, &mut cq_ctx) == 0 {
+                sys::ibv_ack_cq_events(cq, 1);
+            }
+        }
+        Ok(true)
+    }
+}
+
+// ---- XRC domain ----------------------------------------------------------
+
+struct XrcdInner {
+    _ctx: VerbsContext,
+    xrcd: *mut sys::ibv_xrcd,
+}
+
+// SAFETY: an XRC domain is a thread-safe verbs object.
+unsafe impl Send for XrcdInner {}
+// SAFETY: as above.
+unsafe impl Sync for XrcdInner {}
+
+impl Drop for XrcdInner {
+    fn drop(&mut self) {
+        // SAFETY: opened in `open`; SRQs and QPs in it hold it alive.
+        unsafe { sys::ibv_close_xrcd(self.xrcd) };
+    }
+}
+
+/// A handle on a verbs XRC domain, shared through its key file.
+#[derive(Clone)]
+pub struct VerbsXrcd(Arc<XrcdInner>);
+
+impl Xrcd for VerbsXrcd {}
+
+impl VerbsXrcd {
+    pub(crate) fn open(ctx: &VerbsContext, key: &XrcdKey) -> Result<Self> {
+        // Owner-only: the file names the domain; whoever opens it joins.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&key.0)
+            .map_err(|e| Error::Verbs {
+                verb: "open(xrcd key)",
+                source: e,
+            })?;
+        let mut attr = sys::ibv_xrcd_init_attr {
+            comp_mask: sys::IBV_XRCD_INIT_ATTR_FD | sys::IBV_XRCD_INIT_ATTR_OFLAGS,
+            fd: file.as_raw_fd(),
+            oflags: libc::O_CREAT,
+        };
+        // SAFETY: the context is live, the fd open for the call; the kernel
+        // keeps its own reference to the inode.
+        let xrcd = unsafe { sys::ibv_open_xrcd(ctx.raw(), &mut attr) };
+        if xrcd.is_null() {
+            return Err(last_error("ibv_open_xrcd"));
+        }
+        Ok(VerbsXrcd(Arc::new(XrcdInner {
+            _ctx: ctx.clone(),
+            xrcd,
+        })))
+    }
+}
+
+// ---- SRQ -----------------------------------------------------------------
+
+pub(crate) struct SrqInner {
+    pub(crate) srq: *mut sys::ibv_srq,
+    srqn: Option<u32>,
+    max_wr: u32,
+    _pd: VerbsPd,
+    _cq: Option<VerbsCq>,
+    _xrcd: Option<VerbsXrcd>,
+}
+
+// SAFETY: an SRQ is a thread-safe verbs object.
+unsafe impl Send for SrqInner {}
+// SAFETY: as above.
+unsafe impl Sync for SrqInner {}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`; QPs attached to it hold it alive.
+        unsafe { sys::ibv_destroy_srq(self.srq) };
+    }
+}
+
+/// A verbs shared receive queue (plain or XRC).
+#[derive(Clone)]
+pub struct VerbsSrq(pub(crate) Arc<SrqInner>);
+
+/// Builds the SGE list of a work request on the stack (or the heap past 16).
+fn sges(sgl: &[Sge]) -> Vec<sys::ibv_sge> {
+    sgl.iter()
+        .map(|s| sys::ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect()
+}
+
+impl VerbsSrq {
+    pub(crate) fn new(
+        ctx: &VerbsContext,
+        pd: &VerbsPd,
+        xrc: Option<(&VerbsXrcd, &VerbsCq)>,
+        attr: SrqAttr,
+    ) -> Result<Self> {
+        if !ctx.0.caps.srq {
+            return Err(Error::Unsupported("the device caps report no SRQ"));
+        }
+        let sattr = sys::ibv_srq_attr {
+            max_wr: attr.max_wr,
+            max_sge: attr.max_sge,
+            srq_limit: attr.srq_limit,
+        };
+        let (srq, srqn) = match xrc {
+            None => {
+                let mut init = sys::ibv_srq_init_attr {
+                    attr: sattr,
+                    ..Default::default()
+                };
+                // SAFETY: the PD is live; `init` is a valid in/out structure.
+                let srq = unsafe { sys::ibv_create_srq(pd.0.pd, &mut init) };
+                (srq, None)
+            }
+            Some((x, cq)) => {
+                let mut init = sys::ibv_srq_init_attr_ex {
+                    attr: sattr,
+                    comp_mask: sys::IBV_SRQ_INIT_ATTR_TYPE
+                        | sys::IBV_SRQ_INIT_ATTR_PD
+                        | sys::IBV_SRQ_INIT_ATTR_XRCD
+                        | sys::IBV_SRQ_INIT_ATTR_CQ,
+                    srq_type: sys::IBV_SRQT_XRC,
+                    pd: pd.0.pd,
+                    xrcd: x.0.xrcd,
+                    cq: cq.0.cq,
+                    ..Default::default()
+                };
+                // SAFETY: context, PD, domain and CQ are live.
+                let srq = unsafe { sys::ibv_create_srq_ex(ctx.raw(), &mut init) };
+                let mut n = 0u32;
+                // SAFETY: a non-null XRC SRQ has a number.
+                if !srq.is_null() && unsafe { sys::ibv_get_srq_num(srq, &mut n) } != 0 {
+                    // SAFETY: created just above, not shared yet.
+                    unsafe { sys::ibv_destroy_srq(srq) };
+                    return Err(last_error("ibv_get_srq_num"));
+                }
+                (srq, Some(n))
+            }
+        };
+        if srq.is_null() {
+            return Err(last_error("ibv_create_srq"));
+        }
+        Ok(VerbsSrq(Arc::new(SrqInner {
+            srq,
+            srqn,
+            max_wr: attr.max_wr,
+            _pd: pd.clone(),
+            _cq: xrc.map(|(_, c)| c.clone()),
+            _xrcd: xrc.map(|(x, _)| x.clone()),
+        })))
+    }
+}
+
+impl Srq for VerbsSrq {
+    fn id(&self) -> u64 {
+        self.0.srq as u64
+    }
+
+    fn srq_num(&self) -> Option<u32> {
+        self.0.srqn
+    }
+
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        let mut list = sges(wr.sgl);
+        let mut raw = sys::ibv_recv_wr {
+            wr_id: wr.wr_id,
+            next: null_mut(),
+            sg_list: list.as_mut_ptr(),
+            num_sge: list.len() as i32,
+        };
+        let mut bad = null_mut();
+        // SAFETY: the SRQ is live; the work request and its SGE list are
+        // valid for the call (the provider copies them).
+        check("ibv_post_srq_recv", unsafe {
+            sys::ibv_post_srq_recv(self.0.srq, &mut raw, &mut bad)
+        })
+    }
+
+    fn arm_limit(&self, limit: u32) -> Result<()> {
+        if limit > self.0.max_wr {
+            return Err(Error::invalid(format!(
+                "limit {limit} exceeds max_wr {}",
+                self.0.max_wr
+            )));
+        }
+        let mut attr = sys::ibv_srq_attr {
+            srq_limit: limit,
+            ..Default::default()
+        };
+        // SAFETY: the SRQ is live.
+        check("ibv_modify_srq", unsafe {
+            sys::ibv_modify_srq(self.0.srq, &mut attr, sys::IBV_SRQ_LIMIT as i32)
+        })
+    }
+}
+
+// ---- QP ------------------------------------------------------------------
+
+pub(crate) struct QpInner {
+    pub(crate) ctx: VerbsContext,
+    pub(crate) qp: *mut sys::ibv_qp,
+    ty: QpType,
+    caps: QpCaps,
+    _pd: Option<VerbsPd>,
+    _send_cq: Option<VerbsCq>,
+    _recv_cq: Option<VerbsCq>,
+    srq: Option<VerbsSrq>,
+    _xrcd: Option<VerbsXrcd>,
+}
+
+// SAFETY: a QP is a thread-safe verbs object (posting and modifying take the
+// provider's locks).
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // SAFETY: created or opened in this module, destroyed once; for an
+        // opened XRC TGT QP this closes this process's handle only.
+        unsafe { sys::ibv_destroy_qp(self.qp) };
+    }
+}
+
+/// A verbs QP, or a handle on a shared XRC TGT QP.
+#[derive(Clone)]
+pub struct VerbsQp(pub(crate) Arc<QpInner>);
+
+fn qp_state(s: sys::ibv_qp_state) -> QpState {
+    match s {
+        sys::IBV_QPS_RESET => QpState::Reset,
+        sys::IBV_QPS_INIT => QpState::Init,
+        sys::IBV_QPS_RTR => QpState::Rtr,
+        sys::IBV_QPS_RTS | sys::IBV_QPS_SQD => QpState::Rts,
+        _ => QpState::Error,
+    }
+}
+
+impl VerbsQp {
+    pub(crate) fn create(
+        ctx: &VerbsContext,
+        pd: &VerbsPd,
+        init: &QpInit<'_, VerbsContext>,
+    ) -> Result<Self> {
+        let caps = &ctx.0.caps;
+        if init.qp_type == QpType::XrcTgt {
+            return Err(Error::invalid(
+                "XRC TGT QPs are created in an XRC domain (create_tgt_qp)",
+            ));
+        }
+        if init.caps.max_inline > caps.max_inline {
+            return Err(Error::invalid(format!(
+                "max_inline {} exceeds the device's {}",
+                init.caps.max_inline, caps.max_inline
+            )));
+        }
+        let rc = init.qp_type == QpType::Rc;
+        if rc && init.srq.is_none() && init.recv_cq.is_none() {
+            return Err(Error::invalid("an RC QP needs a receive CQ"));
+        }
+        let send_cq = init.send_cq.0.cq;
+        let mut attr = sys::ibv_qp_init_attr_ex {
+            send_cq,
+            recv_cq: init.recv_cq.map_or(send_cq, |c| c.0.cq),
+            srq: init.srq.map_or(null_mut(), |s| s.0.srq),
+            qp_type: if rc {
+                sys::IBV_QPT_RC
+            } else {
+                sys::IBV_QPT_XRC_SEND
+            },
+            comp_mask: sys::IBV_QP_INIT_ATTR_PD,
+            pd: pd.0.pd,
+            ..Default::default()
+        };
+        attr.cap.max_send_wr = init.caps.max_send_wr;
+        attr.cap.max_send_sge = init.caps.max_send_sge;
+        attr.cap.max_inline_data = init.caps.max_inline;
+        if rc && init.srq.is_none() {
+            attr.cap.max_recv_wr = init.caps.max_recv_wr;
+            attr.cap.max_recv_sge = init.caps.max_recv_sge;
+        }
+        // SAFETY: the context, PD, CQs and SRQ are live; `attr` is a valid
+        // in/out structure (the granted sizes come back in `cap`).
+        let qp = unsafe { sys::ibv_create_qp_ex(ctx.raw(), &mut attr) };
+        if qp.is_null() {
+            return Err(last_error("ibv_create_qp_ex"));
+        }
+        let granted = QpCaps {
+            max_send_wr: attr.cap.max_send_wr,
+            max_recv_wr: attr.cap.max_recv_wr,
+            max_send_sge: attr.cap.max_send_sge,
+            max_recv_sge: attr.cap.max_recv_sge,
+            max_inline: attr.cap.max_inline_data,
+        };
+        Ok(VerbsQp(Arc::new(QpInner {
+            ctx: ctx.clone(),
+            qp,
+            ty: init.qp_type,
+            caps: granted,
+            _pd: Some(pd.clone()),
+            _send_cq: Some(init.send_cq.clone()),
+            _recv_cq: init.recv_cq.cloned(),
+            srq: init.srq.cloned(),
+            _xrcd: None,
+        })))
+    }
+
+    fn tgt(ctx: &VerbsContext, xrcd: &VerbsXrcd, qp: *mut sys::ibv_qp) -> Self {
+        VerbsQp(Arc::new(QpInner {
+            ctx: ctx.clone(),
+            qp,
+            ty: QpType::XrcTgt,
+            caps: QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline: 0,
+            },
+            _pd: None,
+            _send_cq: None,
+            _recv_cq: None,
+            srq: None,
+            _xrcd: Some(xrcd.clone()),
+        }))
+    }
+
+    pub(crate) fn create_tgt(ctx: &VerbsContext, xrcd: &VerbsXrcd) -> Result<Self> {
+        let mut attr = sys::ibv_qp_init_attr_ex {
+            qp_type: sys::IBV_QPT_XRC_RECV,
+            comp_mask: sys::IBV_QP_INIT_ATTR_XRCD,
+            xrcd: xrcd.0.xrcd,
+            ..Default::default()
+        };
+        // SAFETY: the context and domain are live.
+        let qp = unsafe { sys::ibv_create_qp_ex(ctx.raw(), &mut attr) };
+        if qp.is_null() {
+            return Err(last_error("ibv_create_qp_ex(XRC_RECV)"));
+        }
+        Ok(Self::tgt(ctx, xrcd, qp))
+    }
+
+    pub(crate) fn open_tgt(ctx: &VerbsContext, xrcd: &VerbsXrcd, qpn: u32) -> Result<Self> {
+        let mut attr = sys::ibv_qp_open_attr {
+            comp_mask: sys::IBV_QP_OPEN_ATTR_NUM
+                | sys::IBV_QP_OPEN_ATTR_XRCD
+                | sys::IBV_QP_OPEN_ATTR_TYPE,
+            qp_num: qpn,
+            xrcd: xrcd.0.xrcd,
+            qp_context: null_mut(),
+            qp_type: sys::IBV_QPT_XRC_RECV,
+        };
+        // SAFETY: the context and domain are live.
+        let qp = unsafe { sys::ibv_open_qp(ctx.raw(), &mut attr) };
+        if qp.is_null() {
+            return Err(match last_error("ibv_open_qp") {
+                // The kernel answers EINVAL for a number not in the domain.
+                Error::InvalidArgument(_) | Error::NotFound(_) => {
+                    Error::not_found(format!("XRC TGT QP {qpn:#x} in this domain"))
+                }
+                e => e,
+            });
+        }
+        Ok(Self::tgt(ctx, xrcd, qp))
+    }
+
+    /// Applies raw attributes (the CM computes them with rdma_init_qp_attr).
+    pub(crate) fn modify_raw(&self, attr: &mut sys::ibv_qp_attr, mask: i32) -> Result<()> {
+        // SAFETY: the QP is live; `attr` is valid for `mask`.
+        check("ibv_modify_qp", unsafe {
+            sys::ibv_modify_qp(self.0.qp, attr, mask)
+        })
+    }
+}
+
+impl Qp for VerbsQp {
+    fn qp_num(&self) -> u32 {
+        // SAFETY: the QP is live; qp_num never changes.
+        unsafe { (*self.0.qp).qp_num }
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.0.ty
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.0.caps
+    }
+
+    fn state(&self) -> Result<QpState> {
+        let mut attr = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        // SAFETY: the QP is live; both structures are writable.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(self.0.qp, &mut attr, sys::IBV_QP_STATE as i32, &mut init)
+        })?;
+        Ok(qp_state(attr.qp_state))
+    }
+
+    fn modify(&self, t: &QpTransition) -> Result<()> {
+        let mut a = sys::ibv_qp_attr::default();
+        let mask = match *t {
+            QpTransition::Init(i) => {
+                a.qp_state = sys::IBV_QPS_INIT;
+                a.pkey_index = 0;
+                a.port_num = i.port;
+                a.qp_access_flags = i.access.bits();
+                sys::IBV_QP_STATE
+                    | sys::IBV_QP_PKEY_INDEX
+                    | sys::IBV_QP_PORT
+                    | sys::IBV_QP_ACCESS_FLAGS
+            }
+            QpTransition::Rtr(r) => {
+                let mut port = sys::ibv_port_attr::default();
+                // SAFETY: the context is live.
+                check("ibv_query_port", unsafe {
+                    sys::___ibv_query_port(self.0.ctx.raw(), 1, &mut port)
+                })?;
+                a.qp_state = sys::IBV_QPS_RTR;
+                a.path_mtu = port.active_mtu;
+                a.dest_qp_num = r.dest_qpn;
+                a.rq_psn = r.rq_psn;
+                a.max_dest_rd_atomic = r.max_dest_rd_atomic;
+                a.min_rnr_timer = r.min_rnr_timer;
+                a.ah_attr.dlid = r.dest.lid;
+                a.ah_attr.port_num = 1;
+                // Ethernet has no LIDs: route by GID.
+                if r.dest.lid == 0 {
+                    a.ah_attr.is_global = 1;
+                    a.ah_attr.grh.dgid.raw = r.dest.gid.0;
+                    a.ah_attr.grh.sgid_index = 0;
+                    a.ah_attr.grh.hop_limit = 64;
+                }
+                sys::IBV_QP_STATE
+                    | sys::IBV_QP_AV
+                    | sys::IBV_QP_PATH_MTU
+                    | sys::IBV_QP_DEST_QPN
+                    | sys::IBV_QP_RQ_PSN
+                    | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | sys::IBV_QP_MIN_RNR_TIMER
+            }
+            QpTransition::Rts(r) => {
+                if self.0.ty == QpType::XrcTgt {
+                    return Err(Error::invalid("an XRC TGT QP does not send: RTR is final"));
+                }
+                a.qp_state = sys::IBV_QPS_RTS;
+                a.sq_psn = r.sq_psn;
+                a.timeout = r.timeout;
+                a.retry_cnt = r.retry_cnt;
+                a.rnr_retry = r.rnr_retry;
+                a.max_rd_atomic = r.max_rd_atomic;
+                sys::IBV_QP_STATE
+                    | sys::IBV_QP_SQ_PSN
+                    | sys::IBV_QP_TIMEOUT
+                    | sys::IBV_QP_RETRY_CNT
+                    | sys::IBV_QP_RNR_RETRY
+                    | sys::IBV_QP_MAX_QP_RD_ATOMIC
+            }
+            QpTransition::Error => {
+                a.qp_state = sys::IBV_QPS_ERR;
+                sys::IBV_QP_STATE
+            }
+            QpTransition::Reset => {
+                a.qp_state = sys::IBV_QPS_RESET;
+                sys::IBV_QP_STATE
+            }
+        };
+        self.modify_raw(&mut a, mask as i32)
+    }
+
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        let caps = &self.0.ctx.0.caps;
+        match self.0.ty {
+            QpType::XrcTgt => return Err(Error::invalid("an XRC TGT QP has no send queue")),
+            QpType::XrcIni if wr.remote_srqn.is_none() => {
+                return Err(Error::invalid("XRC INI sends must name the remote SRQ"))
+            }
+            _ => {}
+        }
+        let mut flags = 0;
+        let mut list = match wr.payload {
+            Payload::Sgl(sgl) => sges(sgl),
+            Payload::Inline(data) => {
+                if matches!(wr.op, SendOp::Read(_)) {
+                    return Err(Error::invalid("an RDMA read cannot be inline"));
+                }
+                if data.len() > self.0.caps.max_inline as usize {
+                    return Err(Error::invalid(format!(
+                        "inline payload of {} bytes exceeds max_inline {}",
+                        data.len(),
+                        self.0.caps.max_inline
+                    )));
+                }
+                flags |= sys::IBV_SEND_INLINE;
+                vec![sys::ibv_sge {
+                    addr: data.as_ptr() as u64,
+                    length: data.len() as u32,
+                    lkey: 0,
+                }]
+            }
+        };
+        let mut raw = sys::ibv_send_wr {
+            wr_id: wr.wr_id,
+            sg_list: list.as_mut_ptr(),
+            num_sge: list.len() as i32,
+            ..Default::default()
+        };
+        if wr.signaled {
+            flags |= sys::IBV_SEND_SIGNALED;
+        }
+        if wr.fence {
+            flags |= sys::IBV_SEND_FENCE;
+        }
+        raw.send_flags = flags;
+        let remote = |raw: &mut sys::ibv_send_wr, r: RemoteAddr| {
+            raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+            };
+        };
+        match wr.op {
+            SendOp::Send => raw.opcode = sys::IBV_WR_SEND,
+            SendOp::SendWithImm(_) | SendOp::WriteWithImm(..) if !caps.imm_data => {
+                return Err(Error::invalid("the device has no immediate data"));
+            }
+            SendOp::SendWithImm(imm) => {
+                raw.opcode = sys::IBV_WR_SEND_WITH_IMM;
+                raw.__bindgen_anon_1.imm_data = imm.to_be();
+            }
+            SendOp::Write(r) => {
+                raw.opcode = sys::IBV_WR_RDMA_WRITE;
+                remote(&mut raw, r);
+            }
+            SendOp::WriteWithImm(r, imm) => {
+                raw.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
+                raw.__bindgen_anon_1.imm_data = imm.to_be();
+                remote(&mut raw, r);
+            }
+            SendOp::Read(r) => {
+                raw.opcode = sys::IBV_WR_RDMA_READ;
+                remote(&mut raw, r);
+            }
+        }
+        if let Some(srqn) = wr.remote_srqn {
+            raw.qp_type.xrc.remote_srqn = srqn;
+        }
+        let mut bad = null_mut();
+        // SAFETY: the QP is live; the work request, its SGE list and any
+        // inline bytes are valid for the call (the provider copies them);
+        // registered memory named by the SGEs is the caller's contract.
+        let rc = unsafe { sys::ibv_post_send(self.0.qp, &mut raw, &mut bad) };
+        match rc {
+            0 => Ok(()),
+            libc::ENOMEM => Err(Error::NoResource("send queue full")),
+            r => check("ibv_post_send", r),
+        }
+    }
+
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        if self.0.ty != QpType::Rc {
+            return Err(Error::invalid(format!(
+                "{:?} QPs have no receive queue",
+                self.0.ty
+            )));
+        }
+        if self.0.srq.is_some() {
+            return Err(Error::invalid("the QP receives through its SRQ"));
+        }
+        let mut list = sges(wr.sgl);
+        let mut raw = sys::ibv_recv_wr {
+            wr_id: wr.wr_id,
+            next: null_mut(),
+            sg_list: list.as_mut_ptr(),
+            num_sge: list.len() as i32,
+        };
+        let mut bad = null_mut();
+        // SAFETY: the QP is live; the work request is valid for the call.
+        let rc = unsafe { sys::ibv_post_recv(self.0.qp, &mut raw, &mut bad) };
+        match rc {
+            0 => Ok(()),
+            libc::ENOMEM => Err(Error::NoResource("receive queue full")),
+            r => check("ibv_post_recv", r),
+        }
+    }
+}

@@ -24,9 +24,12 @@ pub struct ConnParam<'a> {
     pub responder_resources: u8,
     /// RDMA reads we may have outstanding against the peer.
     pub initiator_depth: u8,
-    /// Transport retries (connect only).
+    /// Transport retries of both sides' QPs (connect only; ignored when
+    /// accepting).
     pub retry_count: u8,
-    /// RNR retries (7 = forever).
+    /// RNR retries the *peer* makes when sending to us (7 = forever): the
+    /// initiator's value goes to the acceptor's QP and the acceptor's to the
+    /// initiator's, as the IB CM carries them.
     pub rnr_retry_count: u8,
 }
 

@@ -80,6 +80,9 @@ pub struct DeviceCaps {
 pub struct DeviceInfo {
     /// Device name (`mlx5_0`, `rxe0`, `sim0`).
     pub name: String,
+    /// IEEE vendor id the device reports (0 on the simulator); identifies a
+    /// provider's known quirks, never its capabilities.
+    pub vendor_id: u32,
     /// Capabilities.
     pub caps: DeviceCaps,
 }

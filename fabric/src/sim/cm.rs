@@ -33,6 +33,8 @@ pub(crate) enum CmWire {
         qpn: Option<u32>,
         psn: u32,
         private: Vec<u8>,
+        /// RNR retries the initiator's QP makes (the acceptor's parameter).
+        rnr_retry: u8,
     },
     Rtu,
     Rej {
@@ -565,10 +567,13 @@ impl World {
             };
             self.cm_prepare_qp(id, qp, &[QpType::Rc, QpType::XrcTgt])?;
             let tgt = self.qps.get(qp).expect("prepared").ty == QpType::XrcTgt;
+            // Each side's rnr_retry_count governs its peer's sends (the IB
+            // CM carries it in the REQ for the acceptor, in the REP for the
+            // initiator); retry_count comes from the request for both.
             let rts = (!tgt).then(|| RtsAttr {
                 sq_psn: psn,
                 retry_cnt: req.retry,
-                rnr_retry: p.rnr_retry_count.min(7),
+                rnr_retry: req.rnr_retry,
                 ..RtsAttr::default()
             });
             self.cm_connect_qp(qp, rdev, remote_qpn, req.psn, rts)?;
@@ -591,7 +596,12 @@ impl World {
             id,
             rdev,
             CmDest::Id(peer),
-            CmWire::Rep { qpn, psn, private },
+            CmWire::Rep {
+                qpn,
+                psn,
+                private,
+                rnr_retry: p.rnr_retry_count.min(7),
+            },
         );
         Ok(())
     }
@@ -809,7 +819,15 @@ impl World {
     fn on_cm_to_id(&mut self, id: Id<CmIdObj>, d: CmDelivery) {
         let state = self.cm_ids.get(id).expect("checked").state;
         match (d.msg, state) {
-            (CmWire::Rep { qpn, psn, private }, CmState::Connecting) => {
+            (
+                CmWire::Rep {
+                    qpn,
+                    psn,
+                    private,
+                    rnr_retry,
+                },
+                CmState::Connecting,
+            ) => {
                 self.cancel_cm_timer(id);
                 let c = self.cm_ids.get_mut(id).expect("live");
                 c.peer_id = Some(d.from);
@@ -819,7 +837,7 @@ impl World {
                     let rts = RtsAttr {
                         sq_psn: req.psn,
                         retry_cnt: req.retry,
-                        rnr_retry: req.rnr_retry,
+                        rnr_retry,
                         ..RtsAttr::default()
                     };
                     if self

@@ -103,6 +103,7 @@ impl Fabric for SimProcess {
             .filter(|d| d.node == self.0.node)
             .map(|d| DeviceInfo {
                 name: d.name.clone(),
+                vendor_id: 0,
                 caps: d.caps.clone(),
             })
             .collect())

@@ -29,6 +29,9 @@ struct Entry {
     key: u64,
     ps: PortSpace,
     qp: Option<VerbsQp>,
+    /// This side asked to disconnect (so a DISCONNECTED event needs no
+    /// answer).
+    disconnecting: bool,
 }
 
 /// An event made by the provider rather than read from librdmacm.
@@ -100,7 +103,15 @@ impl VerbsCmChannel {
         s.next_key += 1;
         let key = s.next_key;
         if !id.is_null() {
-            s.ids.insert(id as usize, Entry { key, ps, qp: None });
+            s.ids.insert(
+                id as usize,
+                Entry {
+                    key,
+                    ps,
+                    qp: None,
+                    disconnecting: false,
+                },
+            );
         }
         VerbsCmId {
             chan: self.0.clone(),
@@ -281,6 +292,19 @@ impl VerbsCmChannel {
                 Some(simple(key_of(id)?, CmEventKind::ConnectError, vec![]))
             }
             sys::RDMA_CM_EVENT_DISCONNECTED | sys::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                let answered = self
+                    .0
+                    .state()
+                    .ids
+                    .get(&(id as usize))
+                    .is_some_and(|e| e.disconnecting);
+                if !answered && kind == sys::RDMA_CM_EVENT_DISCONNECTED {
+                    // The peer's DREQ waits for our DREP, which only
+                    // rdma_disconnect sends; the application's QP is left
+                    // alone (the fabric's IB semantics).
+                    // SAFETY: `id` is live.
+                    unsafe { sys::rdma_disconnect(id) };
+                }
                 Some(simple(key_of(id)?, CmEventKind::Disconnected, vec![]))
             }
             _ => None,
@@ -492,6 +516,7 @@ impl VerbsCmId {
                 key: self.key,
                 ps: self.ps,
                 qp: None,
+                disconnecting: false,
             },
         );
         Ok(id)
@@ -666,6 +691,9 @@ impl CmId for VerbsCmId {
 
     fn disconnect(&self) -> Result<()> {
         let id = self.raw()?;
+        if let Some(e) = self.chan.state().ids.get_mut(&(id as usize)) {
+            e.disconnecting = true;
+        }
         // SAFETY: `id` is live.
         if unsafe { sys::rdma_disconnect(id) } != 0 {
             return Err(last_error("rdma_disconnect"));

@@ -116,14 +116,28 @@ impl VerbsFabric {
         })
     }
 
-    fn describe(ctx: *mut sys::ibv_context) -> Result<(String, DeviceCaps)> {
+    /// Name and caps of a device, queried once per process: librdmacm's
+    /// contexts live as long as the process, and the caps query creates a
+    /// probe QP.
+    fn describe(ctx: *mut sys::ibv_context) -> Result<DeviceInfo> {
+        static KNOWN: Mutex<Vec<(usize, DeviceInfo)>> = Mutex::new(Vec::new());
+        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, info)) = known.iter().find(|(p, _)| *p == ctx as usize) {
+            return Ok(info.clone());
+        }
         // SAFETY: `ctx` is a live librdmacm context; its device pointer and
         // name are valid for the context's life.
         let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name((*ctx).device)) }
             .to_string_lossy()
             .into_owned();
-        let caps = objects::query_caps(ctx)?;
-        Ok((name, caps))
+        let (caps, vendor_id) = objects::query_caps(ctx)?;
+        let info = DeviceInfo {
+            name,
+            vendor_id,
+            caps,
+        };
+        known.push((ctx as usize, info.clone()));
+        Ok(info)
     }
 }
 
@@ -134,13 +148,15 @@ impl Fabric for VerbsFabric {
         self.devs
             .contexts
             .iter()
-            .map(|c| Self::describe(*c).map(|(name, caps)| DeviceInfo { name, caps }))
+            .map(|c| Self::describe(*c))
             .collect()
     }
 
     fn open(&self, name: &str) -> Result<VerbsContext> {
         for &ctx in &self.devs.contexts {
-            let (dev, caps) = Self::describe(ctx)?;
+            let DeviceInfo {
+                name: dev, caps, ..
+            } = Self::describe(ctx)?;
             if dev != name {
                 continue;
             }

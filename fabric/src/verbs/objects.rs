@@ -14,8 +14,8 @@ use super::{check, errno_error, last_error, VerbsContext};
 use crate::types::*;
 use crate::{Cq, Error, Mr, Pd, Qp, QpInit, Result, Srq, Xrcd};
 
-/// Reads the device's capabilities.
-pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<DeviceCaps> {
+/// Reads the device's capabilities and vendor id.
+pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)> {
     let mut attr = sys::ibv_device_attr_ex::default();
     // SAFETY: `ctx` is a live context; `attr` is a writable out-structure.
     check("ibv_query_device_ex", unsafe {
@@ -37,7 +37,7 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<DeviceCaps> {
         Transport::Infiniband
     };
     let pos = |v: i32| v.max(0) as u32;
-    Ok(DeviceCaps {
+    let caps = DeviceCaps {
         transport,
         xrc: a.device_cap_flags & sys::IBV_DEVICE_XRC != 0,
         srq: a.max_srq > 0,
@@ -53,7 +53,8 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<DeviceCaps> {
         max_inline: probe_max_inline(ctx)?,
         max_mr_size: a.max_mr_size,
         max_qp_rd_atom: pos(a.max_qp_rd_atom),
-    })
+    };
+    Ok((caps, a.vendor_id))
 }
 
 /// The device attributes do not carry the inline limit: create a probe QP

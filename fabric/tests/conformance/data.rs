@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use xrcbtl_fabric::*;
 
-use super::harness::{Failure, Harness, Need, Outcome};
+use super::harness::{Deviation, Failure, Harness, Need, Outcome};
 use super::util::*;
 use super::{rule, two, Rule};
 use crate::{ensure, ensure_eq};
@@ -293,12 +293,21 @@ fn keys_out_of_range<H: Harness>(h: &H) -> Outcome {
 }
 
 fn keys_local_protection<H: Harness>(h: &H) -> Outcome {
+    let flush_ok = h.deviation(Deviation::LocalProtectionAsFlush).is_some();
+    let check = |wc: &WorkCompletion, wr_id: u64| -> Outcome {
+        let as_flush = flush_ok && wc.status == WcStatus::WrFlush;
+        if !as_flush {
+            check_wc(wc, wr_id, WcStatus::LocalProtection)?;
+        }
+        ensure_eq!(wc.wr_id, wr_id);
+        Ok(())
+    };
     let (a, b) = two(h)?;
     let (ea, _eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
     let mut sge = ea.sbuf.sge(0, 8);
     sge.lkey ^= 0x00ff_ff00;
     ea.qp.post_send(&SendWr::send(1, &[sge]))?;
-    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::LocalProtection)?;
+    check(&wait_cq(h, &ea.cq, 1)?[0], 1)?;
     ensure_eq!(ea.qp.state()?, QpState::Error);
     // Past the end of a region with its own lkey.
     let (ea, _eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
@@ -308,19 +317,19 @@ fn keys_local_protection<H: Harness>(h: &H) -> Outcome {
         ..base
     };
     ea.qp.post_send(&SendWr::send(2, &[sge]))?;
-    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 2, WcStatus::LocalProtection)?;
+    check(&wait_cq(h, &ea.cq, 1)?[0], 2)?;
+    ensure_eq!(ea.qp.state()?, QpState::Error);
     Ok(())
 }
 
 fn rnr_case<H: Harness>(h: &H, srq: bool) -> Outcome {
     let (a, b) = two(h)?;
-    let oa = Opts {
-        rnr_retry: 2,
-        ..Opts::default()
-    };
+    // b has no receives and tells a to retry RNR twice.
+    let oa = Opts::default();
     let ob = Opts {
         recvs: 0,
         srq,
+        rnr_retry: 2,
         ..Opts::default()
     };
     let (ea, _eb) = connect_rc(h, &a, &b, &oa, &ob)?;

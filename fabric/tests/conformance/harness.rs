@@ -48,6 +48,21 @@ pub enum Need {
     Introspection,
 }
 
+/// Behaviour a provider is known to show differently from a rule. A rule
+/// accepts the deviation only where the provider declares it, with a reason,
+/// and the report lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deviation {
+    /// The request that hit a local protection error completes as a flush
+    /// (the QP still goes to the error state).
+    LocalProtectionAsFlush,
+}
+
+impl Deviation {
+    /// Every deviation, for the report.
+    pub const ALL: &'static [Deviation] = &[Deviation::LocalProtectionAsFlush];
+}
+
 /// The reason a provider cannot show something, when it is one of the
 /// device's capabilities: read from the caps, never from a device name.
 pub fn caps_gap(device: &str, caps: &DeviceCaps, need: Need) -> Option<String> {
@@ -109,6 +124,12 @@ pub trait Harness: Sized + Send + Sync + 'static {
 
     /// Why this provider cannot show `need`, or `None` if it can.
     fn gap(&self, need: Need) -> Option<String>;
+
+    /// Why this provider deviates from a rule in the way `d` describes, or
+    /// `None` if it does not.
+    fn deviation(&self, _d: Deviation) -> Option<String> {
+        None
+    }
 
     /// Kills `p` without its own teardown; its handles stay with the caller
     /// but are dead.

@@ -112,6 +112,11 @@ pub fn run_suite<H: Harness>(configs: Vec<(String, Factory<H>)>) -> ExitCode {
         for s in skipped {
             eprintln!("{s}");
         }
+        for d in harness::Deviation::ALL {
+            if let Some(why) = probe.deviation(*d) {
+                eprintln!("  known deviation {config}: {d:?}: {why}");
+            }
+        }
     }
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -152,7 +152,8 @@ pub struct Opts {
     pub max_inline: u32,
     /// CQ entries.
     pub cqe: u32,
-    /// RNR retries the connection uses.
+    /// RNR retries the *peer* makes when sending to this side (the value
+    /// this side passes to the CM).
     pub rnr_retry: u8,
     /// Transport retries the connection uses.
     pub retry: u8,
@@ -203,7 +204,7 @@ impl<C: Context> Ep<C> {
     pub fn new(ctx: &C, o: &Opts) -> Result<Self, Failure> {
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(o.cqe)?;
-        let slots = o.recvs.max(4) as usize;
+        let slots = o.recvs.max(16) as usize;
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let rbuf = DmaBuf::new(ctx, &pd, slots * o.slot as usize, access)?;
         let sbuf = DmaBuf::new(ctx, &pd, slots * o.slot as usize, access)?;
@@ -369,9 +370,10 @@ pub fn connect_manual<H: Harness>(
     let eb = Ep::new(&b.ctx, ob)?;
     let pa = a.ctx.query_port(1)?;
     let pb = b.ctx.query_port(1)?;
-    for (e, peer_port, peer_qpn, o) in [
-        (&ea, &pb, eb.qp.qp_num(), oa),
-        (&eb, &pa, ea.qp.qp_num(), ob),
+    // As through the CM: a side's rnr_retry governs its peer's QP.
+    for (e, peer_port, peer_qpn, o, peer_o) in [
+        (&ea, &pb, eb.qp.qp_num(), oa, ob),
+        (&eb, &pa, ea.qp.qp_num(), ob, oa),
     ] {
         e.qp.modify(&QpTransition::Init(InitAttr::default()))?;
         let dest = PortAddr {
@@ -380,7 +382,7 @@ pub fn connect_manual<H: Harness>(
         };
         e.qp.modify(&QpTransition::Rtr(RtrAttr::new(dest, peer_qpn)))?;
         e.qp.modify(&QpTransition::Rts(RtsAttr {
-            rnr_retry: o.rnr_retry,
+            rnr_retry: peer_o.rnr_retry,
             retry_cnt: o.retry,
             timeout: 12,
             ..RtsAttr::default()

@@ -124,13 +124,14 @@ pub enum CmMessage {
     Reject,
 }
 
-/// Largest private data an application may put in a CM message. These are
-/// protocol constants: IB CM REQ 92 bytes, of which the RDMA CM takes 36 for
-/// its header in the TCP port space; REP 196; REJ 148; MPA v2 allows 256
-/// minus its 4-byte IRD/ORD header.
+/// Largest private data an application may put in a CM message. On IB and
+/// RoCE these are protocol constants: IB CM REQ 92 bytes, of which the RDMA
+/// CM takes 36 for its header in the TCP port space; REP 196; REJ 148. On
+/// iWARP, MPA v2 takes 4 of its private data bytes for IRD/ORD; siw (Linux
+/// 6.12) delivers 251 bytes and refuses 252, so 251 is the portable limit.
 pub fn max_private_data(transport: Transport, ps: PortSpace, msg: CmMessage) -> usize {
     match (transport, msg) {
-        (Transport::Iwarp, _) => 252,
+        (Transport::Iwarp, _) => 251,
         (_, CmMessage::Request) => match ps {
             PortSpace::Tcp => 56,
             PortSpace::Ib => 92,

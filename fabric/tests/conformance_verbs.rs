@@ -22,6 +22,8 @@ use xrcbtl_fabric::{DeviceCaps, Fabric, Transport, XrcdKey};
 
 /// rdma_rxe's vendor id (a software device has no IEEE OUI).
 const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+/// siw's vendor id ("bmt" in ASCII).
+const SIW_VENDOR_ID: u32 = 0x0062_6d74;
 
 struct VerbsHarness {
     device: String,
@@ -116,6 +118,26 @@ impl Harness for VerbsHarness {
                  flushes the failing request with the rest (WR_FLUSH_ERR, not LOC_PROT_ERR)",
                 self.device
             )),
+            Deviation::LocalProtectionAsQpOperation if self.vendor_id == SIW_VENDOR_ID => {
+                Some(format!(
+                    "{} (siw): a bad lkey completes as LOC_QP_OP_ERR, not LOC_PROT_ERR",
+                    self.device
+                ))
+            }
+            Deviation::LateWorkNotFlushed if self.vendor_id == SIW_VENDOR_ID => Some(format!(
+                "{} (siw): work posted to a QP in the error state stays in the user-mapped \
+                 queue and is never flushed",
+                self.device
+            )),
+            Deviation::RemoteReadUnchecked if self.vendor_id == SIW_VENDOR_ID => Some(format!(
+                "{} (siw): an RDMA read of a region registered without REMOTE_READ succeeds \
+                 (the read response is sent without checking the permission)",
+                self.device
+            )),
+            Deviation::LocalErrorKeepsQp if self.vendor_id == SIW_VENDOR_ID => Some(format!(
+                "{} (siw): after a bad lkey the QP stays in RTS",
+                self.device
+            )),
             _ => None,
         }
     }
@@ -126,6 +148,10 @@ impl Harness for VerbsHarness {
         }
         let real = "real verbs";
         match need {
+            Need::LastWqeEvent if self.vendor_id == SIW_VENDOR_ID => Some(format!(
+                "{} (siw): the driver never raises IB_EVENT_QP_LAST_WQE_REACHED",
+                self.device
+            )),
             Need::Faults => Some(format!(
                 "{real}: no fault injection into the kernel or the wire"
             )),

@@ -196,6 +196,14 @@ impl World {
         v
     }
 
+    /// The peer's QP number as the CM event reports it: MPA carries none.
+    fn qpn_on_wire(&self, id: Id<CmIdObj>, qpn: Option<u32>) -> Option<u32> {
+        match self.cm_transport(id) {
+            Ok(Transport::Iwarp) => None,
+            _ => qpn,
+        }
+    }
+
     fn check_private(&self, id: Id<CmIdObj>, msg: CmMessage, data: &[u8]) -> Result<()> {
         let t = self.cm_transport(id)?;
         let max = max_private_data(t, self.cm(id)?.ps, msg);
@@ -803,13 +811,14 @@ impl World {
             .expect("listening")
             .children
             .insert(d.from, child);
+        let remote_qpn = self.qpn_on_wire(listener, qpn);
         self.post_cm_event(
             listener,
             PendingCmEvent {
                 id: listener,
                 kind: CmEventKind::ConnectRequest,
                 private_data: private,
-                remote_qpn: qpn,
+                remote_qpn,
                 peer: Some(from_addr),
                 new_id: Some(child),
             },
@@ -856,13 +865,14 @@ impl World {
                 }
                 self.cm_ids.get_mut(id).expect("live").state = CmState::Established;
                 self.send_to_peer(id, CmWire::Rtu);
+                let remote_qpn = self.qpn_on_wire(id, qpn);
                 self.post_cm_event(
                     id,
                     PendingCmEvent {
                         id,
                         kind: CmEventKind::Established,
                         private_data: private,
-                        remote_qpn: qpn,
+                        remote_qpn,
                         peer: None,
                         new_id: None,
                     },
@@ -877,13 +887,14 @@ impl World {
                 let c = self.cm_ids.get_mut(id).expect("live");
                 c.state = CmState::Established;
                 let qpn = c.req.as_ref().and_then(|r| r.qpn);
+                let remote_qpn = self.qpn_on_wire(id, qpn);
                 self.post_cm_event(
                     id,
                     PendingCmEvent {
                         id,
                         kind: CmEventKind::Established,
                         private_data: Vec::new(),
-                        remote_qpn: qpn,
+                        remote_qpn,
                         peer: None,
                         new_id: None,
                     },

@@ -204,6 +204,7 @@ impl World {
             },
             len: len as u32,
             rnr_tries: 0,
+            done: false,
         };
         q.next_psn += 1;
         q.sq_used += 1;
@@ -267,6 +268,13 @@ impl World {
 
     /// Completes a send-queue entry (already removed from the queue).
     fn complete_send(&mut self, qp: Id<QpObj>, e: SqEntry, status: WcStatus) {
+        if e.done {
+            return; // completed when it went on the wire (iWARP)
+        }
+        self.emit_send_cqe(qp, &e, status);
+    }
+
+    fn emit_send_cqe(&mut self, qp: Id<QpObj>, e: &SqEntry, status: WcStatus) {
         let Some(q) = self.qps.get_mut(qp) else {
             return;
         };
@@ -374,7 +382,22 @@ impl World {
             self.complete_send(qp, e, WcStatus::WrFlush);
         }
         self.complete_send(qp, failed, status);
+        self.terminate_if_iwarp(qp);
         self.qp_to_error(qp, None);
+    }
+
+    /// On iWARP an error ends the stream: a TERMINATE breaks both QPs and
+    /// both CM ids see the connection go.
+    fn terminate_if_iwarp(&mut self, qp: Id<QpObj>) {
+        let Some(q) = self.qps.get(qp) else { return };
+        if self.devs[q.dev].caps.transport != Transport::Iwarp {
+            return;
+        }
+        let cm = q.cm_id;
+        self.qp_to_error(qp, Some(QpErrorEvent::Fatal));
+        if let Some(id) = cm {
+            self.cm_torn_down(id);
+        }
     }
 
     // ---- requester -----------------------------------------------------------
@@ -465,6 +488,30 @@ impl World {
         let q = self.qps.get_mut(qp).expect("live");
         q.last_arrival = arrival;
         q.sent += 1;
+        // RDMAP acknowledges nothing: on iWARP a send or write completes once
+        // it is on the wire (in order: not before an earlier read).
+        let local = transport == Transport::Iwarp
+            && !q.sq[idx].done
+            && !matches!(q.sq[idx].op, SendOp::Read(_))
+            && q.sq.iter().take(idx).all(|e| e.done);
+        if local {
+            q.sq[idx].done = true;
+            let e = &q.sq[idx];
+            let early = SqEntry {
+                wr_id: e.wr_id,
+                psn: e.psn,
+                op: e.op,
+                signaled: e.signaled,
+                srqn: None,
+                sgl: Vec::new(),
+                data: None,
+                len: e.len,
+                rnr_tries: 0,
+                done: false,
+            };
+            self.emit_send_cqe(qp, &early, WcStatus::Success);
+        }
+        let q = self.qps.get_mut(qp).expect("live");
         let more = q.sent < q.sq.len();
         let arm = !q.timer_armed;
         if more {
@@ -651,6 +698,7 @@ impl World {
         self.stats.responder_errors += 1;
         self.respond(responder, d, Resp::Nak(status));
         self.qp_to_error(responder, Some(ev));
+        self.terminate_if_iwarp(responder);
     }
 
     pub(crate) fn on_deliver(&mut self, d: Delivery) {
@@ -805,11 +853,7 @@ impl World {
         if self.devs[q.dev].caps.transport == Transport::Iwarp {
             // iWARP has no RNR: DDP finds no receive buffer and terminates
             // the connection.
-            let cm = q.cm_id;
             self.responder_error(dst, d, WcStatus::RemoteOperation, QpErrorEvent::Fatal);
-            if let Some(id) = cm {
-                self.cm_torn_down(id);
-            }
             return;
         }
         self.stats.rnr_naks += 1;

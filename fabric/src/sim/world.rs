@@ -129,6 +129,8 @@ pub(crate) struct SqEntry {
     pub data: Option<Arc<[u8]>>,
     pub len: u32,
     pub rnr_tries: u8,
+    /// Completed when it went on the wire (iWARP sends and writes).
+    pub done: bool,
 }
 
 pub(crate) struct QpObj {

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::objects::VerbsQp;
 use super::sys;
-use super::{check, last_error, VerbsContext};
+use super::{check, errno_error, last_error, VerbsContext};
 use crate::cm::{
     max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason,
 };
@@ -206,6 +206,8 @@ impl VerbsCmChannel {
             (e.id, e.listen_id, e.event, e.status, data, c.qp_num)
         };
         let transport = transport_of(&self.0.ctx);
+        // MPA carries no QP number.
+        let remote_qpn = (transport != Transport::Iwarp).then_some(remote_qpn);
         let key_of = |p: *mut sys::rdma_cm_id| self.0.state().ids.get(&(p as usize)).map(|e| e.key);
         let simple = |key: u64, kind: CmEventKind, data: Vec<u8>| CmEvent {
             id: key,
@@ -229,7 +231,7 @@ impl VerbsCmChannel {
                     id: lkey,
                     kind: CmEventKind::ConnectRequest,
                     private_data,
-                    remote_qpn: Some(remote_qpn),
+                    remote_qpn,
                     peer: peer_of(id),
                     new_id: Some(new),
                 })
@@ -257,12 +259,12 @@ impl VerbsCmChannel {
                     CmEventKind::ConnectError
                 };
                 Some(CmEvent {
-                    remote_qpn: Some(remote_qpn),
+                    remote_qpn,
                     ..simple(key, kind, private_data)
                 })
             }
             sys::RDMA_CM_EVENT_ESTABLISHED => Some(CmEvent {
-                remote_qpn: Some(remote_qpn),
+                remote_qpn,
                 ..simple(key_of(id)?, CmEventKind::Established, private_data)
             }),
             sys::RDMA_CM_EVENT_REJECTED => {
@@ -645,7 +647,22 @@ impl CmId for VerbsCmId {
         // SAFETY: `id` is live with a resolved route; the parameters and
         // private data are valid for the call.
         if unsafe { sys::rdma_connect(id, &mut param) } != 0 {
-            return Err(last_error("rdma_connect"));
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ECONNREFUSED) {
+                // iWARP's TCP connect is refused at once; report it the way
+                // the IB CM does, as a rejection by nobody listening.
+                self.chan.state().synthetic.push_back(Synthetic {
+                    key: self.key,
+                    kind: CmEventKind::Rejected(RejectReason::NoListener),
+                    private_data: Vec::new(),
+                    remote_qpn: None,
+                });
+                return Ok(());
+            }
+            return Err(errno_error(
+                "rdma_connect",
+                e.raw_os_error().unwrap_or(libc::EIO),
+            ));
         }
         Ok(())
     }

@@ -44,6 +44,8 @@ pub enum Need {
     Faults,
     /// Killing a process without its own teardown.
     Crash,
+    /// The last-WQE-reached event of a QP that drew from an SRQ.
+    LastWqeEvent,
     /// Counting what processes and nodes hold.
     Introspection,
 }
@@ -56,11 +58,27 @@ pub enum Deviation {
     /// The request that hit a local protection error completes as a flush
     /// (the QP still goes to the error state).
     LocalProtectionAsFlush,
+    /// The request that hit a local protection error completes as a local
+    /// QP operation error (the QP still goes to the error state).
+    LocalProtectionAsQpOperation,
+    /// Work posted to a QP already in the error state never completes.
+    LateWorkNotFlushed,
+    /// An RDMA read of a region registered without remote read succeeds.
+    RemoteReadUnchecked,
+    /// A local protection error fails the request but leaves the QP
+    /// usable.
+    LocalErrorKeepsQp,
 }
 
 impl Deviation {
     /// Every deviation, for the report.
-    pub const ALL: &'static [Deviation] = &[Deviation::LocalProtectionAsFlush];
+    pub const ALL: &'static [Deviation] = &[
+        Deviation::LocalProtectionAsFlush,
+        Deviation::LocalProtectionAsQpOperation,
+        Deviation::LateWorkNotFlushed,
+        Deviation::RemoteReadUnchecked,
+        Deviation::LocalErrorKeepsQp,
+    ];
 }
 
 /// The reason a provider cannot show something, when it is one of the

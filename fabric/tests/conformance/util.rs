@@ -49,6 +49,39 @@ pub fn expect_quiet<H: Harness, Q: Cq>(h: &H, cq: &Q, d: Duration) -> Result<(),
     Ok(())
 }
 
+/// Waits until `qp` is in the error state, polling `cq` meanwhile (which
+/// also lets a simulated fabric progress); returns the completions seen.
+pub fn wait_qp_error<H: Harness, Q: Cq, P: Qp>(
+    h: &H,
+    cq: &Q,
+    qp: &P,
+) -> Result<Vec<WorkCompletion>, Failure> {
+    let deadline = h.now() + PATIENCE;
+    let mut seen = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    loop {
+        if qp.state()? == QpState::Error {
+            return Ok(seen);
+        }
+        let k = cq.poll(&mut buf)?;
+        seen.extend_from_slice(&buf[..k]);
+        ensure!(
+            h.now() < deadline,
+            "the QP never went to the error state; completions: {seen:?}"
+        );
+        if k == 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Whether the harness's transport is iWARP, where sends and writes complete
+/// locally (RDMAP acknowledges nothing) and remote errors arrive later as a
+/// TERMINATE that breaks the connection.
+pub fn is_iwarp<H: Harness>(h: &H) -> bool {
+    h.caps().transport == Transport::Iwarp
+}
+
 /// Polls `ctx`'s async events until one satisfies `pred`; returns all seen.
 pub fn wait_async<H: Harness, C: Context>(
     h: &H,

@@ -134,6 +134,11 @@ impl Harness for VerbsHarness {
                  (the read response is sent without checking the permission)",
                 self.device
             )),
+            Deviation::LateWorkNotFlushed if self.vendor_id == RXE_VENDOR_ID => Some(format!(
+                "{} (rdma_rxe): receives are posted into a user-mapped ring; one posted after \
+                 the kernel flushed the QP stays there, never flushed",
+                self.device
+            )),
             Deviation::LocalErrorKeepsQp if self.vendor_id == SIW_VENDOR_ID => Some(format!(
                 "{} (siw): after a bad lkey the QP stays in RTS",
                 self.device

@@ -37,6 +37,38 @@ pub fn wait_cq<H: Harness, Q: Cq>(h: &H, cq: &Q, n: usize) -> Result<Vec<WorkCom
     Ok(got)
 }
 
+/// Polls `cq` until every id in `wr_ids` has completed; returns those
+/// completions in arrival order and ignores others (a QP's receive and send
+/// flushes may interleave in a shared CQ in any order).
+pub fn wait_wrs<H: Harness, Q: Cq>(
+    h: &H,
+    cq: &Q,
+    wr_ids: &[u64],
+) -> Result<Vec<WorkCompletion>, Failure> {
+    let deadline = h.now() + PATIENCE;
+    let mut got: Vec<WorkCompletion> = Vec::new();
+    let mut other = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    while got.len() < wr_ids.len() {
+        let k = cq.poll(&mut buf)?;
+        for w in &buf[..k] {
+            if wr_ids.contains(&w.wr_id) {
+                got.push(*w);
+            } else {
+                other.push(*w);
+            }
+        }
+        if k == 0 {
+            ensure!(
+                h.now() < deadline,
+                "timed out waiting for {wr_ids:?}; got {got:?}, and others {other:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+    Ok(got)
+}
+
 /// Polls `cq` for `d` and fails if anything completes.
 pub fn expect_quiet<H: Harness, Q: Cq>(h: &H, cq: &Q, d: Duration) -> Result<(), Failure> {
     let deadline = h.now() + d;

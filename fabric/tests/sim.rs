@@ -62,15 +62,14 @@ fn connect_cm(a: &Side, b: &Side) -> Vec<sim::SimCmId> {
     let cha = a.ctx.create_cm_channel().unwrap();
     let chb = b.ctx.create_cm_channel().unwrap();
     let l = chb.create_id(PortSpace::Tcp).unwrap();
-    l.listen(std::net::SocketAddr::new(b.ctx.ip(), 0), 4).unwrap();
+    l.listen(std::net::SocketAddr::new(b.ctx.ip(), 0), 4)
+        .unwrap();
     let ia = cha.create_id(PortSpace::Tcp).unwrap();
     ia.resolve_addr(l.local_addr().unwrap(), 100).unwrap();
     assert_eq!(next(&cha).kind, CmEventKind::AddrResolved);
     ia.resolve_route(100).unwrap();
     assert_eq!(next(&cha).kind, CmEventKind::RouteResolved);
-    let mut p = ConnParam::default();
-    p.retry_count = 7;
-    ia.connect(Some(&a.qp), &p).unwrap();
+    ia.connect(Some(&a.qp), &ConnParam::default()).unwrap();
     let ib = next(&chb).new_id.unwrap();
     ib.accept(Some(&b.qp), &ConnParam::default()).unwrap();
     assert_eq!(next(&cha).kind, CmEventKind::Established);

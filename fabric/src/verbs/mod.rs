@@ -336,3 +336,31 @@ impl Context for VerbsContext {
         VerbsCmChannel::new(self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn job_key_lives_in_a_private_directory() {
+        let base = std::env::temp_dir().join(format!("xrcbtl-keytest-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        // No other test of this crate reads XDG_RUNTIME_DIR.
+        std::env::set_var("XDG_RUNTIME_DIR", &base);
+        let key = job_xrcd_key("job-42", "mlx5_0").unwrap();
+        let dir = key.0.parent().unwrap();
+        assert_eq!(dir, base.join("xrcbtl"));
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the key directory must be private");
+        assert!(key.0.ends_with("xrcd-job-42-mlx5_0"));
+        // Names that could climb out of the directory are refused.
+        assert!(job_xrcd_key("../etc", "mlx5_0").is_err());
+        assert!(job_xrcd_key("job", "a/b").is_err());
+        assert!(job_xrcd_key("", "mlx5_0").is_err());
+        // A directory others can enter is refused.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(job_xrcd_key("job-42", "mlx5_0").is_err());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

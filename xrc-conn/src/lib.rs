@@ -1,0 +1,1658 @@
+//! The connection manager of xrcbtl, as protocol logic without I/O.
+//!
+//! [`ConnManager`] decides; a driver acts. The driver feeds it events (a CM
+//! event, a QP that failed, a TGT QP that was created, a timer) with
+//! [`ConnManager::handle`], asks for work with [`ConnManager::poll_action`]
+//! (create a QP, send a CM request, open a TGT QP), for news for the BTL with
+//! [`ConnManager::poll_notice`] (an endpoint is ready, lost, failed) and for
+//! the next timer with [`ConnManager::poll_timeout`]. Fabric objects are named
+//! by references the manager allocates ([`QpRef`], [`CmRef`], [`TgtRef`]) and
+//! the driver maps onto real ones. Time is passed in; nothing here blocks,
+//! allocates fabric resources or reads a clock, so every race is a fast,
+//! deterministic test.
+//!
+//! # XRC mode
+//! One XRC INI QP per remote node carries every endpoint of this process to
+//! that node. It is connected through the RDMA CM to the first rank wanted
+//! there, the *anchor*, which creates an XRC TGT QP for it and answers with
+//! its SRQ numbers. Every other rank of the node is reached with a QP-less
+//! `Reuse` request: the rank *registers* the TGT QP (opens it by number)
+//! before any data flows, and answers with its SRQ numbers, or `NotReady` if
+//! the TGT QP is gone, in which case the INI QP is rebuilt.
+//!
+//! TGT QPs live exactly as long as some rank holds them, and dead ones do
+//! not pile up, without any heartbeat: the anchor's CM connection is the
+//! liveness link. If the sender goes (exit or crash), the anchor hears a
+//! disconnect and breaks the TGT QP, whose error reaches every holder, and
+//! each lets go. If the anchor goes, the sender hears a disconnect, tells one
+//! remaining holder to break the TGT QP, and reconnects on next use. A TGT
+//! QP error makes every holder let go and every sender's endpoints through it
+//! fail over to a fresh connection on their next use. A rank that exits
+//! cleanly first tells the processes sending to it to stop (`Leave`), so that
+//! no message reaches an SRQ that is gone.
+//!
+//! # RC mode
+//! Without XRC (read from the device caps: iWARP, rxe) each peer gets an RC
+//! QP, receiving through the rank's SRQ, with the same API. When both sides
+//! connect at once, the lower rank's request wins. On iWARP the initiator
+//! sends a zero-length message first and the responder's endpoint becomes
+//! ready only once it has heard from the initiator (MPA peer-to-peer mode
+//! done by the BTL).
+//!
+//! This crate may not depend on any other crate of the workspace.
+
+#![warn(missing_docs)]
+
+pub mod wire;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use wire::{Kind, Msg, Reason};
+
+/// A rank of the job.
+pub type Rank = u32;
+/// A node of the job.
+pub type Node = u32;
+
+macro_rules! reference {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u64);
+    };
+}
+
+reference!(
+    /// A QP the driver creates on request (XRC INI or RC).
+    QpRef
+);
+reference!(
+    /// An RDMA CM id the driver creates on request, or hands over with a
+    /// connect request.
+    CmRef
+);
+reference!(
+    /// A handle on an XRC TGT QP (created or opened).
+    TgtRef
+);
+reference!(
+    /// A cached address resolution of a remote node.
+    RouteRef
+);
+
+/// Which transport the manager builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// XRC: INI QP per node, TGT QPs, SRQ numbers.
+    Xrc,
+    /// RC + SRQ: a QP per peer. `p2p` enforces iWARP's initiator-first rule.
+    Rc {
+        /// The transport is iWARP: the initiator speaks first.
+        p2p: bool,
+    },
+}
+
+/// What the manager is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// This process's rank.
+    pub rank: Rank,
+    /// This process's node.
+    pub node: Node,
+    /// Job id, checked in every message.
+    pub job: u32,
+    /// Transport.
+    pub mode: Mode,
+    /// This rank's XRC SRQ numbers by size class (XRC mode).
+    pub srqns: Vec<u32>,
+    /// Send-queue entries an INI QP gains per endpoint it carries.
+    pub sq_per_endpoint: u32,
+    /// Send-queue entries an INI QP starts with.
+    pub sq_initial: u32,
+    /// Largest send queue the device allows.
+    pub sq_max: u32,
+    /// Connection attempts after the first, before endpoints fail.
+    pub max_retries: u32,
+    /// First back-off before a retry; doubles on each.
+    pub backoff_base: Duration,
+    /// Largest back-off.
+    pub backoff_max: Duration,
+    /// How long a clean exit waits for the peers to acknowledge `Leave`.
+    pub leave_timeout: Duration,
+}
+
+impl Config {
+    /// A configuration with the usual values.
+    pub fn new(rank: Rank, node: Node, job: u32, mode: Mode, srqns: Vec<u32>) -> Self {
+        Config {
+            rank,
+            node,
+            job,
+            mode,
+            srqns,
+            sq_per_endpoint: 16,
+            sq_initial: 64,
+            sq_max: 16_384,
+            max_retries: 5,
+            backoff_base: Duration::from_millis(2),
+            backoff_max: Duration::from_millis(200),
+            leave_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+/// What a QP the driver creates is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpKind {
+    /// XRC INI QP (send only).
+    Ini,
+    /// RC QP receiving through the rank's SRQ.
+    Rc,
+}
+
+/// Work for the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Create a QP with this send-queue depth; report failure with
+    /// [`Event::QpCreateFailed`].
+    CreateQp {
+        /// Reference to map.
+        qp: QpRef,
+        /// Kind.
+        kind: QpKind,
+        /// Send-queue depth.
+        sq_depth: u32,
+    },
+    /// Grow a QP's send queue (endpoints joined). Best effort: a device that
+    /// cannot resize keeps the old depth and the BTL's pending queue absorbs
+    /// the excess.
+    ResizeQp {
+        /// The QP.
+        qp: QpRef,
+        /// New depth.
+        sq_depth: u32,
+    },
+    /// Destroy a QP.
+    DestroyQp {
+        /// The QP.
+        qp: QpRef,
+    },
+    /// Create an XRC TGT QP in the node's domain; answer with
+    /// [`Event::TgtCreated`] or [`Event::TgtCreateFailed`].
+    CreateTgt {
+        /// Reference to map.
+        tgt: TgtRef,
+    },
+    /// Open (register with) the TGT QP `qpn`; answer with
+    /// [`Event::TgtOpened`].
+    OpenTgt {
+        /// Reference to map.
+        tgt: TgtRef,
+        /// Its number.
+        qpn: u32,
+    },
+    /// Close this process's handle on a TGT QP (unregister).
+    CloseTgt {
+        /// The handle.
+        tgt: TgtRef,
+    },
+    /// Move a TGT QP to the error state so every holder hears of it.
+    BreakTgt {
+        /// The handle.
+        tgt: TgtRef,
+    },
+    /// Create a CM id and resolve `rank`'s address and route (from the
+    /// cached route if given); answer with [`Event::Resolved`] or
+    /// [`Event::ResolveFailed`].
+    Resolve {
+        /// Reference to map.
+        cm: CmRef,
+        /// Whose listener.
+        rank: Rank,
+        /// A cached resolution of the rank's node.
+        route: Option<RouteRef>,
+    },
+    /// Send a connection request (with a QP, or QP-less).
+    Connect {
+        /// The resolved id.
+        cm: CmRef,
+        /// The QP to connect.
+        qp: Option<QpRef>,
+        /// Private data.
+        data: Vec<u8>,
+    },
+    /// Accept a request.
+    Accept {
+        /// The request's id.
+        cm: CmRef,
+        /// An RC QP to connect.
+        qp: Option<QpRef>,
+        /// A TGT QP to connect.
+        tgt: Option<TgtRef>,
+        /// Private data.
+        data: Vec<u8>,
+    },
+    /// Reject a request (also the carrier of QP-less replies).
+    Reject {
+        /// The request's id.
+        cm: CmRef,
+        /// Private data.
+        data: Vec<u8>,
+    },
+    /// Destroy a CM id (disconnecting it if connected).
+    DestroyCm {
+        /// The id.
+        cm: CmRef,
+    },
+    /// Post the initiator's first, zero-length send (iWARP).
+    SendHello {
+        /// The RC QP.
+        qp: QpRef,
+    },
+}
+
+/// How to reach a ready peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Path {
+    /// The QP to post on (INI QP shared per node, or the peer's RC QP).
+    pub qp: QpRef,
+    /// The peer's SRQ numbers by size class (XRC; empty in RC mode).
+    pub srqns: Vec<u32>,
+}
+
+/// Why an endpoint failed for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailReason {
+    /// The peer refused (wrong job, rank, version...).
+    Refused(Reason),
+    /// No answer after every retry.
+    Unreachable,
+    /// Resources could not be created.
+    NoResource,
+}
+
+/// News for the BTL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// Messages to `rank` may be posted on `path`.
+    Ready {
+        /// The peer.
+        rank: Rank,
+        /// How to reach it.
+        path: Path,
+    },
+    /// The path to `rank` broke; it is rebuilt when next wanted.
+    Lost {
+        /// The peer.
+        rank: Rank,
+    },
+    /// `rank` left cleanly: nothing more may be sent to it.
+    Closed {
+        /// The peer.
+        rank: Rank,
+    },
+    /// `rank` cannot be reached.
+    Failed {
+        /// The peer.
+        rank: Rank,
+        /// Why.
+        reason: FailReason,
+    },
+    /// The clean exit is complete: the driver may tear everything down.
+    Drained,
+}
+
+/// Why a CM request got no connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmFailure {
+    /// The peer's application rejected, with private data.
+    Rejected,
+    /// Nobody listens there.
+    NoListener,
+    /// No answer, or the exchange broke.
+    Unreachable,
+}
+
+/// Input from the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A QP could not be created.
+    QpCreateFailed {
+        /// The QP.
+        qp: QpRef,
+    },
+    /// A TGT QP was created.
+    TgtCreated {
+        /// The handle.
+        tgt: TgtRef,
+        /// Its number.
+        qpn: u32,
+    },
+    /// A TGT QP could not be created.
+    TgtCreateFailed {
+        /// The handle.
+        tgt: TgtRef,
+    },
+    /// A TGT QP was opened (`ok`), or is gone.
+    TgtOpened {
+        /// The handle.
+        tgt: TgtRef,
+        /// Whether it exists.
+        ok: bool,
+    },
+    /// Address and route resolved.
+    Resolved {
+        /// The id.
+        cm: CmRef,
+        /// The driver's cache entry for the rank's node.
+        route: RouteRef,
+    },
+    /// Resolution failed.
+    ResolveFailed {
+        /// The id.
+        cm: CmRef,
+    },
+    /// A request reached this rank's listener on a new id.
+    Request {
+        /// The new id.
+        cm: CmRef,
+        /// Its private data.
+        data: Vec<u8>,
+    },
+    /// A connection is established.
+    Established {
+        /// The id.
+        cm: CmRef,
+        /// The reply's private data (initiator side).
+        data: Vec<u8>,
+    },
+    /// A request failed.
+    Failed {
+        /// The id.
+        cm: CmRef,
+        /// How.
+        how: CmFailure,
+        /// The reject's private data.
+        data: Vec<u8>,
+    },
+    /// A connection was closed by the peer (or its kernel).
+    Disconnected {
+        /// The id.
+        cm: CmRef,
+    },
+    /// A QP broke (an error completion or a fatal async event).
+    QpFailed {
+        /// The QP.
+        qp: QpRef,
+    },
+    /// A TGT QP reported an error (fatal, request, access, last WQE).
+    TgtFailed {
+        /// The handle.
+        tgt: TgtRef,
+    },
+    /// The first message arrived on an RC QP (iWARP responder).
+    FirstReceive {
+        /// The QP.
+        qp: QpRef,
+    },
+}
+
+/// Counters users and tests can read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// INI (or RC) QPs created.
+    pub qps_created: u64,
+    /// INI (or RC) QPs destroyed.
+    pub qps_destroyed: u64,
+    /// INI QPs rebuilt (TGT gone, anchor gone).
+    pub rebuilds: u64,
+    /// Send-queue growths asked for.
+    pub sq_resizes: u64,
+    /// TGT QPs created (as anchor).
+    pub tgt_created: u64,
+    /// TGT QPs opened (registrations).
+    pub tgt_opened: u64,
+    /// TGT handles closed (unregistrations).
+    pub tgt_closed: u64,
+    /// TGT QPs broken on purpose (dead sender or anchor).
+    pub tgt_broken: u64,
+    /// Connection retries.
+    pub retries: u64,
+    /// Endpoints lost (to fail over on next use).
+    pub lost: u64,
+    /// Address resolutions asked for, and how many used the node cache.
+    pub resolves: u64,
+    /// Resolutions served from the node cache.
+    pub route_hits: u64,
+    /// Leave messages sent and received.
+    pub leaves_sent: u64,
+    /// Leave messages received.
+    pub leaves_received: u64,
+    /// Refusals sent, by reason.
+    pub refused_sent: BTreeMap<Reason, u64>,
+    /// Refusals received, by reason.
+    pub refused_received: BTreeMap<Reason, u64>,
+}
+
+// ---- internal state ----------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IniState {
+    /// Waiting for a back-off timer before trying.
+    Backoff,
+    /// Resolving the anchor's address.
+    Resolving,
+    /// Connect request sent.
+    Connecting,
+    /// Connected to the anchor's TGT QP.
+    Connected,
+}
+
+/// A sending QP: XRC INI per node, or RC per peer.
+#[derive(Debug)]
+struct Ini {
+    node: Node,
+    qp: QpRef,
+    state: IniState,
+    cm: Option<CmRef>,
+    anchor: Rank,
+    tgt_qpn: u32,
+    tag: u32,
+    /// Endpoints carried.
+    users: BTreeSet<Rank>,
+    sq_depth: u32,
+    retries: u32,
+    retry_at: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EpState {
+    /// Waiting for the INI QP of its node (or a retry).
+    WaitIni,
+    /// Resolving for a reuse or a leave.
+    Resolving,
+    /// Reuse request out.
+    Reusing,
+    /// RC: connect request out (or accepted, waiting to establish).
+    Connecting,
+    /// RC responder on iWARP: accepted, waiting for the initiator's first
+    /// message.
+    WaitHello,
+    /// Usable.
+    Ready,
+    /// Broken; rebuilt when wanted.
+    Lost,
+    /// The peer left.
+    Closed,
+    /// Unreachable for good.
+    Failed,
+}
+
+#[derive(Debug)]
+struct Endpoint {
+    state: EpState,
+    /// XRC: the node's INI; RC: the endpoint's own QP (as an `Ini`).
+    ini: Option<u64>,
+    srqns: Vec<u32>,
+    cm: Option<CmRef>,
+    retries: u32,
+    retry_at: Option<Duration>,
+    /// RC: whether this side initiated (and must speak first on iWARP).
+    initiator: bool,
+}
+
+/// A TGT QP handle this rank holds.
+#[derive(Debug)]
+struct Tgt {
+    qpn: u32,
+    /// The sending process.
+    sender: Rank,
+    /// The CM connection if this rank is the anchor.
+    anchor_cm: Option<CmRef>,
+    /// Created (or opened) and usable.
+    open: bool,
+}
+
+/// A request being served that waits for a TGT QP.
+#[derive(Debug)]
+struct Pending {
+    cm: CmRef,
+    msg: Msg,
+    tgt: TgtRef,
+}
+
+/// What a CM id of ours is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CmUse {
+    /// The anchor connection of an INI (or an RC endpoint's connection).
+    Anchor { ini: u64 },
+    /// A reuse request for an endpoint.
+    Reuse { rank: Rank },
+    /// A leave message to a rank (tgt: the TGT declared dead, or 0).
+    Leave { rank: Rank, tgt: u32 },
+    /// A request we received and are serving or have accepted.
+    Served { peer: Rank },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Leaving { deadline: Duration },
+    Done,
+}
+
+/// The connection manager of one process (see the crate documentation).
+#[derive(Debug)]
+pub struct ConnManager {
+    cfg: Config,
+    now: Duration,
+    next_ref: u64,
+    node_of: BTreeMap<Rank, Node>,
+    inis: BTreeMap<u64, Ini>,
+    /// XRC: the INI of each node.
+    ini_of_node: BTreeMap<Node, u64>,
+    eps: BTreeMap<Rank, Endpoint>,
+    tgts: BTreeMap<TgtRef, Tgt>,
+    pending: Vec<Pending>,
+    cms: BTreeMap<CmRef, CmUse>,
+    /// RC: which QP a peer's connection uses (for FirstReceive and failures).
+    qp_owner: BTreeMap<QpRef, u64>,
+    routes: BTreeMap<Node, RouteRef>,
+    /// Processes that send to this rank (they get `Leave` on a clean exit).
+    senders: BTreeSet<Rank>,
+    leaves_outstanding: BTreeSet<CmRef>,
+    phase: Phase,
+    actions: VecDeque<Action>,
+    notices: VecDeque<Notice>,
+    counters: Counters,
+}
+
+impl ConnManager {
+    /// A manager for one process. `peers` maps every rank of the job to its
+    /// node.
+    pub fn new(cfg: Config, peers: impl IntoIterator<Item = (Rank, Node)>) -> Self {
+        assert!(cfg.srqns.len() <= wire::MAX_SRQS, "too many SRQ classes");
+        ConnManager {
+            cfg,
+            now: Duration::ZERO,
+            next_ref: 1,
+            node_of: peers.into_iter().collect(),
+            inis: BTreeMap::new(),
+            ini_of_node: BTreeMap::new(),
+            eps: BTreeMap::new(),
+            tgts: BTreeMap::new(),
+            pending: Vec::new(),
+            cms: BTreeMap::new(),
+            qp_owner: BTreeMap::new(),
+            routes: BTreeMap::new(),
+            senders: BTreeSet::new(),
+            leaves_outstanding: BTreeSet::new(),
+            phase: Phase::Running,
+            actions: VecDeque::new(),
+            notices: VecDeque::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    // ---- getters -----------------------------------------------------------
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Live sending QPs (XRC: INI QPs, one per node at most).
+    pub fn live_qps(&self) -> usize {
+        self.inis.len()
+    }
+
+    /// TGT QP handles held.
+    pub fn tgt_handles(&self) -> usize {
+        self.tgts.len()
+    }
+
+    /// Endpoints by state name.
+    pub fn endpoints_by_state(&self) -> BTreeMap<&'static str, usize> {
+        let mut m = BTreeMap::new();
+        for e in self.eps.values() {
+            let name = match e.state {
+                EpState::WaitIni => "waiting",
+                EpState::Resolving | EpState::Reusing | EpState::Connecting => "connecting",
+                EpState::WaitHello => "awaiting-first-message",
+                EpState::Ready => "ready",
+                EpState::Lost => "lost",
+                EpState::Closed => "closed",
+                EpState::Failed => "failed",
+            };
+            *m.entry(name).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// The path to `rank`, if ready.
+    pub fn path(&self, rank: Rank) -> Option<Path> {
+        let e = self.eps.get(&rank)?;
+        if e.state != EpState::Ready {
+            return None;
+        }
+        let ini = self.inis.get(&e.ini?)?;
+        Some(Path {
+            qp: ini.qp,
+            srqns: e.srqns.clone(),
+        })
+    }
+
+    /// Whether the clean exit has completed.
+    pub fn is_drained(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    // ---- output ------------------------------------------------------------
+
+    /// The next thing the driver must do.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The next news for the BTL.
+    pub fn poll_notice(&mut self) -> Option<Notice> {
+        self.notices.pop_front()
+    }
+
+    /// When [`ConnManager::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let inis = self.inis.values().filter_map(|i| i.retry_at);
+        let eps = self.eps.values().filter_map(|e| e.retry_at);
+        let leave = match self.phase {
+            Phase::Leaving { deadline } => Some(deadline),
+            _ => None,
+        };
+        inis.chain(eps).chain(leave).min()
+    }
+
+    // ---- commands ----------------------------------------------------------
+
+    /// The BTL wants to send to `rank`: build (or rebuild) the way there.
+    /// [`Notice::Ready`] follows (at once, if it already exists).
+    pub fn connect(&mut self, now: Duration, rank: Rank) {
+        self.now = now;
+        if self.phase != Phase::Running {
+            return;
+        }
+        let Some(&node) = self.node_of.get(&rank) else {
+            self.notices.push_back(Notice::Failed {
+                rank,
+                reason: FailReason::Refused(Reason::WrongRank),
+            });
+            return;
+        };
+        if let Some(e) = self.eps.get(&rank) {
+            match e.state {
+                EpState::Ready => {
+                    let path = self.path(rank).expect("ready endpoints have a path");
+                    self.notices.push_back(Notice::Ready { rank, path });
+                    return;
+                }
+                EpState::Lost | EpState::Failed => {}
+                // Closed peers left for good; in progress is in progress.
+                _ => return,
+            }
+        }
+        self.eps.insert(
+            rank,
+            Endpoint {
+                state: EpState::WaitIni,
+                ini: None,
+                srqns: Vec::new(),
+                cm: None,
+                retries: 0,
+                retry_at: None,
+                initiator: true,
+            },
+        );
+        match self.cfg.mode {
+            Mode::Xrc => self.xrc_attach(rank, node),
+            Mode::Rc { .. } => self.rc_start(rank, node),
+        }
+    }
+
+    /// Starts a clean exit: peers sending to this rank are told to stop, the
+    /// anchor connections close (their TGT QPs get broken by the other side),
+    /// and every handle is released. [`Notice::Drained`] follows.
+    pub fn shutdown(&mut self, now: Duration) {
+        self.now = now;
+        if self.phase != Phase::Running {
+            return;
+        }
+        self.phase = Phase::Leaving {
+            deadline: now + self.cfg.leave_timeout,
+        };
+        let peers: Vec<Rank> = match self.cfg.mode {
+            Mode::Xrc => self.senders.iter().copied().collect(),
+            Mode::Rc { .. } => Vec::new(),
+        };
+        for peer in peers {
+            self.send_leave(peer, 0);
+        }
+        self.finish_leave_if_done();
+    }
+
+    // ---- input -------------------------------------------------------------
+
+    /// Handles an event from the driver.
+    pub fn handle(&mut self, now: Duration, ev: Event) {
+        self.now = now;
+        match ev {
+            Event::QpCreateFailed { qp } => self.on_qp_create_failed(qp),
+            Event::TgtCreated { tgt, qpn } => self.on_tgt_ready(tgt, Some(qpn)),
+            Event::TgtCreateFailed { tgt } => self.on_tgt_ready(tgt, None),
+            Event::TgtOpened { tgt, ok } => self.on_tgt_opened(tgt, ok),
+            Event::Resolved { cm, route } => self.on_resolved(cm, route),
+            Event::ResolveFailed { cm } => self.on_cm_failed(cm, CmFailure::Unreachable, &[]),
+            Event::Request { cm, data } => self.on_request(cm, &data),
+            Event::Established { cm, data } => self.on_established(cm, &data),
+            Event::Failed { cm, how, data } => self.on_cm_failed(cm, how, &data),
+            Event::Disconnected { cm } => self.on_disconnected(cm),
+            Event::QpFailed { qp } => self.on_qp_failed(qp),
+            Event::TgtFailed { tgt } => self.on_tgt_failed(tgt),
+            Event::FirstReceive { qp } => self.on_first_receive(qp),
+        }
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        self.now = now;
+        let due_inis: Vec<u64> = self
+            .inis
+            .iter()
+            .filter(|(_, i)| i.retry_at.is_some_and(|t| t <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due_inis {
+            if let Some(i) = self.inis.get_mut(&k) {
+                i.retry_at = None;
+                self.start_anchor(k);
+            }
+        }
+        let due_eps: Vec<Rank> = self
+            .eps
+            .iter()
+            .filter(|(_, e)| e.retry_at.is_some_and(|t| t <= now))
+            .map(|(r, _)| *r)
+            .collect();
+        for r in due_eps {
+            if let Some(e) = self.eps.get_mut(&r) {
+                e.retry_at = None;
+                self.start_reuse(r);
+            }
+        }
+        if let Phase::Leaving { deadline } = self.phase {
+            if now >= deadline {
+                for cm in std::mem::take(&mut self.leaves_outstanding) {
+                    self.drop_cm(cm);
+                }
+                self.finish_leave_if_done();
+            }
+        }
+    }
+
+    // ---- helpers -----------------------------------------------------------
+
+    fn fresh(&mut self) -> u64 {
+        let r = self.next_ref;
+        self.next_ref += 1;
+        r
+    }
+
+    fn msg(&self, kind: Kind, dst: Rank, tag: u32) -> Msg {
+        Msg::new(kind, self.cfg.job, self.cfg.rank, dst, tag)
+    }
+
+    fn backoff(&self, retries: u32) -> Duration {
+        let factor = 1u32 << retries.min(16);
+        (self.cfg.backoff_base * factor).min(self.cfg.backoff_max)
+    }
+
+    fn resolve(&mut self, cm: CmRef, rank: Rank) {
+        let node = self.node_of[&rank];
+        let route = self.routes.get(&node).copied();
+        self.counters.resolves += 1;
+        if route.is_some() {
+            self.counters.route_hits += 1;
+        }
+        self.actions.push_back(Action::Resolve { cm, rank, route });
+    }
+
+    fn drop_cm(&mut self, cm: CmRef) {
+        if self.cms.remove(&cm).is_some() {
+            self.actions.push_back(Action::DestroyCm { cm });
+        }
+    }
+
+    fn refuse(&mut self, cm: CmRef, dst: Rank, tag: u32, reason: Reason) {
+        let mut m = self.msg(Kind::Refuse, dst, tag);
+        m.reason = Some(reason);
+        *self.counters.refused_sent.entry(reason).or_insert(0) += 1;
+        self.actions.push_back(Action::Reject { cm, data: m.encode() });
+        self.drop_cm(cm);
+    }
+
+    fn set_ep(&mut self, rank: Rank, state: EpState) {
+        if let Some(e) = self.eps.get_mut(&rank) {
+            e.state = state;
+        }
+    }
+
+    fn ready(&mut self, rank: Rank) {
+        self.set_ep(rank, EpState::Ready);
+        if let Some(path) = self.path(rank) {
+            self.notices.push_back(Notice::Ready { rank, path });
+        }
+    }
+
+    fn fail_ep(&mut self, rank: Rank, reason: FailReason) {
+        let Some(e) = self.eps.get_mut(&rank) else { return };
+        e.state = EpState::Failed;
+        e.retry_at = None;
+        let (cm, ini) = (e.cm.take(), e.ini.take());
+        if let Some(cm) = cm {
+            self.drop_cm(cm);
+        }
+        if let Some(k) = ini {
+            self.detach(k, rank);
+        }
+        self.notices.push_back(Notice::Failed { rank, reason });
+    }
+
+    /// Marks an endpoint lost: the BTL stops using its path and a later
+    /// `connect` rebuilds it.
+    fn lose_ep(&mut self, rank: Rank) {
+        let Some(e) = self.eps.get_mut(&rank) else { return };
+        if matches!(e.state, EpState::Closed | EpState::Failed | EpState::Lost) {
+            return;
+        }
+        let was_usable = e.state == EpState::Ready;
+        e.state = EpState::Lost;
+        e.retry_at = None;
+        e.ini = None;
+        if let Some(cm) = e.cm.take() {
+            self.drop_cm(cm);
+        }
+        self.counters.lost += 1;
+        let _ = was_usable;
+        self.notices.push_back(Notice::Lost { rank });
+    }
+
+    /// Removes `rank` from an INI's users; an RC endpoint's QP goes with it.
+    fn detach(&mut self, k: u64, rank: Rank) {
+        let Some(i) = self.inis.get_mut(&k) else { return };
+        i.users.remove(&rank);
+        if matches!(self.cfg.mode, Mode::Rc { .. }) && i.users.is_empty() {
+            self.destroy_ini(k);
+        }
+    }
+
+    fn destroy_ini(&mut self, k: u64) {
+        let Some(i) = self.inis.remove(&k) else { return };
+        if self.ini_of_node.get(&i.node) == Some(&k) {
+            self.ini_of_node.remove(&i.node);
+        }
+        self.qp_owner.remove(&i.qp);
+        if let Some(cm) = i.cm {
+            self.drop_cm(cm);
+        }
+        self.actions.push_back(Action::DestroyQp { qp: i.qp });
+        self.counters.qps_destroyed += 1;
+    }
+
+    fn new_ini(&mut self, node: Node, anchor: Rank) -> u64 {
+        let k = self.fresh();
+        let qp = QpRef(self.fresh());
+        let kind = match self.cfg.mode {
+            Mode::Xrc => QpKind::Ini,
+            Mode::Rc { .. } => QpKind::Rc,
+        };
+        let sq_depth = self.cfg.sq_initial.min(self.cfg.sq_max);
+        self.actions.push_back(Action::CreateQp { qp, kind, sq_depth });
+        self.counters.qps_created += 1;
+        let tag = self.fresh() as u32;
+        self.inis.insert(
+            k,
+            Ini {
+                node,
+                qp,
+                state: IniState::Resolving,
+                cm: None,
+                anchor,
+                tgt_qpn: 0,
+                tag,
+                users: BTreeSet::new(),
+                sq_depth,
+                retries: 0,
+                retry_at: None,
+            },
+        );
+        self.qp_owner.insert(qp, k);
+        if self.cfg.mode == Mode::Xrc {
+            self.ini_of_node.insert(node, k);
+        }
+        k
+    }
+
+    /// Sends (or re-sends) an INI's anchor connect request.
+    fn start_anchor(&mut self, k: u64) {
+        let cm = CmRef(self.fresh());
+        let Some(i) = self.inis.get_mut(&k) else { return };
+        i.state = IniState::Resolving;
+        let old = i.cm.replace(cm);
+        let anchor = i.anchor;
+        if let Some(old) = old {
+            self.drop_cm(old);
+        }
+        self.cms.insert(cm, CmUse::Anchor { ini: k });
+        self.resolve(cm, anchor);
+    }
+
+    /// Grows an INI's send queue to carry its endpoints.
+    fn size_ini(&mut self, k: u64) {
+        let (per, max) = (self.cfg.sq_per_endpoint, self.cfg.sq_max);
+        let Some(i) = self.inis.get_mut(&k) else { return };
+        let want = (per.saturating_mul(i.users.len() as u32)).clamp(1, max);
+        if want > i.sq_depth {
+            i.sq_depth = want;
+            self.counters.sq_resizes += 1;
+            let qp = i.qp;
+            self.actions.push_back(Action::ResizeQp { qp, sq_depth: want });
+        }
+    }
+
+    // ---- XRC initiator -----------------------------------------------------
+
+    fn xrc_attach(&mut self, rank: Rank, node: Node) {
+        let k = match self.ini_of_node.get(&node) {
+            Some(k) => *k,
+            None => {
+                let k = self.new_ini(node, rank);
+                self.start_anchor(k);
+                k
+            }
+        };
+        let e = self.eps.get_mut(&rank).expect("just inserted");
+        e.ini = Some(k);
+        let i = self.inis.get_mut(&k).expect("present");
+        i.users.insert(rank);
+        let (state, anchor) = (i.state, i.anchor);
+        self.size_ini(k);
+        if state == IniState::Connected && anchor != rank {
+            self.start_reuse(rank);
+        }
+    }
+
+    fn start_reuse(&mut self, rank: Rank) {
+        let cm = CmRef(self.fresh());
+        let Some(e) = self.eps.get_mut(&rank) else { return };
+        let old = e.cm.replace(cm);
+        e.state = EpState::Resolving;
+        if let Some(old) = old {
+            self.drop_cm(old);
+        }
+        self.cms.insert(cm, CmUse::Reuse { rank });
+        self.resolve(cm, rank);
+    }
+
+    fn send_leave(&mut self, rank: Rank, tgt: u32) {
+        let cm = CmRef(self.fresh());
+        self.cms.insert(cm, CmUse::Leave { rank, tgt });
+        self.leaves_outstanding.insert(cm);
+        self.counters.leaves_sent += 1;
+        self.resolve(cm, rank);
+    }
+
+    /// The INI of a node is abandoned (TGT gone, anchor gone, QP broken):
+    /// its endpoints are lost and rebuilt on next use. If the anchor is gone,
+    /// one remaining holder is told to break the TGT QP so it does not stay
+    /// behind.
+    fn abandon_ini(&mut self, k: u64, anchor_alive: bool) {
+        let Some(i) = self.inis.get(&k) else { return };
+        let (users, anchor, tgt) = (i.users.clone(), i.anchor, i.tgt_qpn);
+        if !anchor_alive && tgt != 0 {
+            let holder = users
+                .iter()
+                .copied()
+                .find(|r| *r != anchor && self.eps.get(r).is_some_and(|e| e.state == EpState::Ready));
+            if let Some(h) = holder {
+                self.send_leave(h, tgt);
+            }
+        }
+        for r in users {
+            self.lose_ep(r);
+        }
+        self.destroy_ini(k);
+    }
+
+    // ---- RC initiator ------------------------------------------------------
+
+    fn rc_start(&mut self, rank: Rank, node: Node) {
+        let k = self.new_ini(node, rank);
+        self.inis.get_mut(&k).expect("new").users.insert(rank);
+        let e = self.eps.get_mut(&rank).expect("just inserted");
+        e.ini = Some(k);
+        e.state = EpState::Connecting;
+        e.initiator = true;
+        self.start_anchor(k);
+    }
+
+    // ---- events --------------------------------------------------------------
+
+    fn on_qp_create_failed(&mut self, qp: QpRef) {
+        let Some(&k) = self.qp_owner.get(&qp) else { return };
+        let users: Vec<Rank> = self.inis[&k].users.iter().copied().collect();
+        // The QP never existed: do not destroy it.
+        if let Some(i) = self.inis.remove(&k) {
+            self.ini_of_node.retain(|_, v| *v != k);
+            self.qp_owner.remove(&i.qp);
+            if let Some(cm) = i.cm {
+                self.drop_cm(cm);
+            }
+        }
+        for r in users {
+            self.fail_ep(r, FailReason::NoResource);
+        }
+    }
+
+    fn on_resolved(&mut self, cm: CmRef, route: RouteRef) {
+        let Some(&u) = self.cms.get(&cm) else {
+            return;
+        };
+        let rank = match u {
+            CmUse::Anchor { ini } => self.inis.get(&ini).map(|i| i.anchor),
+            CmUse::Reuse { rank } | CmUse::Leave { rank, .. } => Some(rank),
+            CmUse::Served { .. } => None,
+        };
+        if let Some(node) = rank.and_then(|r| self.node_of.get(&r)) {
+            self.routes.insert(*node, route);
+        }
+        match u {
+            CmUse::Anchor { ini } => {
+                let Some(i) = self.inis.get_mut(&ini) else { return };
+                i.state = IniState::Connecting;
+                let (anchor, tag, qp) = (i.anchor, i.tag, i.qp);
+                let mut m = self.msg(Kind::Connect, anchor, tag);
+                if matches!(self.cfg.mode, Mode::Rc { .. }) {
+                    m.flags |= wire::FLAG_RECIPROCAL;
+                }
+                self.actions.push_back(Action::Connect {
+                    cm,
+                    qp: Some(qp),
+                    data: m.encode(),
+                });
+            }
+            CmUse::Reuse { rank } => {
+                let Some(e) = self.eps.get_mut(&rank) else { return };
+                e.state = EpState::Reusing;
+                let Some(k) = e.ini else { return };
+                let Some(i) = self.inis.get(&k) else { return };
+                let mut m = self.msg(Kind::Reuse, rank, i.tag);
+                m.tgt = i.tgt_qpn;
+                self.actions.push_back(Action::Connect {
+                    cm,
+                    qp: None,
+                    data: m.encode(),
+                });
+            }
+            CmUse::Leave { rank, tgt } => {
+                let mut m = self.msg(Kind::Leave, rank, 0);
+                m.tgt = tgt;
+                self.actions.push_back(Action::Connect {
+                    cm,
+                    qp: None,
+                    data: m.encode(),
+                });
+            }
+            CmUse::Served { .. } => {}
+        }
+    }
+
+    fn decode_reply(&mut self, data: &[u8]) -> Option<Msg> {
+        let m = Msg::decode(data, self.cfg.job).ok()?;
+        if m.dst != self.cfg.rank {
+            return None;
+        }
+        if let Some(r) = m.reason {
+            *self.counters.refused_received.entry(r).or_insert(0) += 1;
+        }
+        Some(m)
+    }
+
+    fn on_established(&mut self, cm: CmRef, data: &[u8]) {
+        match self.cms.get(&cm).copied() {
+            Some(CmUse::Anchor { ini }) => {
+                let reply = self.decode_reply(data);
+                let Some(i) = self.inis.get_mut(&ini) else { return };
+                let Some(m) = reply.filter(|m| m.kind == Kind::Accept && m.tag == i.tag && m.src == i.anchor) else {
+                    // A reply we cannot read: this connection is useless.
+                    let anchor = i.anchor;
+                    self.retry_anchor(ini, Some(anchor));
+                    return;
+                };
+                i.state = IniState::Connected;
+                i.tgt_qpn = m.tgt;
+                i.retries = 0;
+                let (anchor, users) = (i.anchor, i.users.clone());
+                if let Some(e) = self.eps.get_mut(&anchor) {
+                    e.srqns = m.srqns.clone();
+                    e.retries = 0;
+                }
+                match self.cfg.mode {
+                    Mode::Rc { p2p: true } => {
+                        let qp = self.inis[&ini].qp;
+                        self.actions.push_back(Action::SendHello { qp });
+                        self.ready(anchor);
+                    }
+                    Mode::Rc { .. } => self.ready(anchor),
+                    Mode::Xrc => {
+                        self.ready(anchor);
+                        for r in users {
+                            if r != anchor && self.eps.get(&r).is_some_and(|e| e.state == EpState::WaitIni) {
+                                self.start_reuse(r);
+                            }
+                        }
+                    }
+                }
+            }
+            Some(CmUse::Served { peer }) => {
+                // The initiator's RTU: an RC endpoint we accepted is up.
+                if let Mode::Rc { p2p } = self.cfg.mode {
+                    if let Some(e) = self.eps.get(&peer) {
+                        if e.state == EpState::Connecting && !e.initiator {
+                            if p2p {
+                                self.set_ep(peer, EpState::WaitHello);
+                            } else {
+                                self.ready(peer);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// An anchor connect did not work: back off and try again (perhaps with
+    /// another anchor), or fail every endpoint waiting on it.
+    fn retry_anchor(&mut self, ini: u64, failed_anchor: Option<Rank>) {
+        let max = self.cfg.max_retries;
+        let Some(i) = self.inis.get_mut(&ini) else { return };
+        i.retries += 1;
+        self.counters.retries += 1;
+        if let Some(cm) = i.cm.take() {
+            self.cms.remove(&cm);
+            self.actions.push_back(Action::DestroyCm { cm });
+        }
+        let retries = i.retries;
+        if retries > max {
+            let users: Vec<Rank> = i.users.iter().copied().collect();
+            for r in users {
+                self.fail_ep(r, FailReason::Unreachable);
+            }
+            self.destroy_ini(ini);
+            return;
+        }
+        // A fresh QP: the old one may have moved past INIT.
+        let node = i.node;
+        let anchor = failed_anchor.unwrap_or(i.anchor);
+        let users = i.users.clone();
+        self.destroy_ini(ini);
+        let k = self.new_ini(node, anchor);
+        let delay = self.backoff(retries - 1);
+        let i = self.inis.get_mut(&k).expect("new");
+        i.users = users.clone();
+        i.retries = retries;
+        i.state = IniState::Backoff;
+        i.retry_at = Some(self.now + delay);
+        for r in users {
+            if let Some(e) = self.eps.get_mut(&r) {
+                e.ini = Some(k);
+                if matches!(self.cfg.mode, Mode::Xrc) {
+                    e.state = EpState::WaitIni;
+                }
+            }
+        }
+        self.size_ini(k);
+    }
+
+    fn on_cm_failed(&mut self, cm: CmRef, how: CmFailure, data: &[u8]) {
+        let Some(u) = self.cms.remove(&cm) else { return };
+        self.actions.push_back(Action::DestroyCm { cm });
+        let reply = if how == CmFailure::Rejected {
+            self.decode_reply(data)
+        } else {
+            None
+        };
+        match u {
+            CmUse::Anchor { ini } => {
+                if let Some(i) = self.inis.get_mut(&ini) {
+                    i.cm = None;
+                }
+                let anchor = self.inis.get(&ini).map(|i| i.anchor);
+                match reply.and_then(|m| m.reason) {
+                    Some(Reason::Collision) => {
+                        // The peer's own request wins: our endpoint is
+                        // being built from its side.
+                        if let Some(a) = anchor {
+                            if let Some(e) = self.eps.get_mut(&a) {
+                                e.ini = None;
+                                e.state = EpState::Connecting;
+                                e.initiator = false;
+                            }
+                        }
+                        self.destroy_ini(ini);
+                    }
+                    Some(reason @ (Reason::WrongJob | Reason::WrongRank | Reason::BadVersion | Reason::Malformed | Reason::BadKind | Reason::BadLength | Reason::Leaving)) => {
+                        if let Some(a) = anchor {
+                            self.fail_ep(a, FailReason::Refused(reason));
+                        }
+                        // Others waiting on the node try another anchor.
+                        let next = self.inis.get(&ini).and_then(|i| i.users.iter().next().copied());
+                        match next {
+                            Some(n) => {
+                                self.inis.get_mut(&ini).expect("present").anchor = n;
+                                self.retry_anchor(ini, Some(n));
+                            }
+                            None => self.destroy_ini(ini),
+                        }
+                    }
+                    _ => self.retry_anchor(ini, None),
+                }
+            }
+            CmUse::Reuse { rank } => {
+                let Some(m) = reply else {
+                    return self.retry_reuse(rank);
+                };
+                match (m.kind, m.reason) {
+                    (Kind::ReuseOk, _) => {
+                        if let Some(e) = self.eps.get_mut(&rank) {
+                            e.srqns = m.srqns;
+                            e.cm = None;
+                            e.retries = 0;
+                        }
+                        self.ready(rank);
+                    }
+                    (Kind::Refuse, Some(Reason::NotReady)) => {
+                        // The TGT QP is gone: rebuild the node's INI with
+                        // this rank as the new anchor.
+                        let Some(k) = self.eps.get(&rank).and_then(|e| e.ini) else { return };
+                        self.counters.rebuilds += 1;
+                        let node = self.node_of[&rank];
+                        let users: Vec<Rank> = self.inis.get(&k).map(|i| i.users.iter().copied().collect()).unwrap_or_default();
+                        self.destroy_ini(k);
+                        let nk = self.new_ini(node, rank);
+                        for r in users {
+                            if let Some(e) = self.eps.get_mut(&r) {
+                                if e.state != EpState::Ready || r == rank {
+                                    e.ini = Some(nk);
+                                    e.state = EpState::WaitIni;
+                                    self.inis.get_mut(&nk).expect("new").users.insert(r);
+                                } else {
+                                    // Ready endpoints used the dead TGT QP.
+                                    self.lose_ep(r);
+                                }
+                            }
+                        }
+                        self.size_ini(nk);
+                        self.start_anchor(nk);
+                    }
+                    (Kind::Refuse, Some(reason)) => self.fail_ep(rank, FailReason::Refused(reason)),
+                    _ => self.retry_reuse(rank),
+                }
+            }
+            CmUse::Leave { .. } => {
+                self.leaves_outstanding.remove(&cm);
+                self.finish_leave_if_done();
+            }
+            CmUse::Served { .. } => {}
+        }
+    }
+
+    fn retry_reuse(&mut self, rank: Rank) {
+        let max = self.cfg.max_retries;
+        let Some(e) = self.eps.get_mut(&rank) else { return };
+        e.cm = None;
+        e.retries += 1;
+        self.counters.retries += 1;
+        if e.retries > max {
+            return self.fail_ep(rank, FailReason::Unreachable);
+        }
+        let retries = e.retries;
+        let delay = self.backoff(retries - 1);
+        let at = self.now + delay;
+        let e = self.eps.get_mut(&rank).expect("present");
+        e.state = EpState::WaitIni;
+        e.retry_at = Some(at);
+    }
+
+    fn on_request(&mut self, cm: CmRef, data: &[u8]) {
+        let msg = match Msg::decode(data, self.cfg.job) {
+            Ok(m) => m,
+            Err(reason) => {
+                self.cms.insert(cm, CmUse::Served { peer: u32::MAX });
+                let tag = wire::peek_tag(data);
+                return self.refuse(cm, u32::MAX, tag, reason);
+            }
+        };
+        self.cms.insert(cm, CmUse::Served { peer: msg.src });
+        if !msg.is_request() {
+            return self.refuse(cm, msg.src, msg.tag, Reason::BadKind);
+        }
+        if msg.dst != self.cfg.rank || !self.node_of.contains_key(&msg.src) {
+            return self.refuse(cm, msg.src, msg.tag, Reason::WrongRank);
+        }
+        if msg.kind == Kind::Leave {
+            return self.on_leave(cm, msg);
+        }
+        if self.phase != Phase::Running {
+            return self.refuse(cm, msg.src, msg.tag, Reason::Leaving);
+        }
+        match (self.cfg.mode, msg.kind) {
+            (Mode::Xrc, Kind::Connect) => {
+                let tgt = TgtRef(self.fresh());
+                self.actions.push_back(Action::CreateTgt { tgt });
+                self.pending.push(Pending { cm, msg, tgt });
+            }
+            (Mode::Xrc, Kind::Reuse) => {
+                let held = self
+                    .tgts
+                    .iter()
+                    .find(|(_, t)| t.qpn == msg.tgt && t.open)
+                    .map(|(k, _)| *k);
+                match held {
+                    Some(_) => {
+                        self.senders.insert(msg.src);
+                        self.reply_reuse_ok(cm, &msg);
+                    }
+                    None => {
+                        let tgt = TgtRef(self.fresh());
+                        self.actions.push_back(Action::OpenTgt { tgt, qpn: msg.tgt });
+                        self.pending.push(Pending { cm, msg, tgt });
+                    }
+                }
+            }
+            (Mode::Rc { .. }, Kind::Connect) => self.rc_accept(cm, msg),
+            _ => self.refuse(cm, msg.src, msg.tag, Reason::BadKind),
+        }
+    }
+
+    fn reply_reuse_ok(&mut self, cm: CmRef, req: &Msg) {
+        let mut m = self.msg(Kind::ReuseOk, req.src, req.tag);
+        m.srqns = self.cfg.srqns.clone();
+        self.actions.push_back(Action::Reject { cm, data: m.encode() });
+        self.drop_cm(cm);
+    }
+
+    fn on_leave(&mut self, cm: CmRef, msg: Msg) {
+        self.counters.leaves_received += 1;
+        if msg.tgt != 0 {
+            // "The TGT QP is dead": break it so every holder lets go.
+            let held: Vec<TgtRef> = self.tgts.iter().filter(|(_, t)| t.qpn == msg.tgt).map(|(k, _)| *k).collect();
+            for t in held {
+                self.counters.tgt_broken += 1;
+                self.actions.push_back(Action::BreakTgt { tgt: t });
+                self.release_tgt(t);
+            }
+        } else {
+            // "I am leaving": never send to it again.
+            self.senders.remove(&msg.src);
+            if let Some(e) = self.eps.get_mut(&msg.src) {
+                if e.state != EpState::Closed {
+                    e.state = EpState::Closed;
+                    e.retry_at = None;
+                    let (cm_old, ini) = (e.cm.take(), e.ini.take());
+                    if let Some(c) = cm_old {
+                        self.drop_cm(c);
+                    }
+                    if let Some(k) = ini {
+                        self.detach(k, msg.src);
+                    }
+                    self.notices.push_back(Notice::Closed { rank: msg.src });
+                }
+            }
+        }
+        let ack = self.msg(Kind::LeaveAck, msg.src, msg.tag);
+        self.actions.push_back(Action::Reject { cm, data: ack.encode() });
+        self.drop_cm(cm);
+    }
+
+    fn on_tgt_ready(&mut self, tgt: TgtRef, qpn: Option<u32>) {
+        let Some(pos) = self.pending.iter().position(|p| p.tgt == tgt) else {
+            return;
+        };
+        let p = self.pending.swap_remove(pos);
+        let Some(qpn) = qpn else {
+            return self.refuse(p.cm, p.msg.src, p.msg.tag, Reason::NoResource);
+        };
+        if !self.cms.contains_key(&p.cm) {
+            // The request went away meanwhile.
+            self.actions.push_back(Action::CloseTgt { tgt });
+            return;
+        }
+        self.counters.tgt_created += 1;
+        self.tgts.insert(
+            tgt,
+            Tgt {
+                qpn,
+                sender: p.msg.src,
+                anchor_cm: Some(p.cm),
+                open: true,
+            },
+        );
+        self.senders.insert(p.msg.src);
+        let mut m = self.msg(Kind::Accept, p.msg.src, p.msg.tag);
+        m.tgt = qpn;
+        m.srqns = self.cfg.srqns.clone();
+        self.actions.push_back(Action::Accept {
+            cm: p.cm,
+            qp: None,
+            tgt: Some(tgt),
+            data: m.encode(),
+        });
+    }
+
+    fn on_tgt_opened(&mut self, tgt: TgtRef, ok: bool) {
+        let Some(pos) = self.pending.iter().position(|p| p.tgt == tgt) else {
+            if ok {
+                self.actions.push_back(Action::CloseTgt { tgt });
+            }
+            return;
+        };
+        let p = self.pending.swap_remove(pos);
+        if !ok {
+            return self.refuse(p.cm, p.msg.src, p.msg.tag, Reason::NotReady);
+        }
+        self.counters.tgt_opened += 1;
+        self.tgts.insert(
+            tgt,
+            Tgt {
+                qpn: p.msg.tgt,
+                sender: p.msg.src,
+                anchor_cm: None,
+                open: true,
+            },
+        );
+        self.senders.insert(p.msg.src);
+        self.reply_reuse_ok(p.cm, &p.msg);
+    }
+
+    /// Lets go of a TGT handle (and the anchor connection that came with it).
+    fn release_tgt(&mut self, tgt: TgtRef) {
+        let Some(t) = self.tgts.remove(&tgt) else { return };
+        self.counters.tgt_closed += 1;
+        self.actions.push_back(Action::CloseTgt { tgt });
+        if let Some(cm) = t.anchor_cm {
+            self.drop_cm(cm);
+        }
+        if !self.tgts.values().any(|o| o.sender == t.sender) {
+            self.senders.remove(&t.sender);
+        }
+    }
+
+    fn on_tgt_failed(&mut self, tgt: TgtRef) {
+        if self.tgts.contains_key(&tgt) {
+            self.release_tgt(tgt);
+        }
+    }
+
+    fn on_disconnected(&mut self, cm: CmRef) {
+        let Some(u) = self.cms.get(&cm).copied() else { return };
+        match u {
+            CmUse::Anchor { ini } => {
+                self.cms.remove(&cm);
+                self.actions.push_back(Action::DestroyCm { cm });
+                if let Some(i) = self.inis.get_mut(&ini) {
+                    i.cm = None;
+                }
+                match self.cfg.mode {
+                    // The anchor is gone: the INI QP has no keeper.
+                    Mode::Xrc => {
+                        self.counters.rebuilds += 1;
+                        self.abandon_ini(ini, false);
+                    }
+                    Mode::Rc { .. } => self.abandon_ini(ini, true),
+                }
+            }
+            CmUse::Served { peer } => {
+                self.cms.remove(&cm);
+                self.actions.push_back(Action::DestroyCm { cm });
+                // We anchored a TGT QP whose sender is gone: break it so
+                // every holder lets go.
+                let anchored: Vec<TgtRef> = self
+                    .tgts
+                    .iter()
+                    .filter(|(_, t)| t.anchor_cm == Some(cm))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for t in anchored {
+                    if let Some(x) = self.tgts.get_mut(&t) {
+                        x.anchor_cm = None;
+                    }
+                    self.counters.tgt_broken += 1;
+                    self.actions.push_back(Action::BreakTgt { tgt: t });
+                    self.release_tgt(t);
+                }
+                // RC: the peer's connection (accepted by us) is gone.
+                if matches!(self.cfg.mode, Mode::Rc { .. }) {
+                    let owned = self.eps.get(&peer).and_then(|e| e.ini);
+                    if let Some(k) = owned {
+                        if self.inis.get(&k).is_some_and(|i| i.cm.is_none() || i.cm == Some(cm)) {
+                            self.abandon_ini(k, true);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_qp_failed(&mut self, qp: QpRef) {
+        let Some(&k) = self.qp_owner.get(&qp) else { return };
+        self.counters.rebuilds += u64::from(self.cfg.mode == Mode::Xrc);
+        self.abandon_ini(k, true);
+    }
+
+    fn on_first_receive(&mut self, qp: QpRef) {
+        let Some(&k) = self.qp_owner.get(&qp) else { return };
+        let Some(&rank) = self.inis.get(&k).and_then(|i| i.users.iter().next()) else { return };
+        if self.eps.get(&rank).is_some_and(|e| e.state == EpState::WaitHello) {
+            self.ready(rank);
+        }
+    }
+
+    // ---- RC responder --------------------------------------------------------
+
+    fn rc_accept(&mut self, cm: CmRef, msg: Msg) {
+        let peer = msg.src;
+        if let Some(e) = self.eps.get(&peer) {
+            match e.state {
+                // Both sides connect at once: the lower rank's request wins.
+                EpState::Connecting | EpState::Resolving if e.initiator => {
+                    if self.cfg.rank < peer {
+                        return self.refuse(cm, peer, msg.tag, Reason::Collision);
+                    }
+                    // Theirs wins: drop our attempt.
+                    if let Some(k) = e.ini {
+                        self.destroy_ini(k);
+                    }
+                }
+                EpState::Ready | EpState::WaitHello => {
+                    // A fresh request from a peer we think is connected: it
+                    // rebuilt, so ours is stale.
+                    if let Some(k) = e.ini {
+                        self.destroy_ini(k);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(&node) = self.node_of.get(&peer) else {
+            return self.refuse(cm, peer, msg.tag, Reason::WrongRank);
+        };
+        let k = self.new_ini(node, peer);
+        let i = self.inis.get_mut(&k).expect("new");
+        i.users.insert(peer);
+        i.state = IniState::Connected;
+        i.cm = Some(cm);
+        let qp = i.qp;
+        self.cms.insert(cm, CmUse::Served { peer });
+        self.eps.insert(
+            peer,
+            Endpoint {
+                state: EpState::Connecting,
+                ini: Some(k),
+                srqns: Vec::new(),
+                cm: None,
+                retries: 0,
+                retry_at: None,
+                initiator: false,
+            },
+        );
+        let m = self.msg(Kind::Accept, peer, msg.tag);
+        self.actions.push_back(Action::Accept {
+            cm,
+            qp: Some(qp),
+            tgt: None,
+            data: m.encode(),
+        });
+    }
+
+    // ---- clean exit ------------------------------------------------------------
+
+    fn finish_leave_if_done(&mut self) {
+        if !matches!(self.phase, Phase::Leaving { .. }) || !self.leaves_outstanding.is_empty() {
+            return;
+        }
+        // Nobody sends to us any more: release everything.
+        let tgts: Vec<TgtRef> = self.tgts.keys().copied().collect();
+        for t in tgts {
+            self.release_tgt(t);
+        }
+        let inis: Vec<u64> = self.inis.keys().copied().collect();
+        for k in inis {
+            self.destroy_ini(k);
+        }
+        let cms: Vec<CmRef> = self.cms.keys().copied().collect();
+        for cm in cms {
+            self.drop_cm(cm);
+        }
+        for e in self.eps.values_mut() {
+            e.state = EpState::Closed;
+            e.retry_at = None;
+        }
+        self.phase = Phase::Done;
+        self.notices.push_back(Notice::Drained);
+    }
+}

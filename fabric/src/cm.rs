@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use crate::types::Transport;
+use crate::types::{Gid, Transport};
 
 /// The RDMA CM port space of an id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,6 +111,19 @@ pub struct CmEvent<Id> {
     pub peer: Option<SocketAddr>,
     /// The id created for a connect request.
     pub new_id: Option<Id>,
+}
+
+/// A resolved route to a remote device, taken from one CM id
+/// ([`CmId::route`](crate::CmId::route)) and reused for further ids to the
+/// same device ([`CmId::resolve_cached`](crate::CmId::resolve_cached)), so
+/// that address and path resolution happen once per remote node, not once
+/// per connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CmRoute {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Destination LID (InfiniBand; 0 on Ethernet).
+    pub dlid: u16,
 }
 
 /// What kind of CM message carries private data.

@@ -27,7 +27,7 @@ pub mod verbs;
 
 pub use buf::DmaBuf;
 pub use cm::{
-    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason,
+    max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, PortSpace, RejectReason,
 };
 pub use error::{Error, Result};
 pub use types::*;
@@ -234,6 +234,10 @@ pub trait Qp: Send + Sync {
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
     /// Posts to the receive queue (RC QPs without an SRQ).
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+
+    /// Grows the send queue to at least `depth` entries and returns the new
+    /// depth. Most verbs devices cannot resize a QP (`Unsupported`).
+    fn resize_send_queue(&self, depth: u32) -> Result<u32>;
 }
 
 /// An RDMA CM event channel: creates ids and delivers their events.
@@ -271,6 +275,16 @@ pub trait CmId: Send + Sync {
     /// Starts route resolution; completes with `RouteResolved` or
     /// `RouteError`.
     fn resolve_route(&self, timeout_ms: u32) -> Result<()>;
+
+    /// The route this id resolved, to reuse for other ids to the same
+    /// device (`None` before `RouteResolved`).
+    fn route(&self) -> Option<CmRoute>;
+
+    /// Address resolution for `dst` from a route cached from another id to
+    /// the same device: completes with `AddrResolved`, and the following
+    /// `resolve_route` completes without a path query. Providers that cannot
+    /// skip the queries resolve normally.
+    fn resolve_cached(&self, dst: SocketAddr, route: &CmRoute, timeout_ms: u32) -> Result<()>;
 
     /// Sends a connection request. With a QP, the CM moves it through
     /// INIT/RTR/RTS when the reply arrives; without, only private data is

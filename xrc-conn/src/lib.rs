@@ -595,6 +595,11 @@ impl ConnManager {
         }
     }
 
+    /// Makes a rank known (processes may join at any time).
+    pub fn add_peer(&mut self, rank: Rank, node: Node) {
+        self.node_of.insert(rank, node);
+    }
+
     // ---- getters -----------------------------------------------------------
 
     /// The configuration.
@@ -839,7 +844,10 @@ impl ConnManager {
         let mut m = self.msg(Kind::Refuse, dst, tag);
         m.reason = Some(reason);
         *self.counters.refused_sent.entry(reason).or_insert(0) += 1;
-        self.actions.push_back(Action::Reject { cm, data: m.encode() });
+        self.actions.push_back(Action::Reject {
+            cm,
+            data: m.encode(),
+        });
         self.drop_cm(cm);
     }
 
@@ -857,7 +865,9 @@ impl ConnManager {
     }
 
     fn fail_ep(&mut self, rank: Rank, reason: FailReason) {
-        let Some(e) = self.eps.get_mut(&rank) else { return };
+        let Some(e) = self.eps.get_mut(&rank) else {
+            return;
+        };
         e.state = EpState::Failed;
         e.retry_at = None;
         let (cm, ini) = (e.cm.take(), e.ini.take());
@@ -873,7 +883,9 @@ impl ConnManager {
     /// Marks an endpoint lost: the BTL stops using its path and a later
     /// `connect` rebuilds it.
     fn lose_ep(&mut self, rank: Rank) {
-        let Some(e) = self.eps.get_mut(&rank) else { return };
+        let Some(e) = self.eps.get_mut(&rank) else {
+            return;
+        };
         if matches!(e.state, EpState::Closed | EpState::Failed | EpState::Lost) {
             return;
         }
@@ -891,7 +903,9 @@ impl ConnManager {
 
     /// Removes `rank` from an INI's users; an RC endpoint's QP goes with it.
     fn detach(&mut self, k: u64, rank: Rank) {
-        let Some(i) = self.inis.get_mut(&k) else { return };
+        let Some(i) = self.inis.get_mut(&k) else {
+            return;
+        };
         i.users.remove(&rank);
         if matches!(self.cfg.mode, Mode::Rc { .. }) && i.users.is_empty() {
             self.destroy_ini(k);
@@ -899,7 +913,9 @@ impl ConnManager {
     }
 
     fn destroy_ini(&mut self, k: u64) {
-        let Some(i) = self.inis.remove(&k) else { return };
+        let Some(i) = self.inis.remove(&k) else {
+            return;
+        };
         if self.ini_of_node.get(&i.node) == Some(&k) {
             self.ini_of_node.remove(&i.node);
         }
@@ -919,7 +935,8 @@ impl ConnManager {
             Mode::Rc { .. } => QpKind::Rc,
         };
         let sq_depth = self.cfg.sq_initial.min(self.cfg.sq_max);
-        self.actions.push_back(Action::CreateQp { qp, kind, sq_depth });
+        self.actions
+            .push_back(Action::CreateQp { qp, kind, sq_depth });
         self.counters.qps_created += 1;
         let tag = self.fresh() as u32;
         self.inis.insert(
@@ -948,7 +965,9 @@ impl ConnManager {
     /// Sends (or re-sends) an INI's anchor connect request.
     fn start_anchor(&mut self, k: u64) {
         let cm = CmRef(self.fresh());
-        let Some(i) = self.inis.get_mut(&k) else { return };
+        let Some(i) = self.inis.get_mut(&k) else {
+            return;
+        };
         i.state = IniState::Resolving;
         let old = i.cm.replace(cm);
         let anchor = i.anchor;
@@ -962,13 +981,16 @@ impl ConnManager {
     /// Grows an INI's send queue to carry its endpoints.
     fn size_ini(&mut self, k: u64) {
         let (per, max) = (self.cfg.sq_per_endpoint, self.cfg.sq_max);
-        let Some(i) = self.inis.get_mut(&k) else { return };
+        let Some(i) = self.inis.get_mut(&k) else {
+            return;
+        };
         let want = (per.saturating_mul(i.users.len() as u32)).clamp(1, max);
         if want > i.sq_depth {
             i.sq_depth = want;
             self.counters.sq_resizes += 1;
             let qp = i.qp;
-            self.actions.push_back(Action::ResizeQp { qp, sq_depth: want });
+            self.actions
+                .push_back(Action::ResizeQp { qp, sq_depth: want });
         }
     }
 
@@ -996,7 +1018,9 @@ impl ConnManager {
 
     fn start_reuse(&mut self, rank: Rank) {
         let cm = CmRef(self.fresh());
-        let Some(e) = self.eps.get_mut(&rank) else { return };
+        let Some(e) = self.eps.get_mut(&rank) else {
+            return;
+        };
         let old = e.cm.replace(cm);
         e.state = EpState::Resolving;
         if let Some(old) = old {
@@ -1022,10 +1046,9 @@ impl ConnManager {
         let Some(i) = self.inis.get(&k) else { return };
         let (users, anchor, tgt) = (i.users.clone(), i.anchor, i.tgt_qpn);
         if !anchor_alive && tgt != 0 {
-            let holder = users
-                .iter()
-                .copied()
-                .find(|r| *r != anchor && self.eps.get(r).is_some_and(|e| e.state == EpState::Ready));
+            let holder = users.iter().copied().find(|r| {
+                *r != anchor && self.eps.get(r).is_some_and(|e| e.state == EpState::Ready)
+            });
             if let Some(h) = holder {
                 self.send_leave(h, tgt);
             }
@@ -1051,7 +1074,9 @@ impl ConnManager {
     // ---- events --------------------------------------------------------------
 
     fn on_qp_create_failed(&mut self, qp: QpRef) {
-        let Some(&k) = self.qp_owner.get(&qp) else { return };
+        let Some(&k) = self.qp_owner.get(&qp) else {
+            return;
+        };
         let users: Vec<Rank> = self.inis[&k].users.iter().copied().collect();
         // The QP never existed: do not destroy it.
         if let Some(i) = self.inis.remove(&k) {
@@ -1080,7 +1105,9 @@ impl ConnManager {
         }
         match u {
             CmUse::Anchor { ini } => {
-                let Some(i) = self.inis.get_mut(&ini) else { return };
+                let Some(i) = self.inis.get_mut(&ini) else {
+                    return;
+                };
                 i.state = IniState::Connecting;
                 let (anchor, tag, qp) = (i.anchor, i.tag, i.qp);
                 let mut m = self.msg(Kind::Connect, anchor, tag);
@@ -1094,7 +1121,9 @@ impl ConnManager {
                 });
             }
             CmUse::Reuse { rank } => {
-                let Some(e) = self.eps.get_mut(&rank) else { return };
+                let Some(e) = self.eps.get_mut(&rank) else {
+                    return;
+                };
                 e.state = EpState::Reusing;
                 let Some(k) = e.ini else { return };
                 let Some(i) = self.inis.get(&k) else { return };
@@ -1134,8 +1163,12 @@ impl ConnManager {
         match self.cms.get(&cm).copied() {
             Some(CmUse::Anchor { ini }) => {
                 let reply = self.decode_reply(data);
-                let Some(i) = self.inis.get_mut(&ini) else { return };
-                let Some(m) = reply.filter(|m| m.kind == Kind::Accept && m.tag == i.tag && m.src == i.anchor) else {
+                let Some(i) = self.inis.get_mut(&ini) else {
+                    return;
+                };
+                let Some(m) =
+                    reply.filter(|m| m.kind == Kind::Accept && m.tag == i.tag && m.src == i.anchor)
+                else {
                     // A reply we cannot read: this connection is useless.
                     let anchor = i.anchor;
                     self.retry_anchor(ini, Some(anchor));
@@ -1159,7 +1192,12 @@ impl ConnManager {
                     Mode::Xrc => {
                         self.ready(anchor);
                         for r in users {
-                            if r != anchor && self.eps.get(&r).is_some_and(|e| e.state == EpState::WaitIni) {
+                            if r != anchor
+                                && self
+                                    .eps
+                                    .get(&r)
+                                    .is_some_and(|e| e.state == EpState::WaitIni)
+                            {
                                 self.start_reuse(r);
                             }
                         }
@@ -1188,7 +1226,9 @@ impl ConnManager {
     /// another anchor), or fail every endpoint waiting on it.
     fn retry_anchor(&mut self, ini: u64, failed_anchor: Option<Rank>) {
         let max = self.cfg.max_retries;
-        let Some(i) = self.inis.get_mut(&ini) else { return };
+        let Some(i) = self.inis.get_mut(&ini) else {
+            return;
+        };
         i.retries += 1;
         self.counters.retries += 1;
         if let Some(cm) = i.cm.take() {
@@ -1228,7 +1268,9 @@ impl ConnManager {
     }
 
     fn on_cm_failed(&mut self, cm: CmRef, how: CmFailure, data: &[u8]) {
-        let Some(u) = self.cms.remove(&cm) else { return };
+        let Some(u) = self.cms.remove(&cm) else {
+            return;
+        };
         self.actions.push_back(Action::DestroyCm { cm });
         let reply = if how == CmFailure::Rejected {
             self.decode_reply(data)
@@ -1254,12 +1296,23 @@ impl ConnManager {
                         }
                         self.destroy_ini(ini);
                     }
-                    Some(reason @ (Reason::WrongJob | Reason::WrongRank | Reason::BadVersion | Reason::Malformed | Reason::BadKind | Reason::BadLength | Reason::Leaving)) => {
+                    Some(
+                        reason @ (Reason::WrongJob
+                        | Reason::WrongRank
+                        | Reason::BadVersion
+                        | Reason::Malformed
+                        | Reason::BadKind
+                        | Reason::BadLength
+                        | Reason::Leaving),
+                    ) => {
                         if let Some(a) = anchor {
                             self.fail_ep(a, FailReason::Refused(reason));
                         }
                         // Others waiting on the node try another anchor.
-                        let next = self.inis.get(&ini).and_then(|i| i.users.iter().next().copied());
+                        let next = self
+                            .inis
+                            .get(&ini)
+                            .and_then(|i| i.users.iter().next().copied());
                         match next {
                             Some(n) => {
                                 self.inis.get_mut(&ini).expect("present").anchor = n;
@@ -1287,10 +1340,16 @@ impl ConnManager {
                     (Kind::Refuse, Some(Reason::NotReady)) => {
                         // The TGT QP is gone: rebuild the node's INI with
                         // this rank as the new anchor.
-                        let Some(k) = self.eps.get(&rank).and_then(|e| e.ini) else { return };
+                        let Some(k) = self.eps.get(&rank).and_then(|e| e.ini) else {
+                            return;
+                        };
                         self.counters.rebuilds += 1;
                         let node = self.node_of[&rank];
-                        let users: Vec<Rank> = self.inis.get(&k).map(|i| i.users.iter().copied().collect()).unwrap_or_default();
+                        let users: Vec<Rank> = self
+                            .inis
+                            .get(&k)
+                            .map(|i| i.users.iter().copied().collect())
+                            .unwrap_or_default();
                         self.destroy_ini(k);
                         let nk = self.new_ini(node, rank);
                         for r in users {
@@ -1322,7 +1381,9 @@ impl ConnManager {
 
     fn retry_reuse(&mut self, rank: Rank) {
         let max = self.cfg.max_retries;
-        let Some(e) = self.eps.get_mut(&rank) else { return };
+        let Some(e) = self.eps.get_mut(&rank) else {
+            return;
+        };
         e.cm = None;
         e.retries += 1;
         self.counters.retries += 1;
@@ -1378,7 +1439,8 @@ impl ConnManager {
                     }
                     None => {
                         let tgt = TgtRef(self.fresh());
-                        self.actions.push_back(Action::OpenTgt { tgt, qpn: msg.tgt });
+                        self.actions
+                            .push_back(Action::OpenTgt { tgt, qpn: msg.tgt });
                         self.pending.push(Pending { cm, msg, tgt });
                     }
                 }
@@ -1391,7 +1453,10 @@ impl ConnManager {
     fn reply_reuse_ok(&mut self, cm: CmRef, req: &Msg) {
         let mut m = self.msg(Kind::ReuseOk, req.src, req.tag);
         m.srqns = self.cfg.srqns.clone();
-        self.actions.push_back(Action::Reject { cm, data: m.encode() });
+        self.actions.push_back(Action::Reject {
+            cm,
+            data: m.encode(),
+        });
         self.drop_cm(cm);
     }
 
@@ -1399,7 +1464,12 @@ impl ConnManager {
         self.counters.leaves_received += 1;
         if msg.tgt != 0 {
             // "The TGT QP is dead": break it so every holder lets go.
-            let held: Vec<TgtRef> = self.tgts.iter().filter(|(_, t)| t.qpn == msg.tgt).map(|(k, _)| *k).collect();
+            let held: Vec<TgtRef> = self
+                .tgts
+                .iter()
+                .filter(|(_, t)| t.qpn == msg.tgt)
+                .map(|(k, _)| *k)
+                .collect();
             for t in held {
                 self.counters.tgt_broken += 1;
                 self.actions.push_back(Action::BreakTgt { tgt: t });
@@ -1424,7 +1494,10 @@ impl ConnManager {
             }
         }
         let ack = self.msg(Kind::LeaveAck, msg.src, msg.tag);
-        self.actions.push_back(Action::Reject { cm, data: ack.encode() });
+        self.actions.push_back(Action::Reject {
+            cm,
+            data: ack.encode(),
+        });
         self.drop_cm(cm);
     }
 
@@ -1490,7 +1563,9 @@ impl ConnManager {
 
     /// Lets go of a TGT handle (and the anchor connection that came with it).
     fn release_tgt(&mut self, tgt: TgtRef) {
-        let Some(t) = self.tgts.remove(&tgt) else { return };
+        let Some(t) = self.tgts.remove(&tgt) else {
+            return;
+        };
         self.counters.tgt_closed += 1;
         self.actions.push_back(Action::CloseTgt { tgt });
         if let Some(cm) = t.anchor_cm {
@@ -1508,7 +1583,9 @@ impl ConnManager {
     }
 
     fn on_disconnected(&mut self, cm: CmRef) {
-        let Some(u) = self.cms.get(&cm).copied() else { return };
+        let Some(u) = self.cms.get(&cm).copied() else {
+            return;
+        };
         match u {
             CmUse::Anchor { ini } => {
                 self.cms.remove(&cm);
@@ -1548,7 +1625,11 @@ impl ConnManager {
                 if matches!(self.cfg.mode, Mode::Rc { .. }) {
                     let owned = self.eps.get(&peer).and_then(|e| e.ini);
                     if let Some(k) = owned {
-                        if self.inis.get(&k).is_some_and(|i| i.cm.is_none() || i.cm == Some(cm)) {
+                        if self
+                            .inis
+                            .get(&k)
+                            .is_some_and(|i| i.cm.is_none() || i.cm == Some(cm))
+                        {
                             self.abandon_ini(k, true);
                         }
                     }
@@ -1559,15 +1640,25 @@ impl ConnManager {
     }
 
     fn on_qp_failed(&mut self, qp: QpRef) {
-        let Some(&k) = self.qp_owner.get(&qp) else { return };
+        let Some(&k) = self.qp_owner.get(&qp) else {
+            return;
+        };
         self.counters.rebuilds += u64::from(self.cfg.mode == Mode::Xrc);
         self.abandon_ini(k, true);
     }
 
     fn on_first_receive(&mut self, qp: QpRef) {
-        let Some(&k) = self.qp_owner.get(&qp) else { return };
-        let Some(&rank) = self.inis.get(&k).and_then(|i| i.users.iter().next()) else { return };
-        if self.eps.get(&rank).is_some_and(|e| e.state == EpState::WaitHello) {
+        let Some(&k) = self.qp_owner.get(&qp) else {
+            return;
+        };
+        let Some(&rank) = self.inis.get(&k).and_then(|i| i.users.iter().next()) else {
+            return;
+        };
+        if self
+            .eps
+            .get(&rank)
+            .is_some_and(|e| e.state == EpState::WaitHello)
+        {
             self.ready(rank);
         }
     }

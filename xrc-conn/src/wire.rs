@@ -280,7 +280,10 @@ mod tests {
     fn malformed_input_is_refused_with_a_reason() {
         let good = accept().encode();
         assert_eq!(Msg::decode(&[], 7), Err(Reason::Malformed));
-        assert_eq!(Msg::decode(b"nope, not ours at all, sorry!!", 7), Err(Reason::Malformed));
+        assert_eq!(
+            Msg::decode(b"nope, not ours at all, sorry!!", 7),
+            Err(Reason::Malformed)
+        );
         let mut v = good.clone();
         v[2] = 2;
         assert_eq!(Msg::decode(&v, 7), Err(Reason::BadVersion));

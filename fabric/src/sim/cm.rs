@@ -127,6 +127,7 @@ impl World {
             timer_gen: 0,
             psn: 0,
             req: None,
+            route_cached: false,
         }))
     }
 
@@ -432,11 +433,16 @@ impl World {
     pub(crate) fn cm_resolve_route(&mut self, id: Id<CmIdObj>, _timeout_ms: u32) -> Result<()> {
         self.expect_state(id, CmState::AddrResolved, "resolve_route")?;
         let t = self.cm_transport(id)?;
-        self.cm_ids.get_mut(id).expect("checked").state = CmState::RouteResolving;
-        self.stats.route_resolutions += 1;
-        let delay = if t == Transport::Infiniband {
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.state = CmState::RouteResolving;
+        let delay = if c.route_cached {
+            self.stats.cached_routes += 1;
+            1_000
+        } else if t == Transport::Infiniband {
+            self.stats.route_resolutions += 1;
             self.cfg.timing.route_ib_ns
         } else {
+            self.stats.route_resolutions += 1;
             self.cfg.timing.route_eth_ns
         };
         self.schedule_in(
@@ -445,6 +451,60 @@ impl World {
                 id,
                 kind: CmEventKind::RouteResolved,
                 next: CmState::RouteResolved,
+            },
+        );
+        Ok(())
+    }
+
+    /// The route an id resolved.
+    pub(crate) fn cm_route(&self, id: Id<CmIdObj>) -> Option<crate::cm::CmRoute> {
+        let c = self.cm_ids.get(id)?;
+        if !matches!(
+            c.state,
+            CmState::RouteResolved | CmState::Connecting | CmState::Established
+        ) {
+            return None;
+        }
+        let d = &self.devs[c.remote_dev?];
+        Some(crate::cm::CmRoute {
+            dgid: d.gid,
+            dlid: d.lid,
+        })
+    }
+
+    /// Address resolution from a cached route: no ARP, no path query.
+    pub(crate) fn cm_resolve_cached(
+        &mut self,
+        id: Id<CmIdObj>,
+        dst: SocketAddr,
+        route: &crate::cm::CmRoute,
+    ) -> Result<()> {
+        self.expect_state(id, CmState::Idle, "resolve_cached")?;
+        let dst = v4(dst)?;
+        let target = self.dev_by_ip(*dst.ip());
+        let by_gid = self.dev_by_gid(&PortAddr {
+            lid: route.dlid,
+            gid: route.dgid,
+        });
+        if target.is_none() || target != by_gid {
+            return Err(Error::invalid(format!(
+                "the cached route does not lead to {dst}"
+            )));
+        }
+        let dev = self.ctx_dev(self.cm(id)?.ctx)?;
+        let local = SocketAddrV4::new(self.devs[dev].ip, self.ephemeral_port());
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.local = Some(local);
+        c.remote = Some(dst);
+        c.remote_dev = target;
+        c.route_cached = true;
+        c.state = CmState::AddrResolving;
+        self.schedule_in(
+            500,
+            Event::CmLocal {
+                id,
+                kind: CmEventKind::AddrResolved,
+                next: CmState::AddrResolved,
             },
         );
         Ok(())
@@ -805,6 +865,7 @@ impl World {
                 rnr_retry,
                 retry,
             }),
+            route_cached: false,
         });
         self.cm_ids
             .get_mut(listener)

@@ -340,7 +340,7 @@ impl Context for SimContext {
         if let Some(e) = pop(&mut w) {
             return Some(e);
         }
-        w.progress();
+        w.poll_progress();
         pop(&mut w)
     }
 
@@ -464,7 +464,7 @@ impl Cq for SimCq {
         if n > 0 || out.is_empty() {
             return Ok(n);
         }
-        w.progress();
+        w.poll_progress();
         w.poll_cq(self.0.id, out)
     }
 
@@ -594,7 +594,11 @@ impl Qp for SimQp {
     }
 
     fn caps(&self) -> QpCaps {
-        self.caps
+        let w = self.ctx.world();
+        self.obj(&w)
+            .ok()
+            .and_then(|q| w.qps.get(q))
+            .map_or(self.caps, |q| q.caps)
     }
 
     fn state(&self) -> Result<QpState> {
@@ -619,6 +623,24 @@ impl Qp for SimQp {
         let mut w = self.ctx.world();
         let qp = self.obj(&w)?;
         w.post_recv(qp, wr)
+    }
+
+    fn resize_send_queue(&self, depth: u32) -> Result<u32> {
+        let mut w = self.ctx.world();
+        let qp = self.obj(&w)?;
+        let q = w.qps.get(qp).ok_or(Error::ProcessGone)?;
+        let max = w.devs[q.dev].caps.max_qp_wr;
+        if q.ty == QpType::XrcTgt {
+            return Err(Error::invalid("an XRC TGT QP has no send queue"));
+        }
+        if depth > max {
+            return Err(Error::invalid(format!(
+                "send queue of {depth} exceeds max_qp_wr {max}"
+            )));
+        }
+        let q = w.qps.get_mut(qp).expect("checked");
+        q.caps.max_send_wr = q.caps.max_send_wr.max(depth);
+        Ok(q.caps.max_send_wr)
     }
 }
 
@@ -658,7 +680,7 @@ impl CmChannel for SimCmChannel {
         let ev = match pop(&mut w) {
             Some(e) => e,
             None => {
-                w.progress();
+                w.poll_progress();
                 pop(&mut w)?
             }
         };
@@ -732,6 +754,19 @@ impl CmId for SimCmId {
 
     fn disconnect(&self) -> Result<()> {
         self.world().cm_disconnect(self.id)
+    }
+
+    fn route(&self) -> Option<crate::cm::CmRoute> {
+        self.world().cm_route(self.id)
+    }
+
+    fn resolve_cached(
+        &self,
+        dst: SocketAddr,
+        route: &crate::cm::CmRoute,
+        _timeout_ms: u32,
+    ) -> Result<()> {
+        self.world().cm_resolve_cached(self.id, dst, route)
     }
 
     fn local_addr(&self) -> Option<SocketAddr> {

@@ -235,8 +235,10 @@ pub struct SimStats {
     pub cm_events: u64,
     /// Address resolutions that missed the cache.
     pub addr_resolutions: u64,
-    /// Route resolutions.
+    /// Route resolutions (path queries on InfiniBand).
     pub route_resolutions: u64,
+    /// Resolutions served from a route cached by the application.
+    pub cached_routes: u64,
     /// iWARP connections torn down because the responder spoke first.
     pub iwarp_violations: u64,
 }
@@ -364,6 +366,17 @@ impl SimFabric {
             node,
             pid,
         })))
+    }
+
+    /// Chooses the clock. Automatic (the default): an empty poll runs the
+    /// next scheduled event, moving time to it, which suits one agent
+    /// busy-polling. Manual: polls run only what is due now, and time moves
+    /// only through [`SimFabric::step`], [`SimFabric::advance`] or a blocking
+    /// [`crate::Cq::wait`]; a harness driving many processes steps the clock
+    /// when a whole round of them found nothing to do, so that no process's
+    /// polling runs out another's timers before it could react.
+    pub fn set_auto_advance(&self, auto: bool) {
+        self.shared.lock().auto_advance = auto;
     }
 
     /// Virtual time since the fabric was built.

@@ -243,6 +243,8 @@ pub(crate) struct CmIdObj {
     pub timer_gen: u64,
     pub psn: u32,
     pub req: Option<ReqInfo>,
+    /// Resolved from a cached route: route resolution is local.
+    pub route_cached: bool,
 }
 
 /// Something that happens at a point of virtual time.
@@ -326,6 +328,8 @@ pub(crate) struct World {
     pub stats: SimStats,
     /// Rolling hash of every processed event: equal seeds give equal traces.
     pub trace: u64,
+    /// Whether an empty poll may move the clock (see [`World::poll_progress`]).
+    pub auto_advance: bool,
 }
 
 impl World {
@@ -387,6 +391,7 @@ impl World {
             faults: Default::default(),
             stats: SimStats::default(),
             trace: 0xcbf2_9ce4_8422_2325,
+            auto_advance: true,
         }
     }
 
@@ -433,6 +438,31 @@ impl World {
             ran += 1;
         }
         ran > 0
+    }
+
+    /// What an empty poll does: with the automatic clock, progress (perhaps
+    /// moving time); with the manual clock, only run what is due now, so
+    /// that time moves only when the owner of the world says every agent is
+    /// idle.
+    pub(crate) fn poll_progress(&mut self) -> bool {
+        if self.auto_advance {
+            self.progress()
+        } else {
+            self.run_due()
+        }
+    }
+
+    /// Runs the events due at the current time.
+    pub(crate) fn run_due(&mut self) -> bool {
+        let mut ran = false;
+        while let Some(Reverse(s)) = self.queue.peek() {
+            if s.at > self.now {
+                break;
+            }
+            self.progress();
+            ran = true;
+        }
+        ran
     }
 
     /// Runs events until `deadline_ns` (inclusive) and sets the clock there.

@@ -694,6 +694,37 @@ impl CmId for VerbsCmId {
         Ok(())
     }
 
+    fn route(&self) -> Option<crate::cm::CmRoute> {
+        let id = self.raw().ok()?;
+        // SAFETY: `id` is live; the route's address record is plain data
+        // filled in by route resolution.
+        let (dgid, dlid) = unsafe {
+            let r = &(*id).route;
+            if r.num_paths < 1 || r.path_rec.is_null() {
+                return None;
+            }
+            let p = &*r.path_rec;
+            (p.dgid.raw, u16::from_be(p.dlid))
+        };
+        Some(crate::cm::CmRoute {
+            dgid: crate::types::Gid(dgid),
+            dlid,
+        })
+    }
+
+    fn resolve_cached(
+        &self,
+        dst: SocketAddr,
+        _route: &crate::cm::CmRoute,
+        timeout_ms: u32,
+    ) -> Result<()> {
+        // RoCE and iWARP resolve routes locally and the kernel caches the
+        // neighbour entry, so a plain resolution costs no query on the wire.
+        // InfiniBand would set the cached path (AF_IB + RDMA_OPTION_IB_PATH);
+        // without an IB device to test on, it resolves normally.
+        self.resolve_addr(dst, timeout_ms)
+    }
+
     fn reject(&self, private_data: &[u8]) -> Result<()> {
         let id = self.raw()?;
         self.check_private(CmMessage::Reject, private_data)?;

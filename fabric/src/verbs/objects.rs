@@ -1066,6 +1066,19 @@ impl Qp for VerbsQp {
         }
     }
 
+    fn resize_send_queue(&self, depth: u32) -> Result<u32> {
+        let mut a = sys::ibv_qp_attr::default();
+        a.cap.max_send_wr = depth;
+        match self.modify_raw(&mut a, sys::IBV_QP_CAP as i32) {
+            Ok(()) => Ok(depth),
+            // Most providers refuse IBV_QP_CAP on a live QP.
+            Err(Error::InvalidArgument(_)) | Err(Error::Unsupported(_)) => {
+                Err(Error::Unsupported("resizing a QP's send queue"))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         if self.0.ty != QpType::Rc {
             return Err(Error::invalid(format!(

@@ -15,6 +15,7 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
         rule("cm_reject_with_private_data", &[], cm_reject::<H>),
         rule("cm_no_listener", &[], cm_no_listener::<H>),
         rule("cm_disconnect", &[], cm_disconnect::<H>),
+        rule("cm_cached_route", &[], cm_cached_route::<H>),
     ]
 }
 
@@ -147,5 +148,38 @@ fn cm_disconnect<H: Harness>(h: &H) -> Outcome {
     } else {
         ensure_eq!(peer_state, QpState::Rts);
     }
+    Ok(())
+}
+
+fn cm_cached_route<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let d = dial(h, &a, &b, &Opts::default())?;
+    let route =
+        d.id.route()
+            .ok_or_else(|| Failure("no route after RouteResolved".into()))?;
+    // A second id to the same device, from the cached route.
+    let addr = d
+        .listener
+        .local_addr()
+        .ok_or_else(|| Failure("no address".into()))?;
+    let id = d.cha.create_id(PortSpace::Tcp)?;
+    id.resolve_cached(addr, &route, 2_000)?;
+    ensure_eq!(
+        wait_cm(h, &d.cha, |_| true)?.kind,
+        CmEventKind::AddrResolved
+    );
+    id.resolve_route(2_000)?;
+    ensure_eq!(
+        wait_cm(h, &d.cha, |_| true)?.kind,
+        CmEventKind::RouteResolved
+    );
+    ensure_eq!(id.route(), Some(route));
+    let ep = Ep::new(&a.ctx, &Opts::default())?;
+    id.connect(Some(&ep.qp), &ConnParam::default())?;
+    let req = wait_cm(h, &d.chb, |k| *k == CmEventKind::ConnectRequest)?;
+    let child = req.new_id.ok_or_else(|| Failure("no id".into()))?;
+    let eb = Ep::new(&b.ctx, &Opts::default())?;
+    child.accept(Some(&eb.qp), &ConnParam::default())?;
+    ensure_eq!(wait_cm(h, &d.cha, |_| true)?.kind, CmEventKind::Established);
     Ok(())
 }

@@ -60,6 +60,11 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
             limits_send_queue_full::<H>,
         ),
         rule("limits_cq_overrun", &[], limits_cq_overrun::<H>),
+        rule(
+            "limits_send_queue_resize",
+            &[],
+            limits_send_queue_resize::<H>,
+        ),
         rule("limits_max_inline", &[], limits_max_inline::<H>),
         rule("srq_limit_event", &[Need::Srq], srq_limit_event::<H>),
         rule(
@@ -625,5 +630,40 @@ fn introspect_counts<H: Harness>(h: &H) -> Outcome {
     let v = h.process_view(&p).map_err(Failure)?;
     ensure_eq!((v.qps, v.mrs, v.cqs, v.pds, v.srqs), (0, 0, 0, 0, 0));
     ensure_eq!(h.node_qps(0).map_err(Failure)?, 0);
+    Ok(())
+}
+
+fn limits_send_queue_resize<H: Harness>(h: &H) -> Outcome {
+    let p = h.spawn(0).map_err(Failure)?;
+    let ep = Ep::new(
+        &p.ctx,
+        &Opts {
+            max_send_wr: 8,
+            ..Opts::default()
+        },
+    )?;
+    let before = ep.qp.caps().max_send_wr;
+    match ep.qp.resize_send_queue(before * 4) {
+        Ok(depth) => {
+            ensure!(
+                depth >= before * 4,
+                "asked for {} entries, got {depth}",
+                before * 4
+            );
+            ensure!(
+                ep.qp.caps().max_send_wr >= before * 4,
+                "caps still say {:?}",
+                ep.qp.caps()
+            );
+        }
+        // Most verbs devices cannot resize a live QP: that must be said.
+        Err(Error::Unsupported(_)) => ensure_eq!(ep.qp.caps().max_send_wr, before),
+        Err(e) => return Err(e.into()),
+    }
+    let too_big = h.caps().max_qp_wr.saturating_add(1);
+    ensure!(
+        ep.qp.resize_send_queue(too_big).is_err(),
+        "resized beyond max_qp_wr"
+    );
     Ok(())
 }

@@ -1,0 +1,304 @@
+//! A simulated cluster: N nodes x M ranks, each rank a process with its own
+//! connection driver on SimFabric, all driven from one thread in virtual
+//! time, deterministic from the seed.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use xrcbtl_btl::conn::{ConnDriver, DriverConfig, Received};
+use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
+use xrcbtl_fabric::{Fabric, XrcdKey};
+use xrcbtl_xrc_conn::Notice;
+
+pub const JOB: u32 = 0x5eed;
+
+pub struct RankProc {
+    pub drv: ConnDriver<SimContext>,
+    pub proc: SimProcess,
+    pub node: usize,
+    /// Messages received, by source: sequence numbers in arrival order.
+    pub got: BTreeMap<u32, Vec<u32>>,
+    pub notices: Vec<Notice>,
+}
+
+pub struct Cluster {
+    pub sim: SimFabric,
+    pub ranks: Vec<Option<RankProc>>,
+    pub nodes: usize,
+    pub per_node: usize,
+    /// Highest number of sending QPs any process held at once.
+    pub max_qps: usize,
+}
+
+impl Cluster {
+    pub fn new(seed: u64, nodes: usize, per_node: usize, device: SimDevice) -> Cluster {
+        Self::with_config(
+            SimConfig::new(seed, nodes).with_devices(vec![device]),
+            per_node,
+            |_| {},
+        )
+    }
+
+    pub fn with_config(
+        cfg: SimConfig,
+        per_node: usize,
+        tune: impl Fn(&mut DriverConfig),
+    ) -> Cluster {
+        let nodes = cfg.nodes;
+        let name = cfg.devices[0].name.clone();
+        let sim = SimFabric::new(cfg).unwrap();
+        // Every rank reacts at an instant before time moves on.
+        sim.set_auto_advance(false);
+        let mut ranks = Vec::new();
+        for node in 0..nodes {
+            for i in 0..per_node {
+                let rank = (node * per_node + i) as u32;
+                let proc = sim.spawn(node).unwrap();
+                let ctx = proc.open(&name).unwrap();
+                let listen = SocketAddr::new(ctx.ip(), 0);
+                let mut dc =
+                    DriverConfig::new(rank, node as u32, JOB, XrcdKey::new("xrcd-job"), listen);
+                tune(&mut dc);
+                let drv = ConnDriver::new(ctx, dc).unwrap();
+                ranks.push(Some(RankProc {
+                    drv,
+                    proc,
+                    node,
+                    got: BTreeMap::new(),
+                    notices: Vec::new(),
+                }));
+            }
+        }
+        let dir: Vec<(u32, u32, SocketAddr)> = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, p)| {
+                let p = p.as_ref().unwrap();
+                (r as u32, p.node as u32, p.drv.listen_addr().unwrap())
+            })
+            .collect();
+        for p in ranks.iter_mut().flatten() {
+            for (r, n, a) in &dir {
+                p.drv.add_peer(*r, *n, *a);
+            }
+        }
+        Cluster {
+            sim,
+            ranks,
+            nodes,
+            per_node,
+            max_qps: 0,
+        }
+    }
+
+    pub fn now(&self) -> Duration {
+        self.sim.now()
+    }
+
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    pub fn live(&self) -> Vec<u32> {
+        (0..self.ranks.len() as u32)
+            .filter(|r| self.ranks[*r as usize].is_some())
+            .collect()
+    }
+
+    pub fn rank(&mut self, r: u32) -> &mut RankProc {
+        self.ranks[r as usize].as_mut().expect("live rank")
+    }
+
+    /// One round: every live rank makes progress and drains what it got.
+    pub fn step(&mut self) -> usize {
+        let now = self.sim.now();
+        let mut work = 0;
+        for p in self.ranks.iter_mut().flatten() {
+            work += p.drv.progress(now);
+            while let Some(m) = p.drv.recv() {
+                let Received { src, seq, .. } = m;
+                p.got.entry(src).or_default().push(seq);
+            }
+            while let Some(n) = p.drv.poll_notice() {
+                p.notices.push(n);
+            }
+            self.max_qps = self.max_qps.max(p.drv.manager().live_qps());
+        }
+        if work == 0 {
+            // Nothing to do anywhere: let virtual time run to the next event.
+            self.sim.step();
+        }
+        work
+    }
+
+    /// Steps until `done` holds, or fails after `limit` of virtual time.
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Cluster) -> bool) {
+        let deadline = self.now() + limit;
+        while !done(self) {
+            assert!(
+                self.now() < deadline,
+                "not done after {limit:?} of virtual time (t={:?})",
+                self.now()
+            );
+            self.step();
+        }
+    }
+
+    /// Steps for `d` of virtual time.
+    pub fn run_for(&mut self, d: Duration) {
+        let end = self.now() + d;
+        while self.now() < end {
+            self.step();
+        }
+    }
+
+    pub fn connect(&mut self, from: u32, to: u32) {
+        let now = self.now();
+        self.rank(from).drv.connect(now, to);
+    }
+
+    pub fn ready(&self, from: u32, to: u32) -> bool {
+        self.ranks[from as usize]
+            .as_ref()
+            .is_some_and(|p| p.drv.is_ready(to))
+    }
+
+    /// Connects every live rank to every other and waits until all are ready.
+    pub fn connect_all(&mut self, limit: Duration) {
+        let live = self.live();
+        for &a in &live {
+            for &b in &live {
+                if a != b {
+                    self.connect(a, b);
+                }
+            }
+        }
+        self.run_until(limit, |c| {
+            live.iter()
+                .all(|&a| live.iter().all(|&b| a == b || c.ready(a, b)))
+        });
+    }
+
+    /// Sends `count` messages from every live rank to every other, waits
+    /// until all arrived, and checks exactly once, in order.
+    pub fn exchange(&mut self, count: u32, limit: Duration) {
+        let live = self.live();
+        let before: BTreeMap<(u32, u32), usize> = live
+            .iter()
+            .flat_map(|&a| live.iter().map(move |&b| (a, b)))
+            .map(|(a, b)| {
+                (
+                    (a, b),
+                    self.ranks[b as usize]
+                        .as_ref()
+                        .unwrap()
+                        .got
+                        .get(&a)
+                        .map_or(0, |v| v.len()),
+                )
+            })
+            .collect();
+        let mut todo: BTreeSet<(u32, u32, u32)> = BTreeSet::new();
+        for &a in &live {
+            for &b in &live {
+                if a != b {
+                    for i in 0..count {
+                        todo.insert((a, b, i));
+                    }
+                }
+            }
+        }
+        let deadline = self.now() + limit;
+        while !todo.is_empty() {
+            assert!(
+                self.now() < deadline,
+                "{} messages not sent (t={:?})",
+                todo.len(),
+                self.now()
+            );
+            let batch: Vec<(u32, u32, u32)> = todo.iter().copied().take(4096).collect();
+            for (a, b, i) in batch {
+                // Keep per-destination order: only the lowest pending index.
+                if todo.range((a, b, 0)..(a, b, i)).next().is_some() {
+                    continue;
+                }
+                let now = self.now();
+                let p = self.rank(a);
+                if !p.drv.is_ready(b) {
+                    p.drv.connect(now, b);
+                    continue;
+                }
+                if p.drv.send(b, &i.to_le_bytes()).unwrap() {
+                    todo.remove(&(a, b, i));
+                }
+            }
+            self.step();
+        }
+        self.run_until(limit, |c| {
+            live.iter().all(|&a| {
+                live.iter().all(|&b| {
+                    a == b
+                        || c.ranks[b as usize]
+                            .as_ref()
+                            .unwrap()
+                            .got
+                            .get(&a)
+                            .map_or(0, |v| v.len())
+                            >= before[&(a, b)] + count as usize
+                })
+            })
+        });
+        for &a in &live {
+            for &b in &live {
+                if a == b {
+                    continue;
+                }
+                let got = &self.ranks[b as usize].as_ref().unwrap().got[&a];
+                let fresh = &got[before[&(a, b)]..];
+                assert_eq!(fresh.len(), count as usize, "{a} -> {b}: {fresh:?}");
+                for w in got.windows(2) {
+                    assert!(
+                        w[1] == w[0] + 1,
+                        "{a} -> {b}: out of order or duplicated: {got:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A clean exit: the rank leaves through its manager, then its process
+    /// exits.
+    pub fn exit(&mut self, r: u32, limit: Duration) {
+        let now = self.now();
+        self.rank(r).drv.shutdown(now);
+        self.run_until(limit, |c| {
+            c.ranks[r as usize]
+                .as_ref()
+                .unwrap()
+                .notices
+                .iter()
+                .any(|n| *n == Notice::Drained)
+        });
+        let p = self.ranks[r as usize].take().unwrap();
+        let proc = p.proc.clone();
+        drop(p);
+        proc.exit();
+    }
+
+    /// A crash: the process dies with everything it holds.
+    pub fn crash(&mut self, r: u32) {
+        let p = self.ranks[r as usize].take().unwrap();
+        self.sim.crash(&p.proc);
+        drop(p);
+    }
+
+    /// TGT QPs per node, and the holders of each.
+    pub fn tgt_counts(&self) -> Vec<usize> {
+        (0..self.nodes)
+            .map(|n| self.sim.node_view(n).tgt_qps.len())
+            .collect()
+    }
+}

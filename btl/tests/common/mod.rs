@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -19,6 +19,10 @@ pub struct RankProc {
     pub drv: ConnDriver<SimContext>,
     pub proc: SimProcess,
     pub node: usize,
+    /// The test called into it: it must make progress.
+    pub dirty: bool,
+    /// Its next timer, as last seen.
+    pub timer: Option<Duration>,
     /// Messages received, by source: sequence numbers in arrival order.
     pub got: BTreeMap<u32, Vec<u32>>,
     pub notices: Vec<Notice>,
@@ -31,6 +35,8 @@ pub struct Cluster {
     pub per_node: usize,
     /// Highest number of sending QPs any process held at once.
     pub max_qps: usize,
+    rank_of_pid: HashMap<u32, u32>,
+    timers: BTreeSet<(Duration, u32)>,
 }
 
 impl Cluster {
@@ -67,6 +73,8 @@ impl Cluster {
                     drv,
                     proc,
                     node,
+                    dirty: true,
+                    timer: None,
                     got: BTreeMap::new(),
                     notices: Vec::new(),
                 }));
@@ -85,12 +93,19 @@ impl Cluster {
                 p.drv.add_peer(*r, *n, *a);
             }
         }
+        let rank_of_pid = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, p)| (p.as_ref().unwrap().proc.pid(), r as u32))
+            .collect();
         Cluster {
             sim,
             ranks,
             nodes,
             per_node,
             max_qps: 0,
+            rank_of_pid,
+            timers: BTreeSet::new(),
         }
     }
 
@@ -108,16 +123,45 @@ impl Cluster {
             .collect()
     }
 
+    /// A live rank, marked to make progress in the next round (the caller
+    /// is about to call into it).
     pub fn rank(&mut self, r: u32) -> &mut RankProc {
-        self.ranks[r as usize].as_mut().expect("live rank")
+        let p = self.ranks[r as usize].as_mut().expect("live rank");
+        p.dirty = true;
+        p
     }
 
-    /// One round: every live rank makes progress and drains what it got.
+    /// One round: every rank with something to do (something queued for
+    /// it, a timer due, or a call from the test) makes progress and drains
+    /// what it got. If none had anything to do, virtual time moves to the
+    /// next scheduled event.
     pub fn step(&mut self) -> usize {
         let now = self.sim.now();
+        let mut todo: BTreeSet<u32> = self
+            .sim
+            .take_touched()
+            .iter()
+            .filter_map(|pid| self.rank_of_pid.get(pid).copied())
+            .collect();
+        for (r, p) in self.ranks.iter().enumerate() {
+            if p.as_ref().is_some_and(|p| p.dirty) {
+                todo.insert(r as u32);
+            }
+        }
+        while let Some(&(t, r)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            todo.insert(r);
+        }
         let mut work = 0;
-        for p in self.ranks.iter_mut().flatten() {
-            work += p.drv.progress(now);
+        for r in todo {
+            let Some(p) = self.ranks[r as usize].as_mut() else {
+                continue;
+            };
+            p.dirty = false;
+            work += p.drv.progress(now) + 1;
             while let Some(m) = p.drv.recv() {
                 let Received { src, seq, .. } = m;
                 p.got.entry(src).or_default().push(seq);
@@ -126,10 +170,28 @@ impl Cluster {
                 p.notices.push(n);
             }
             self.max_qps = self.max_qps.max(p.drv.manager().live_qps());
+            if let Some(old) = p.timer.take() {
+                self.timers.remove(&(old, r));
+            }
+            p.timer = p.drv.manager().poll_timeout();
+            if let Some(t) = p.timer {
+                self.timers.insert((t, r));
+            }
         }
         if work == 0 {
-            // Nothing to do anywhere: let virtual time run to the next event.
-            self.sim.step();
+            // Everyone is idle: time moves to the next event or timer.
+            let timer = self.timers.first().map(|(t, _)| *t);
+            let next = match (self.sim.next_event_at(), timer) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match next {
+                Some(t) if t > now => self.sim.advance(t - now),
+                Some(_) => {
+                    self.sim.step();
+                }
+                None => self.sim.advance(Duration::from_micros(1)),
+            }
         }
         work
     }

@@ -223,6 +223,8 @@ impl World {
         if let Some(ch) = self.channels.get_mut(ch) {
             ch.events.push_back(ev);
             self.stats.cm_events += 1;
+            let ctx = ch.ctx;
+            self.touch(ctx);
         } else if let Some(new) = ev.new_id {
             self.destroy_cm_id(new);
         }
@@ -271,9 +273,7 @@ impl World {
         }
         let (a, b) = (self.devs[from_dev].node, self.devs[to_dev].node);
         let kind = msg.kind();
-        let action = self.faults.cm_action(&mut self.rng, a, b, kind);
-        let latency = self.cfg.timing.cm_latency_ns;
-        let copies: &[u64] = match action {
+        let extra: &[u64] = match self.faults.cm_action(&mut self.rng, a, b, kind) {
             CmAction::Deliver => &[0],
             CmAction::Drop => {
                 self.stats.cm_dropped += 1;
@@ -281,34 +281,45 @@ impl World {
             }
             CmAction::Delay(ns) => {
                 self.stats.cm_delayed += 1;
-                return self.schedule_in(
-                    latency + ns,
-                    Event::Cm(Box::new(CmDelivery {
-                        from,
-                        from_dev,
-                        to_dev,
-                        to,
-                        msg,
-                    })),
-                );
+                return self.deliver_cm(from, from_dev, to_dev, to, msg, ns);
             }
             CmAction::Duplicate => {
                 self.stats.cm_duplicated += 1;
                 &[0, 1_000]
             }
         };
-        for extra in copies {
-            self.schedule_in(
-                latency + extra,
-                Event::Cm(Box::new(CmDelivery {
-                    from,
-                    from_dev,
-                    to_dev,
-                    to,
-                    msg: msg.clone(),
-                })),
-            );
+        for &e in extra {
+            self.deliver_cm(from, from_dev, to_dev, to, msg.clone(), e);
         }
+    }
+
+    /// Schedules a CM message's handling at the destination: after the
+    /// wire latency (plus `extra`), and after the node's CM agent has
+    /// finished the messages that arrived before it.
+    fn deliver_cm(
+        &mut self,
+        from: Id<CmIdObj>,
+        from_dev: DevIdx,
+        to_dev: DevIdx,
+        to: CmDest,
+        msg: CmWire,
+        extra: u64,
+    ) {
+        let node = self.devs[to_dev].node;
+        let t = &self.cfg.timing;
+        let arrive = self.now + t.cm_latency_ns + extra;
+        let done = arrive.max(self.cm_busy_until[node]) + t.cm_processing_ns;
+        self.cm_busy_until[node] = done;
+        self.schedule(
+            done,
+            Event::Cm(Box::new(CmDelivery {
+                from,
+                from_dev,
+                to_dev,
+                to,
+                msg,
+            })),
+        );
     }
 
     fn send_to_peer(&mut self, id: Id<CmIdObj>, msg: CmWire) {

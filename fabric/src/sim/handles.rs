@@ -75,6 +75,18 @@ impl SimProcess {
         self.0.pid
     }
 
+    /// How many times something was queued for this process (completions,
+    /// async events, CM events): a harness driving many processes
+    /// progresses only those whose count moved.
+    pub fn activity(&self) -> u64 {
+        self.0
+            .shared
+            .lock()
+            .procs
+            .get(self.0.id)
+            .map_or(0, |p| p.activity)
+    }
+
     /// Whether the process is still running.
     pub fn is_alive(&self) -> bool {
         self.0

@@ -125,6 +125,9 @@ pub struct SimTiming {
     pub bandwidth_bytes_per_us: u64,
     /// One-way latency of a CM message.
     pub cm_latency_ns: u64,
+    /// Time a node's CM agent spends on each incoming message; messages
+    /// queue behind each other, so connection storms take time.
+    pub cm_processing_ns: u64,
     /// How long a CM request, reply or disconnect waits for its answer.
     pub cm_timeout_ns: u64,
     /// How often the CM resends before giving up.
@@ -146,7 +149,11 @@ impl Default for SimTiming {
             loopback_latency_ns: 300,
             bandwidth_bytes_per_us: 12_500,
             cm_latency_ns: 10_000,
-            cm_timeout_ns: 4_000_000,
+            cm_processing_ns: 3_000,
+            // The RDMA CM waits about 4.3 s (timeout 20); 100 ms keeps
+            // storms from collapsing under the agents' queues while fault
+            // tests stay short.
+            cm_timeout_ns: 100_000_000,
             cm_max_retries: 4,
             arp_ns: 100_000,
             route_ib_ns: 50_000,
@@ -388,6 +395,20 @@ impl SimFabric {
     /// documentation. Returns whether any event ran.
     pub fn step(&self) -> bool {
         self.shared.lock().progress()
+    }
+
+    /// The pids of the processes something was queued for (a completion, an
+    /// async event, a CM event) since the last call: what a harness driving
+    /// many processes must progress next.
+    pub fn take_touched(&self) -> Vec<u32> {
+        std::mem::take(&mut self.shared.lock().touched)
+            .into_iter()
+            .collect()
+    }
+
+    /// When the next scheduled event is due, if any.
+    pub fn next_event_at(&self) -> Option<Duration> {
+        self.shared.lock().next_event_at().map(Duration::from_nanos)
     }
 
     /// Runs everything scheduled in the next `d` of virtual time.

@@ -10,7 +10,7 @@
 //! decides what happens.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,6 +44,10 @@ pub(crate) struct Proc {
     pub node: usize,
     pub pid: u32,
     pub alive: bool,
+    /// Bumped whenever something is queued for the process (a completion,
+    /// an async event, a CM event): a harness progresses only processes
+    /// whose count moved.
+    pub activity: u64,
 }
 
 pub(crate) struct Ctx {
@@ -325,6 +329,11 @@ pub(crate) struct World {
     /// (local node, remote node) pairs whose address is cached.
     pub arp_cache: HashSet<(usize, usize)>,
     pub faults: super::faults::FaultState,
+    /// When each node's CM agent is free again.
+    pub cm_busy_until: Vec<u64>,
+    /// Pids of the processes something was queued for since the last
+    /// [`super::SimFabric::take_touched`].
+    pub touched: BTreeSet<u32>,
     pub stats: SimStats,
     /// Rolling hash of every processed event: equal seeds give equal traces.
     pub trace: u64,
@@ -365,6 +374,7 @@ impl World {
             }
         }
         let seed = cfg.seed;
+        let nodes_for_cm = cfg.nodes;
         World {
             cfg,
             now: 0,
@@ -389,6 +399,8 @@ impl World {
             next_pid: 1,
             arp_cache: HashSet::new(),
             faults: Default::default(),
+            cm_busy_until: vec![0; nodes_for_cm],
+            touched: BTreeSet::new(),
             stats: SimStats::default(),
             trace: 0xcbf2_9ce4_8422_2325,
             auto_advance: true,
@@ -478,6 +490,11 @@ impl World {
         }
     }
 
+    /// When the next event is due.
+    pub(crate) fn next_event_at(&self) -> Option<u64> {
+        self.queue.peek().map(|Reverse(s)| s.at)
+    }
+
     /// Whether anything is scheduled.
     pub(crate) fn has_events(&self) -> bool {
         !self.queue.is_empty()
@@ -544,6 +561,17 @@ impl World {
         if let Some(c) = self.ctxs.get_mut(ctx) {
             c.events.push_back(ev);
             self.stats.async_events += 1;
+            self.touch(ctx);
+        }
+    }
+
+    /// Notes that something was queued for the process owning `ctx`.
+    pub(crate) fn touch(&mut self, ctx: Id<Ctx>) {
+        if let Some(p) = self.ctxs.get(ctx).map(|c| c.proc) {
+            if let Some(p) = self.procs.get_mut(p) {
+                p.activity += 1;
+                self.touched.insert(p.pid);
+            }
         }
     }
 
@@ -577,6 +605,7 @@ impl World {
             node,
             pid,
             alive: true,
+            activity: 0,
         }))
     }
 
@@ -747,6 +776,8 @@ impl World {
             return;
         }
         c.entries.push_back(cqe);
+        let ctx = c.ctx;
+        self.touch(ctx);
     }
 
     pub(crate) fn poll_cq(&mut self, cq: Id<CqObj>, out: &mut [WorkCompletion]) -> Result<usize> {

@@ -500,6 +500,9 @@ struct Endpoint {
     retry_at: Option<Duration>,
     /// RC: whether this side initiated (and must speak first on iWARP).
     initiator: bool,
+    /// RC responder on iWARP: the initiator's first message arrived (it can
+    /// overtake the CM's own confirmation).
+    heard: bool,
 }
 
 /// A TGT QP handle this rank holds.
@@ -719,6 +722,7 @@ impl ConnManager {
                 retries: 0,
                 retry_at: None,
                 initiator: true,
+                heard: false,
             },
         );
         match self.cfg.mode {
@@ -1046,10 +1050,19 @@ impl ConnManager {
         let Some(i) = self.inis.get(&k) else { return };
         let (users, anchor, tgt) = (i.users.clone(), i.anchor, i.tgt_qpn);
         if !anchor_alive && tgt != 0 {
-            let holder = users.iter().copied().find(|r| {
-                *r != anchor && self.eps.get(r).is_some_and(|e| e.state == EpState::Ready)
-            });
-            if let Some(h) = holder {
+            // Any rank we asked to register may hold the TGT QP, even if
+            // its answer has not arrived: tell each to break it.
+            let holders: Vec<Rank> = users
+                .iter()
+                .copied()
+                .filter(|r| *r != anchor)
+                .filter(|r| {
+                    self.eps
+                        .get(r)
+                        .is_some_and(|e| matches!(e.state, EpState::Ready | EpState::Reusing))
+                })
+                .collect();
+            for h in holders {
                 self.send_leave(h, tgt);
             }
         }
@@ -1209,7 +1222,7 @@ impl ConnManager {
                 if let Mode::Rc { p2p } = self.cfg.mode {
                     if let Some(e) = self.eps.get(&peer) {
                         if e.state == EpState::Connecting && !e.initiator {
-                            if p2p {
+                            if p2p && !e.heard {
                                 self.set_ep(peer, EpState::WaitHello);
                             } else {
                                 self.ready(peer);
@@ -1375,7 +1388,9 @@ impl ConnManager {
                 self.leaves_outstanding.remove(&cm);
                 self.finish_leave_if_done();
             }
-            CmUse::Served { .. } => {}
+            // A connection we accepted never came up (the initiator went
+            // away): whatever we made for it goes too.
+            CmUse::Served { peer } => self.served_gone(cm, peer),
         }
     }
 
@@ -1605,37 +1620,46 @@ impl ConnManager {
             CmUse::Served { peer } => {
                 self.cms.remove(&cm);
                 self.actions.push_back(Action::DestroyCm { cm });
-                // We anchored a TGT QP whose sender is gone: break it so
-                // every holder lets go.
-                let anchored: Vec<TgtRef> = self
-                    .tgts
-                    .iter()
-                    .filter(|(_, t)| t.anchor_cm == Some(cm))
-                    .map(|(k, _)| *k)
-                    .collect();
-                for t in anchored {
-                    if let Some(x) = self.tgts.get_mut(&t) {
-                        x.anchor_cm = None;
-                    }
-                    self.counters.tgt_broken += 1;
-                    self.actions.push_back(Action::BreakTgt { tgt: t });
-                    self.release_tgt(t);
-                }
-                // RC: the peer's connection (accepted by us) is gone.
-                if matches!(self.cfg.mode, Mode::Rc { .. }) {
-                    let owned = self.eps.get(&peer).and_then(|e| e.ini);
-                    if let Some(k) = owned {
-                        if self
-                            .inis
-                            .get(&k)
-                            .is_some_and(|i| i.cm.is_none() || i.cm == Some(cm))
-                        {
-                            self.abandon_ini(k, true);
-                        }
-                    }
-                }
+                self.served_gone(cm, peer);
             }
             _ => {}
+        }
+    }
+
+    /// The connection behind a request we served is gone (disconnected, or
+    /// it never came up): break the TGT QP we anchored for it, so every
+    /// holder lets go; in RC mode, the peer's endpoint goes with it.
+    fn served_gone(&mut self, cm: CmRef, peer: Rank) {
+        let anchored: Vec<TgtRef> = self
+            .tgts
+            .iter()
+            .filter(|(_, t)| t.anchor_cm == Some(cm))
+            .map(|(k, _)| *k)
+            .collect();
+        for t in anchored {
+            if let Some(x) = self.tgts.get_mut(&t) {
+                x.anchor_cm = None;
+            }
+            self.counters.tgt_broken += 1;
+            self.actions.push_back(Action::BreakTgt { tgt: t });
+            self.release_tgt(t);
+        }
+        // A request still waiting for its TGT QP: drop it.
+        if let Some(pos) = self.pending.iter().position(|p| p.cm == cm) {
+            let p = self.pending.swap_remove(pos);
+            self.actions.push_back(Action::CloseTgt { tgt: p.tgt });
+        }
+        if matches!(self.cfg.mode, Mode::Rc { .. }) {
+            let owned = self.eps.get(&peer).and_then(|e| e.ini);
+            if let Some(k) = owned {
+                if self
+                    .inis
+                    .get(&k)
+                    .is_some_and(|i| i.cm.is_none() || i.cm == Some(cm))
+                {
+                    self.abandon_ini(k, true);
+                }
+            }
         }
     }
 
@@ -1654,12 +1678,14 @@ impl ConnManager {
         let Some(&rank) = self.inis.get(&k).and_then(|i| i.users.iter().next()) else {
             return;
         };
-        if self
-            .eps
-            .get(&rank)
-            .is_some_and(|e| e.state == EpState::WaitHello)
-        {
-            self.ready(rank);
+        let Some(e) = self.eps.get_mut(&rank) else {
+            return;
+        };
+        match e.state {
+            EpState::WaitHello => self.ready(rank),
+            // The data path overtook the CM's confirmation.
+            EpState::Connecting if !e.initiator => e.heard = true,
+            _ => {}
         }
     }
 
@@ -1709,6 +1735,7 @@ impl ConnManager {
                 retries: 0,
                 retry_at: None,
                 initiator: false,
+                heard: false,
             },
         );
         let m = self.msg(Kind::Accept, peer, msg.tag);

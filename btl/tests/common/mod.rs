@@ -161,7 +161,7 @@ impl Cluster {
                 continue;
             };
             p.dirty = false;
-            work += p.drv.progress(now) + 1;
+            work += p.drv.progress(now);
             while let Some(m) = p.drv.recv() {
                 let Received { src, seq, .. } = m;
                 p.got.entry(src).or_default().push(seq);
@@ -190,22 +190,45 @@ impl Cluster {
                 Some(_) => {
                     self.sim.step();
                 }
-                None => self.sim.advance(Duration::from_micros(1)),
+                // Nothing is scheduled anywhere: nothing can happen.
+                None => return usize::MAX,
             }
         }
         work
+    }
+
+    /// A summary of every rank, for failure messages.
+    pub fn dump(&mut self) -> String {
+        let mut out = String::new();
+        for r in self.live() {
+            let p = self.ranks[r as usize].as_ref().unwrap();
+            let m = p.drv.manager();
+            out += &format!(
+                "rank {r}: {:?} qps {}\n",
+                m.endpoints_by_state(),
+                m.live_qps()
+            );
+        }
+        out
     }
 
     /// Steps until `done` holds, or fails after `limit` of virtual time.
     pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Cluster) -> bool) {
         let deadline = self.now() + limit;
         while !done(self) {
-            assert!(
-                self.now() < deadline,
-                "not done after {limit:?} of virtual time (t={:?})",
-                self.now()
-            );
-            self.step();
+            let t = self.now();
+            if t >= deadline {
+                panic!(
+                    "not done after {limit:?} of virtual time (t={t:?})\n{}",
+                    self.dump()
+                );
+            }
+            if self.step() == usize::MAX {
+                panic!(
+                    "stuck: nothing scheduled and not done (t={t:?})\n{}",
+                    self.dump()
+                );
+            }
         }
     }
 
@@ -213,7 +236,10 @@ impl Cluster {
     pub fn run_for(&mut self, d: Duration) {
         let end = self.now() + d;
         while self.now() < end {
-            self.step();
+            if self.step() == usize::MAX {
+                let now = self.now();
+                self.sim.advance(end - now);
+            }
         }
     }
 
@@ -362,5 +388,70 @@ impl Cluster {
         (0..self.nodes)
             .map(|n| self.sim.node_view(n).tgt_qps.len())
             .collect()
+    }
+}
+
+impl Cluster {
+    /// Checks that nothing is left behind: the simulator's invariants, no
+    /// TGT QP held by a dead process, exactly one TGT QP per (live sender,
+    /// node) it talks to, and at most one INI QP per (process, node).
+    pub fn check_clean(&mut self, dead: &[SimProcess]) {
+        self.sim.check_invariants().unwrap();
+        let dead_pids: Vec<u32> = dead.iter().map(|p| p.pid()).collect();
+        for p in dead {
+            let v = self.sim.process_view(p);
+            assert!(!v.alive);
+            assert_eq!(
+                (
+                    v.qps,
+                    v.tgt_handles,
+                    v.mrs,
+                    v.srqs,
+                    v.cqs,
+                    v.pds,
+                    v.xrcds,
+                    v.cm_ids
+                ),
+                (0, 0, 0, 0, 0, 0, 0, 0),
+                "pid {} left objects behind",
+                p.pid()
+            );
+        }
+        for n in 0..self.nodes {
+            for t in self.sim.node_view(n).tgt_qps {
+                assert!(
+                    t.openers.iter().all(|o| !dead_pids.contains(o)),
+                    "node {n}: a dead process still holds {t:?}"
+                );
+            }
+        }
+        // XRC: one INI QP per node at most. RC: one QP per peer at most.
+        let live = self.live();
+        let xrc = live
+            .first()
+            .is_some_and(|&r| self.rank(r).drv.mode() == xrcbtl_xrc_conn::Mode::Xrc);
+        let bound = if xrc { self.nodes } else { self.size() - 1 };
+        for r in live {
+            let qps = self.rank(r).drv.manager().live_qps();
+            assert!(
+                qps <= bound,
+                "rank {r} holds {qps} sending QPs (bound {bound})"
+            );
+        }
+        assert!(
+            self.max_qps <= bound,
+            "a process once held {} sending QPs (bound {bound})",
+            self.max_qps
+        );
+    }
+
+    /// With every survivor connected to every other: each node has exactly
+    /// one TGT QP per surviving process, no dead one piled up.
+    pub fn check_tgt_per_sender(&self) {
+        let live = self.live().len();
+        for n in 0..self.nodes {
+            let v = self.sim.node_view(n);
+            assert_eq!(v.tgt_qps.len(), live, "node {n}: {:?}", v.tgt_qps);
+        }
     }
 }

@@ -147,6 +147,17 @@ impl World {
                 self.send_to_peer(id, msg);
             }
             CmState::Established | CmState::Accepting => self.send_to_peer(id, CmWire::Dreq),
+            // The IB CM rejects (reason: timeout) a request whose id goes
+            // away before the reply: the peer does not wait for an RTU.
+            CmState::Connecting => {
+                if let (Some(r), Some(dev)) = (c.remote, c.remote_dev) {
+                    let msg = CmWire::Rej {
+                        reason: RejectReason::Timeout,
+                        private: Vec::new(),
+                    };
+                    self.send_cm(id, dev, CmDest::Listener(r), msg);
+                }
+            }
             _ => {}
         }
         let c = self.cm_ids.remove(id).expect("present");
@@ -797,11 +808,21 @@ impl World {
             return;
         }
         match d.to {
-            CmDest::Listener(addr) => {
-                if matches!(d.msg, CmWire::Req { .. }) {
-                    self.on_req(addr, d);
+            CmDest::Listener(addr) => match d.msg {
+                CmWire::Req { .. } => self.on_req(addr, d),
+                // A withdrawn request: reaches the id the request made.
+                CmWire::Rej { .. } => {
+                    let child = self
+                        .listeners
+                        .get(&addr)
+                        .and_then(|l| self.cm_ids.get(*l))
+                        .and_then(|l| l.children.get(&d.from).copied());
+                    if let Some(child) = child {
+                        self.on_cm_to_id(child, d);
+                    }
                 }
-            }
+                _ => {}
+            },
             CmDest::Id(id) => {
                 if self.cm_ids.contains(id) {
                     self.on_cm_to_id(id, d);
@@ -977,6 +998,10 @@ impl World {
                 self.cm_ids.get_mut(id).expect("live").state = CmState::Failed;
                 let kind = CmEventKind::Rejected(reason);
                 self.simple_event(id, kind, private);
+            }
+            (CmWire::Rej { reason, .. }, CmState::RequestReceived) => {
+                self.cm_ids.get_mut(id).expect("live").state = CmState::Failed;
+                self.simple_event(id, CmEventKind::Rejected(reason), Vec::new());
             }
             (CmWire::Rej { .. }, CmState::Accepting) => {
                 self.cancel_cm_timer(id);

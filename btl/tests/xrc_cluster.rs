@@ -42,26 +42,3 @@ fn small_all_to_all() {
     c.exchange(3, 5 * S);
     c.sim.check_invariants().unwrap();
 }
-
-#[test]
-#[ignore = "scaling probe"]
-fn probe_scale() {
-    let nodes: usize = std::env::var("N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
-    let per: usize = std::env::var("M")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
-    let t0 = std::time::Instant::now();
-    let mut c = Cluster::new(3, nodes, per, SimDevice::ib("sim0"));
-    let v0 = c.now();
-    c.connect_all(60 * S);
-    eprintln!(
-        "{nodes}x{per}: connected in {:?} virtual, {:?} wall; {:?}",
-        c.now() - v0,
-        t0.elapsed(),
-        c.sim.stats()
-    );
-}

@@ -990,7 +990,9 @@ impl ConnManager {
         };
         let want = (per.saturating_mul(i.users.len() as u32)).clamp(1, max);
         if want > i.sq_depth {
-            i.sq_depth = want;
+            // Grow by doubling: a node's endpoints join one by one.
+            i.sq_depth = want.max(i.sq_depth.saturating_mul(2)).min(max);
+            let want = i.sq_depth;
             self.counters.sq_resizes += 1;
             let qp = i.qp;
             self.actions

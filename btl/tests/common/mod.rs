@@ -367,8 +367,7 @@ impl Cluster {
                 .as_ref()
                 .unwrap()
                 .notices
-                .iter()
-                .any(|n| *n == Notice::Drained)
+                .contains(&Notice::Drained)
         });
         let p = self.ranks[r as usize].take().unwrap();
         let proc = p.proc.clone();

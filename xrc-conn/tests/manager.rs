@@ -1,0 +1,604 @@
+//! The connection manager alone: events in, actions and notices out, in
+//! virtual time.
+
+use std::time::Duration;
+
+use xrcbtl_xrc_conn::wire::{Kind, Msg, Reason};
+use xrcbtl_xrc_conn::*;
+
+const JOB: u32 = 9;
+const T0: Duration = Duration::ZERO;
+
+fn mgr(rank: Rank, node: Node) -> ConnManager {
+    let cfg = Config::new(rank, node, JOB, Mode::Xrc, vec![100 + rank]);
+    ConnManager::new(cfg, [(0, 0), (1, 1), (2, 1), (3, 1)])
+}
+
+fn drain(m: &mut ConnManager) -> Vec<Action> {
+    std::iter::from_fn(|| m.poll_action()).collect()
+}
+
+fn notices(m: &mut ConnManager) -> Vec<Notice> {
+    std::iter::from_fn(|| m.poll_notice()).collect()
+}
+
+/// The CM id of the `Resolve` action for `rank`.
+fn resolve_of(actions: &[Action], rank: Rank) -> CmRef {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Resolve { cm, rank: r, .. } if *r == rank => Some(*cm),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no resolve for {rank} in {actions:?}"))
+}
+
+/// The message of the `Connect` action.
+fn connect_of(actions: &[Action]) -> (CmRef, Option<QpRef>, Msg) {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Connect { cm, qp, data } => Some((*cm, *qp, Msg::decode(data, JOB).unwrap())),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no connect in {actions:?}"))
+}
+
+fn accept(from: Rank, to: Rank, tag: u32, tgt: u32) -> Vec<u8> {
+    let mut m = Msg::new(Kind::Accept, JOB, from, to, tag);
+    m.tgt = tgt;
+    m.srqns = vec![100 + from];
+    m.encode()
+}
+
+fn refuse(from: Rank, to: Rank, tag: u32, r: Reason) -> Vec<u8> {
+    let mut m = Msg::new(Kind::Refuse, JOB, from, to, tag);
+    m.reason = Some(r);
+    m.encode()
+}
+
+/// Connects rank 0 to rank 1 (the anchor of node 1); returns the INI QP, the
+/// anchor's CM id and the connection tag.
+fn anchored(m: &mut ConnManager) -> (QpRef, CmRef, u32) {
+    m.connect(T0, 1);
+    let a = drain(m);
+    assert!(
+        matches!(
+            a[0],
+            Action::CreateQp {
+                kind: QpKind::Ini,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    let cm = resolve_of(&a, 1);
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (c, qp, msg) = connect_of(&drain(m));
+    assert_eq!((c, msg.kind, msg.dst), (cm, Kind::Connect, 1));
+    m.handle(
+        T0,
+        Event::Established {
+            cm,
+            data: accept(1, 0, msg.tag, 77),
+        },
+    );
+    assert_eq!(
+        notices(m),
+        vec![Notice::Ready {
+            rank: 1,
+            path: Path {
+                qp: qp.unwrap(),
+                srqns: vec![101]
+            }
+        }]
+    );
+    (qp.unwrap(), cm, msg.tag)
+}
+
+#[test]
+fn second_rank_of_a_node_reuses_the_ini_qp() {
+    let mut m = mgr(0, 0);
+    let (qp, _, _) = anchored(&mut m);
+    m.connect(T0, 2);
+    let a = drain(&mut m);
+    assert!(
+        !a.iter().any(|x| matches!(x, Action::CreateQp { .. })),
+        "one INI QP per node: {a:?}"
+    );
+    let cm = resolve_of(&a, 2);
+    // The node's route is cached after the first resolution.
+    assert!(a.iter().any(|x| matches!(
+        x,
+        Action::Resolve {
+            route: Some(RouteRef(7)),
+            ..
+        }
+    )));
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (_, q, msg) = connect_of(&drain(&mut m));
+    assert_eq!(
+        (q, msg.kind, msg.tgt),
+        (None, Kind::Reuse, 77),
+        "QP-less reuse of TGT QP 77"
+    );
+    let mut ok = Msg::new(Kind::ReuseOk, JOB, 2, 0, msg.tag);
+    ok.srqns = vec![102];
+    m.handle(
+        T0,
+        Event::Failed {
+            cm,
+            how: CmFailure::Rejected,
+            data: ok.encode(),
+        },
+    );
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::Ready {
+            rank: 2,
+            path: Path {
+                qp,
+                srqns: vec![102]
+            }
+        }]
+    );
+    assert_eq!(m.live_qps(), 1);
+}
+
+#[test]
+fn not_ready_rebuilds_the_ini_qp_with_a_new_anchor() {
+    let mut m = mgr(0, 0);
+    let (old_qp, old_cm, _) = anchored(&mut m);
+    m.connect(T0, 2);
+    let cm = resolve_of(&drain(&mut m), 2);
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (_, _, msg) = connect_of(&drain(&mut m));
+    // The TGT QP is gone by the time rank 2 looks for it.
+    m.handle(
+        T0,
+        Event::Failed {
+            cm,
+            how: CmFailure::Rejected,
+            data: refuse(2, 0, msg.tag, Reason::NotReady),
+        },
+    );
+    let a = drain(&mut m);
+    assert!(a.contains(&Action::DestroyQp { qp: old_qp }), "{a:?}");
+    assert!(a.contains(&Action::DestroyCm { cm: old_cm }), "{a:?}");
+    let new_qp = a
+        .iter()
+        .find_map(|x| match x {
+            Action::CreateQp {
+                qp,
+                kind: QpKind::Ini,
+                ..
+            } => Some(*qp),
+            _ => None,
+        })
+        .expect("a fresh INI QP");
+    let cm2 = resolve_of(&a, 2);
+    // Rank 1's endpoint used the dead TGT QP: lost, rebuilt on next use.
+    assert_eq!(notices(&mut m), vec![Notice::Lost { rank: 1 }]);
+    assert_eq!(m.live_qps(), 1);
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm: cm2,
+            route: RouteRef(7),
+        },
+    );
+    let (_, q, msg) = connect_of(&drain(&mut m));
+    assert_eq!((q, msg.kind, msg.dst), (Some(new_qp), Kind::Connect, 2));
+    m.handle(
+        T0,
+        Event::Established {
+            cm: cm2,
+            data: accept(2, 0, msg.tag, 88),
+        },
+    );
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::Ready {
+            rank: 2,
+            path: Path {
+                qp: new_qp,
+                srqns: vec![102]
+            }
+        }]
+    );
+    assert_eq!(m.counters().rebuilds, 1);
+}
+
+#[test]
+fn unreachable_anchor_is_retried_with_backoff_then_fails() {
+    let mut m = mgr(0, 0);
+    m.connect(T0, 1);
+    let mut now = T0;
+    let mut gaps = Vec::new();
+    let mut cm = resolve_of(&drain(&mut m), 1);
+    for _ in 0..=m.config().max_retries {
+        m.handle(now, Event::ResolveFailed { cm });
+        let a = drain(&mut m);
+        if let Some(t) = m.poll_timeout() {
+            gaps.push(t - now);
+            now = t;
+            m.handle_timeout(now);
+            cm = resolve_of(&drain(&mut m), 1);
+            assert!(
+                a.iter().any(|x| matches!(x, Action::DestroyQp { .. })),
+                "{a:?}"
+            );
+        }
+    }
+    // Doubling back-off, bounded retries, then failure.
+    assert_eq!(gaps.len(), m.config().max_retries as usize, "{gaps:?}");
+    assert!(
+        gaps.windows(2)
+            .all(|w| w[1] == (w[0] * 2).min(m.config().backoff_max)),
+        "{gaps:?}"
+    );
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::Failed {
+            rank: 1,
+            reason: FailReason::Unreachable
+        }]
+    );
+    assert_eq!(m.live_qps(), 0);
+    assert_eq!(m.counters().retries, u64::from(m.config().max_retries) + 1);
+}
+
+#[test]
+fn a_reply_from_the_wrong_rank_or_tag_is_not_trusted() {
+    let mut m = mgr(0, 0);
+    m.connect(T0, 1);
+    let cm = resolve_of(&drain(&mut m), 1);
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (_, _, msg) = connect_of(&drain(&mut m));
+    m.handle(
+        T0,
+        Event::Established {
+            cm,
+            data: accept(2, 0, msg.tag, 77),
+        },
+    );
+    assert!(
+        notices(&mut m).is_empty(),
+        "a reply from rank 2 cannot connect rank 1"
+    );
+    assert_eq!(m.counters().retries, 1);
+    let t = m.poll_timeout().expect("a retry is scheduled");
+    m.handle_timeout(t);
+    let cm = resolve_of(&drain(&mut m), 1);
+    m.handle(
+        t,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (_, _, msg2) = connect_of(&drain(&mut m));
+    assert_ne!(msg2.tag, msg.tag, "a new attempt has a new tag");
+    m.handle(
+        t,
+        Event::Established {
+            cm,
+            data: accept(1, 0, msg.tag, 77),
+        },
+    );
+    assert!(notices(&mut m).is_empty(), "a stale tag is refused too");
+}
+
+#[test]
+fn requests_are_served_and_bad_ones_refused() {
+    let mut m = mgr(1, 1);
+    // A connect: create a TGT QP, then accept with it and our SRQ.
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(500),
+            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+        },
+    );
+    let a = drain(&mut m);
+    let Action::CreateTgt { tgt } = a[0] else {
+        panic!("{a:?}")
+    };
+    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
+    let a = drain(&mut m);
+    let Action::Accept {
+        cm,
+        qp: None,
+        tgt: Some(t),
+        data,
+    } = &a[0]
+    else {
+        panic!("{a:?}")
+    };
+    assert_eq!((*cm, *t), (CmRef(500), tgt));
+    let reply = Msg::decode(data, JOB).unwrap();
+    assert_eq!(
+        (reply.kind, reply.tgt, reply.srqns.clone(), reply.tag),
+        (Kind::Accept, 77, vec![101], 42)
+    );
+    assert_eq!(m.tgt_handles(), 1);
+    // A reuse of a TGT QP we already hold: answered at once.
+    let mut r = Msg::new(Kind::Reuse, JOB, 0, 1, 43);
+    r.tgt = 77;
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(501),
+            data: r.encode(),
+        },
+    );
+    let a = drain(&mut m);
+    let Action::Reject { data, .. } = &a[0] else {
+        panic!("{a:?}")
+    };
+    assert_eq!(Msg::decode(data, JOB).unwrap().kind, Kind::ReuseOk);
+    // A reuse of a TGT QP that is gone: NotReady.
+    r.tgt = 99;
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(502),
+            data: r.encode(),
+        },
+    );
+    let a = drain(&mut m);
+    let Action::OpenTgt { tgt, qpn: 99 } = a[0] else {
+        panic!("{a:?}")
+    };
+    m.handle(T0, Event::TgtOpened { tgt, ok: false });
+    let a = drain(&mut m);
+    let Action::Reject { data, .. } = &a[0] else {
+        panic!("{a:?}")
+    };
+    assert_eq!(
+        Msg::decode(data, JOB).unwrap().reason,
+        Some(Reason::NotReady)
+    );
+    // Garbage, another job, another rank.
+    for (bytes, reason) in [
+        (
+            b"\x00\x01garbage garbage garbage garbage".to_vec(),
+            Reason::Malformed,
+        ),
+        (
+            Msg::new(Kind::Connect, JOB + 1, 0, 1, 1).encode(),
+            Reason::WrongJob,
+        ),
+        (
+            Msg::new(Kind::Connect, JOB, 0, 3, 1).encode(),
+            Reason::WrongRank,
+        ),
+        (
+            Msg::new(Kind::Accept, JOB, 0, 1, 1).encode(),
+            Reason::BadKind,
+        ),
+    ] {
+        m.handle(
+            T0,
+            Event::Request {
+                cm: CmRef(600),
+                data: bytes,
+            },
+        );
+        let a = drain(&mut m);
+        let Action::Reject { data, .. } = &a[0] else {
+            panic!("{a:?}")
+        };
+        let got = Msg::decode(data, JOB).unwrap();
+        assert_eq!(got.reason, Some(reason));
+    }
+    assert_eq!(m.counters().refused_sent.values().sum::<u64>(), 5);
+}
+
+#[test]
+fn the_anchor_hears_its_sender_go_and_breaks_the_tgt_qp() {
+    let mut m = mgr(1, 1);
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(500),
+            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+        },
+    );
+    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
+        panic!()
+    };
+    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
+    drain(&mut m);
+    m.handle(
+        T0,
+        Event::Established {
+            cm: CmRef(500),
+            data: vec![],
+        },
+    );
+    m.handle(T0, Event::Disconnected { cm: CmRef(500) });
+    let a = drain(&mut m);
+    assert!(
+        a.contains(&Action::BreakTgt { tgt }),
+        "every holder must hear: {a:?}"
+    );
+    assert!(a.contains(&Action::CloseTgt { tgt }), "{a:?}");
+    assert_eq!(m.tgt_handles(), 0);
+}
+
+#[test]
+fn a_tgt_error_unregisters() {
+    let mut m = mgr(2, 1);
+    let mut r = Msg::new(Kind::Reuse, JOB, 0, 2, 43);
+    r.tgt = 77;
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(501),
+            data: r.encode(),
+        },
+    );
+    let Action::OpenTgt { tgt, .. } = drain(&mut m)[0] else {
+        panic!()
+    };
+    m.handle(T0, Event::TgtOpened { tgt, ok: true });
+    drain(&mut m);
+    assert_eq!(m.tgt_handles(), 1);
+    m.handle(T0, Event::TgtFailed { tgt });
+    assert_eq!(drain(&mut m), vec![Action::CloseTgt { tgt }]);
+    assert_eq!(m.tgt_handles(), 0);
+}
+
+#[test]
+fn clean_exit_tells_senders_and_waits_for_them() {
+    let mut m = mgr(1, 1);
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(500),
+            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+        },
+    );
+    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
+        panic!()
+    };
+    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
+    drain(&mut m);
+    m.shutdown(T0);
+    let a = drain(&mut m);
+    let cm = resolve_of(&a, 0);
+    assert!(
+        !a.iter().any(|x| matches!(x, Action::CloseTgt { .. })),
+        "nothing released before the sender stops"
+    );
+    // A request arriving meanwhile is refused.
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(700),
+            data: Msg::new(Kind::Connect, JOB, 2, 1, 1).encode(),
+        },
+    );
+    let a = drain(&mut m);
+    let Action::Reject { data, .. } = &a[0] else {
+        panic!("{a:?}")
+    };
+    assert_eq!(
+        Msg::decode(data, JOB).unwrap().reason,
+        Some(Reason::Leaving)
+    );
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm,
+            route: RouteRef(1),
+        },
+    );
+    let (_, q, msg) = connect_of(&drain(&mut m));
+    assert_eq!((q, msg.kind, msg.tgt), (None, Kind::Leave, 0));
+    let ack = Msg::new(Kind::LeaveAck, JOB, 0, 1, msg.tag).encode();
+    m.handle(
+        T0,
+        Event::Failed {
+            cm,
+            how: CmFailure::Rejected,
+            data: ack,
+        },
+    );
+    let a = drain(&mut m);
+    assert!(a.contains(&Action::CloseTgt { tgt }), "{a:?}");
+    assert_eq!(notices(&mut m), vec![Notice::Drained]);
+    assert!(m.is_drained());
+}
+
+#[test]
+fn clean_exit_gives_up_on_silent_peers() {
+    let mut m = mgr(1, 1);
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(500),
+            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+        },
+    );
+    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
+        panic!()
+    };
+    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
+    drain(&mut m);
+    m.shutdown(T0);
+    drain(&mut m);
+    let t = m.poll_timeout().expect("the leave deadline");
+    assert_eq!(t, m.config().leave_timeout);
+    m.handle_timeout(t);
+    assert!(drain(&mut m).contains(&Action::CloseTgt { tgt }));
+    assert_eq!(notices(&mut m), vec![Notice::Drained]);
+}
+
+#[test]
+fn a_leaving_receiver_closes_our_endpoint() {
+    let mut m = mgr(0, 0);
+    anchored(&mut m);
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(800),
+            data: Msg::new(Kind::Leave, JOB, 1, 0, 5).encode(),
+        },
+    );
+    let a = drain(&mut m);
+    assert!(
+        a.iter().any(|x| matches!(x, Action::Reject { .. })),
+        "acknowledged: {a:?}"
+    );
+    assert_eq!(notices(&mut m), vec![Notice::Closed { rank: 1 }]);
+    assert!(m.path(1).is_none());
+    // A closed peer stays closed.
+    m.connect(T0, 1);
+    assert!(drain(&mut m).is_empty());
+}
+
+#[test]
+fn send_queue_grows_geometrically_as_endpoints_join() {
+    let mut m = mgr(0, 0);
+    let mut peers: Vec<(Rank, Node)> = (10..60).map(|r| (r, 1)).collect();
+    peers.push((0, 0));
+    let mut m2 = ConnManager::new(m.config().clone(), peers);
+    std::mem::swap(&mut m, &mut m2);
+    let mut depths = Vec::new();
+    for r in 10..60 {
+        m.connect(T0, r);
+        for a in drain(&mut m) {
+            if let Action::ResizeQp { sq_depth, .. } = a {
+                depths.push(sq_depth);
+            }
+        }
+    }
+    // 50 endpoints x 16 entries from 64: 128, 256, 512, 1024.
+    assert_eq!(depths, vec![128, 256, 512, 1024]);
+}

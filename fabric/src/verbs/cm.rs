@@ -696,19 +696,30 @@ impl CmId for VerbsCmId {
 
     fn route(&self) -> Option<crate::cm::CmRoute> {
         let id = self.raw().ok()?;
-        // SAFETY: `id` is live; the route's address record is plain data
-        // filled in by route resolution.
-        let (dgid, dlid) = unsafe {
+        // SAFETY: `id` is live; the route is plain data filled in by route
+        // resolution.
+        let path = unsafe {
             let r = &(*id).route;
-            if r.num_paths < 1 || r.path_rec.is_null() {
-                return None;
-            }
-            let p = &*r.path_rec;
-            (p.dgid.raw, u16::from_be(p.dlid))
+            (r.num_paths >= 1 && !r.path_rec.is_null()).then(|| {
+                let p = &*r.path_rec;
+                (p.dgid.raw, u16::from_be(p.dlid))
+            })
+        };
+        if let Some((dgid, dlid)) = path {
+            return Some(crate::cm::CmRoute {
+                dgid: crate::types::Gid(dgid),
+                dlid,
+            });
+        }
+        // iWARP (and RoCE without a path record): the peer's IP address,
+        // IPv4-mapped, names the destination.
+        let ip = match self.peer_addr()?.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
         };
         Some(crate::cm::CmRoute {
-            dgid: crate::types::Gid(dgid),
-            dlid,
+            dgid: crate::types::Gid(ip.octets()),
+            dlid: 0,
         })
     }
 

@@ -711,6 +711,8 @@ pub(crate) struct QpInner {
     pub(crate) qp: *mut sys::ibv_qp,
     ty: QpType,
     caps: QpCaps,
+    /// The send queue depth as last granted (it may grow).
+    send_depth: std::sync::atomic::AtomicU32,
     _pd: Option<VerbsPd>,
     _send_cq: Option<VerbsCq>,
     _recv_cq: Option<VerbsCq>,
@@ -807,6 +809,7 @@ impl VerbsQp {
             qp,
             ty: init.qp_type,
             caps: granted,
+            send_depth: std::sync::atomic::AtomicU32::new(granted.max_send_wr),
             _pd: Some(pd.clone()),
             _send_cq: Some(init.send_cq.clone()),
             _recv_cq: init.recv_cq.cloned(),
@@ -827,6 +830,7 @@ impl VerbsQp {
                 max_recv_sge: 0,
                 max_inline: 0,
             },
+            send_depth: std::sync::atomic::AtomicU32::new(0),
             _pd: None,
             _send_cq: None,
             _recv_cq: None,
@@ -894,7 +898,10 @@ impl Qp for VerbsQp {
     }
 
     fn caps(&self) -> QpCaps {
-        self.0.caps
+        QpCaps {
+            max_send_wr: self.0.send_depth.load(Ordering::Relaxed),
+            ..self.0.caps
+        }
     }
 
     fn state(&self) -> Result<QpState> {
@@ -1067,16 +1074,28 @@ impl Qp for VerbsQp {
     }
 
     fn resize_send_queue(&self, depth: u32) -> Result<u32> {
+        let unsupported = Error::Unsupported("resizing a QP's send queue");
         let mut a = sys::ibv_qp_attr::default();
         a.cap.max_send_wr = depth;
         match self.modify_raw(&mut a, sys::IBV_QP_CAP as i32) {
-            Ok(()) => Ok(depth),
+            Ok(()) => {}
             // Most providers refuse IBV_QP_CAP on a live QP.
-            Err(Error::InvalidArgument(_)) | Err(Error::Unsupported(_)) => {
-                Err(Error::Unsupported("resizing a QP's send queue"))
-            }
-            Err(e) => Err(e),
+            Err(Error::InvalidArgument(_)) | Err(Error::Unsupported(_)) => return Err(unsupported),
+            Err(e) => return Err(e),
         }
+        // Some accept the call and change nothing: believe only the query.
+        let mut attr = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        // SAFETY: the QP is live; both structures are writable.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(self.0.qp, &mut attr, sys::IBV_QP_CAP as i32, &mut init)
+        })?;
+        let granted = attr.cap.max_send_wr;
+        if granted < depth {
+            return Err(unsupported);
+        }
+        self.0.send_depth.fetch_max(granted, Ordering::Relaxed);
+        Ok(granted)
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {

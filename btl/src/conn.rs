@@ -7,10 +7,17 @@
 //! completions (an INI QP that lost its TGT QP), and the first receive on an
 //! iWARP responder's QP.
 //!
+//! Receives are posted to one SRQ per size class (XRC SRQs in the node's
+//! domain, whose numbers reach the peers in the connection reply; a plain
+//! SRQ in RC mode, where a QP can draw from only one, so only the largest
+//! class is used there).
+//!
 //! It also carries a minimal message path, enough to show that traffic flows
 //! and keeps flowing through failures: each message is a header (source rank,
-//! sequence number) and a payload, sent from a bounce buffer to the peer's
-//! first-class SRQ. The BTL's eager and rendezvous protocols replace it.
+//! sequence number) and a payload, sent from a bounce buffer to the smallest
+//! class of the peer that fits it. A send to a peer without a path starts
+//! the connection (on demand). The BTL's eager and rendezvous protocols
+//! replace this path.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -47,10 +54,9 @@ pub struct DriverConfig {
     pub xrcd_key: XrcdKey,
     /// Where to listen for connection requests (port 0: any free one).
     pub listen: SocketAddr,
-    /// Receive buffer size of the one size class this driver posts.
-    pub recv_size: u32,
-    /// Receives kept posted.
-    pub recv_depth: u32,
+    /// Receive size classes, smallest first; the same on every rank of the
+    /// job.
+    pub classes: Vec<SrqClass>,
     /// Use RC + SRQ even where the device has XRC.
     pub force_rc: bool,
     /// Connection manager tuning (rank, node, job and mode are filled in).
@@ -66,12 +72,37 @@ impl DriverConfig {
             job,
             xrcd_key,
             listen,
-            recv_size: 1024,
-            recv_depth: 256,
+            classes: vec![
+                SrqClass {
+                    size: 256,
+                    depth: 256,
+                },
+                SrqClass {
+                    size: 4096,
+                    depth: 64,
+                },
+            ],
             force_rc: false,
             retries: 5,
         }
     }
+}
+
+/// A receive size class: an SRQ kept full of `depth` buffers of `size`
+/// bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqClass {
+    /// Buffer size in bytes.
+    pub size: u32,
+    /// Buffers kept posted.
+    pub depth: u32,
+}
+
+/// One class's SRQ and buffers.
+struct Class<C: Context> {
+    srq: C::Srq,
+    buf: DmaBuf<C>,
+    size: u32,
 }
 
 /// A message received.
@@ -94,6 +125,8 @@ pub struct DriverStats {
     pub sent: u64,
     /// Messages received.
     pub received: u64,
+    /// Messages received, by size class.
+    pub received_by_class: Vec<u64>,
     /// Sends that completed with an error.
     pub send_errors: u64,
 }
@@ -122,10 +155,10 @@ pub struct ConnDriver<C: Context> {
     qp_of_num: HashMap<u32, QpRef>,
     tgts: HashMap<TgtRef, C::Qp>,
     tgt_of_num: HashMap<u32, Vec<TgtRef>>,
-    srq: C::Srq,
+    classes: Vec<Class<C>>,
     xrcd: Option<C::Xrcd>,
-    rbuf: DmaBuf<C>,
     sbuf: DmaBuf<C>,
+    slot_size: u32,
     free_slots: Vec<usize>,
     send_cq: C::Cq,
     recv_cq: C::Cq,
@@ -139,6 +172,8 @@ pub struct ConnDriver<C: Context> {
     next_ref: u64,
     paths: BTreeMap<Rank, Path>,
     seq_out: HashMap<Rank, u32>,
+    /// The time of the last progress (for connections a send starts).
+    last_now: Duration,
     notices: VecDeque<Notice>,
     inbox: VecDeque<Received>,
     stats: DriverStats,
@@ -160,22 +195,67 @@ impl<C: Context> ConnDriver<C> {
         let pd = ctx.alloc_pd()?;
         let send_cq = ctx.create_cq(4096.min(caps.max_cqe))?;
         let recv_cq = ctx.create_cq(4096.min(caps.max_cqe))?;
-        let attr = SrqAttr {
-            max_wr: cfg.recv_depth.min(caps.max_srq_wr),
-            max_sge: 1,
-            srq_limit: 0,
+        if cfg.classes.is_empty() || cfg.classes.len() > xrcbtl_xrc_conn::wire::MAX_SRQS {
+            return Err(Error::invalid(format!(
+                "1 to {} receive classes",
+                xrcbtl_xrc_conn::wire::MAX_SRQS
+            )));
+        }
+        if cfg
+            .classes
+            .iter()
+            .any(|c| c.size as usize <= HEADER || c.depth == 0)
+        {
+            return Err(Error::invalid(
+                "a class needs room for the header and a buffer",
+            ));
+        }
+        // An RC QP draws from one SRQ: RC mode keeps the largest class.
+        let wanted: Vec<SrqClass> = match mode {
+            Mode::Xrc => cfg.classes.clone(),
+            Mode::Rc { .. } => vec![*cfg
+                .classes
+                .iter()
+                .max_by_key(|c| c.size)
+                .expect("non-empty")],
         };
-        let (xrcd, srq) = match mode {
-            Mode::Xrc => {
-                let xrcd = ctx.open_xrcd(&cfg.xrcd_key)?;
-                let srq = ctx.create_xrc_srq(&pd, &xrcd, &recv_cq, attr)?;
-                (Some(xrcd), srq)
-            }
-            Mode::Rc { .. } => (None, ctx.create_srq(&pd, attr)?),
+        let xrcd = match mode {
+            Mode::Xrc => Some(ctx.open_xrcd(&cfg.xrcd_key)?),
+            Mode::Rc { .. } => None,
         };
-        let access = Access::LOCAL_WRITE;
-        let rbuf = DmaBuf::new(&ctx, &pd, (cfg.recv_size * attr.max_wr) as usize, access)?;
-        let sbuf = DmaBuf::new(&ctx, &pd, SEND_SLOTS * cfg.recv_size as usize, access)?;
+        let mut classes = Vec::new();
+        for c in &wanted {
+            let attr = SrqAttr {
+                max_wr: c.depth.min(caps.max_srq_wr),
+                max_sge: 1,
+                srq_limit: 0,
+            };
+            let srq = match &xrcd {
+                Some(x) => ctx.create_xrc_srq(&pd, x, &recv_cq, attr)?,
+                None => ctx.create_srq(&pd, attr)?,
+            };
+            let buf = DmaBuf::new(
+                &ctx,
+                &pd,
+                (c.size * attr.max_wr) as usize,
+                Access::LOCAL_WRITE,
+            )?;
+            classes.push((
+                Class {
+                    srq,
+                    buf,
+                    size: c.size,
+                },
+                attr.max_wr,
+            ));
+        }
+        let slot_size = wanted.iter().map(|c| c.size).max().expect("non-empty");
+        let sbuf = DmaBuf::new(
+            &ctx,
+            &pd,
+            SEND_SLOTS * slot_size as usize,
+            Access::LOCAL_WRITE,
+        )?;
         let ch = ctx.create_cm_channel()?;
         let ps = match mode {
             Mode::Xrc => PortSpace::Ib,
@@ -183,7 +263,12 @@ impl<C: Context> ConnDriver<C> {
         };
         let listener = ch.create_id(ps)?;
         listener.listen(cfg.listen, 1024)?;
-        let srqns: Vec<u32> = srq.srq_num().into_iter().collect();
+        let srqns: Vec<u32> = classes
+            .iter()
+            .filter_map(|(c, _)| c.srq.srq_num())
+            .collect();
+        let depths: Vec<u32> = classes.iter().map(|(_, d)| *d).collect();
+        let classes: Vec<Class<C>> = classes.into_iter().map(|(c, _)| c).collect();
         let mut cc = ConnConfig::new(cfg.rank, cfg.node, cfg.job, mode, srqns);
         cc.max_retries = cfg.retries;
         cc.sq_max = caps.max_qp_wr;
@@ -200,10 +285,10 @@ impl<C: Context> ConnDriver<C> {
             qp_of_num: HashMap::new(),
             tgts: HashMap::new(),
             tgt_of_num: HashMap::new(),
-            srq,
+            classes,
             xrcd,
-            rbuf,
             sbuf,
+            slot_size,
             free_slots: (0..SEND_SLOTS).rev().collect(),
             send_cq,
             recv_cq,
@@ -217,12 +302,15 @@ impl<C: Context> ConnDriver<C> {
             next_ref: 1 << 62,
             paths: BTreeMap::new(),
             seq_out: HashMap::new(),
+            last_now: Duration::ZERO,
             notices: VecDeque::new(),
             inbox: VecDeque::new(),
             stats: DriverStats::default(),
         };
-        for i in 0..attr.max_wr {
-            d.post_recv(i)?;
+        for (class, depth) in depths.into_iter().enumerate() {
+            for slot in 0..depth {
+                d.post_recv(class, slot)?;
+            }
         }
         Ok(d)
     }
@@ -280,28 +368,40 @@ impl<C: Context> ConnDriver<C> {
         self.inbox.pop_front()
     }
 
-    fn post_recv(&self, slot: u32) -> Result<()> {
-        let size = self.cfg.recv_size;
-        let sge = [self.rbuf.sge((slot * size) as usize, size)];
-        self.srq.post_recv(&RecvWr {
-            wr_id: u64::from(slot),
+    /// Posts receive buffer `slot` of `class` (wr_id: class << 32 | slot).
+    fn post_recv(&self, class: usize, slot: u32) -> Result<()> {
+        let c = &self.classes[class];
+        let sge = [c.buf.sge((slot * c.size) as usize, c.size)];
+        c.srq.post_recv(&RecvWr {
+            wr_id: ((class as u64) << 32) | u64::from(slot),
             sgl: &sge,
         })
     }
 
-    /// Sends `payload` to `rank` if a path is ready. `Ok(false)`: not ready,
-    /// or no send resources right now; call again after progress.
+    /// Sends `payload` to `rank` if a path is ready; a peer without one is
+    /// connected to (on demand). `Ok(false)`: not ready yet, or no send
+    /// resources right now; call again after progress.
     pub fn send(&mut self, rank: Rank, payload: &[u8]) -> Result<bool> {
-        let max = self.cfg.recv_size as usize - HEADER;
-        if payload.len() > max {
+        let need = (HEADER + payload.len()) as u32;
+        if need > self.slot_size {
             return Err(Error::invalid(format!(
-                "payload of {} bytes exceeds {max}",
-                payload.len()
+                "payload of {} bytes exceeds the largest class ({} bytes with the header)",
+                payload.len(),
+                self.slot_size
             )));
         }
         let Some(path) = self.paths.get(&rank) else {
+            self.mgr.connect(self.last_now, rank);
             return Ok(false);
         };
+        // The smallest class of the peer that fits (the classes are the
+        // same on every rank of the job).
+        let class = self
+            .classes
+            .iter()
+            .position(|c| c.size >= need)
+            .expect("the largest class fits");
+        let srqn = path.srqns.get(class).copied();
         let Some(qp) = self.qps.get(&path.qp) else {
             return Ok(false);
         };
@@ -309,16 +409,16 @@ impl<C: Context> ConnDriver<C> {
             return Ok(false);
         };
         let seq = self.seq_out.get(&rank).copied().unwrap_or(0);
-        let off = slot * self.cfg.recv_size as usize;
-        let mut msg = Vec::with_capacity(HEADER + payload.len());
+        let off = slot * self.slot_size as usize;
+        let mut msg = Vec::with_capacity(need as usize);
         msg.extend_from_slice(&self.cfg.rank.to_le_bytes());
         msg.extend_from_slice(&seq.to_le_bytes());
         msg.extend_from_slice(payload);
         self.sbuf.write(off, &msg);
         let sge = [self.sbuf.sge(off, msg.len() as u32)];
         let mut wr = SendWr::send(slot as u64, &sge);
-        if let Some(&srqn) = path.srqns.first() {
-            wr = wr.to_srq(srqn);
+        if let Some(n) = srqn {
+            wr = wr.to_srq(n);
         }
         match qp.post_send(&wr) {
             Ok(()) => {
@@ -345,6 +445,7 @@ impl<C: Context> ConnDriver<C> {
     /// Does whatever is pending: CM and async events, completions, timers,
     /// the manager's actions. Returns how much work it found.
     pub fn progress(&mut self, now: Duration) -> usize {
+        self.last_now = now;
         let mut total = 0;
         loop {
             let mut work = 0;
@@ -416,7 +517,7 @@ impl<C: Context> ConnDriver<C> {
             if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
                 continue;
             }
-            let slot = wc.wr_id as u32;
+            let (class, slot) = ((wc.wr_id >> 32) as usize, wc.wr_id as u32);
             let len = wc.byte_len as usize;
             if len == 0 {
                 // The iWARP initiator's first message: the responder may
@@ -425,7 +526,8 @@ impl<C: Context> ConnDriver<C> {
                     self.mgr.handle(now, Event::FirstReceive { qp });
                 }
             } else if len >= HEADER {
-                let bytes = self.rbuf.read((slot * self.cfg.recv_size) as usize, len);
+                let c = &self.classes[class];
+                let bytes = c.buf.read((slot * c.size) as usize, len);
                 let src = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
                 let seq = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
                 self.inbox.push_back(Received {
@@ -434,9 +536,13 @@ impl<C: Context> ConnDriver<C> {
                     data: bytes[HEADER..].to_vec(),
                 });
                 self.stats.received += 1;
+                if self.stats.received_by_class.len() <= class {
+                    self.stats.received_by_class.resize(class + 1, 0);
+                }
+                self.stats.received_by_class[class] += 1;
             }
             // Keep the receive posted; a failure here is a broken SRQ.
-            let _ = self.post_recv(slot);
+            let _ = self.post_recv(class, slot);
         }
         n
     }
@@ -551,7 +657,7 @@ impl<C: Context> ConnDriver<C> {
                 };
                 let (qp_type, srq) = match kind {
                     QpKind::Ini => (QpType::XrcIni, None),
-                    QpKind::Rc => (QpType::Rc, Some(&self.srq)),
+                    QpKind::Rc => (QpType::Rc, Some(&self.classes[0].srq)),
                 };
                 let init = QpInit {
                     qp_type,

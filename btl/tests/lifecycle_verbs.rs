@@ -39,8 +39,7 @@ fn setup(n: u32) -> Option<Ranks> {
             .unwrap()
             .open(&device)
             .unwrap_or_else(|e| panic!("XRCBTL_TEST_DEVICE={device}: {e}"));
-        let mut cfg = DriverConfig::new(r, 0, 77, key.clone(), SocketAddr::new(ip, 0));
-        cfg.recv_depth = 64;
+        let cfg = DriverConfig::new(r, 0, 77, key.clone(), SocketAddr::new(ip, 0));
         drv.insert(r, ConnDriver::new(ctx, cfg).unwrap());
     }
     let dir: Vec<(u32, SocketAddr)> = drv

@@ -42,3 +42,29 @@ fn small_all_to_all() {
     c.exchange(3, 5 * S);
     c.sim.check_invariants().unwrap();
 }
+
+#[test]
+fn size_classes_reach_the_peers_and_carry_their_messages() {
+    let mut c = Cluster::new(4, 2, 2, SimDevice::ib("sim0"));
+    // A send starts the connection on demand.
+    assert!(!c.rank(0).drv.send(3, b"hello").unwrap());
+    c.run_until(5 * S, |c| c.ready(0, 3));
+    assert_eq!(
+        c.rank(0).drv.manager().path(3).unwrap().srqns.len(),
+        2,
+        "both classes' SRQ numbers"
+    );
+    let small = vec![7u8; 100];
+    let large = vec![9u8; 3000];
+    for payload in [&small, &large, &small] {
+        while !c.rank(0).drv.send(3, payload).unwrap() {
+            c.step();
+        }
+    }
+    c.run_until(5 * S, |c| {
+        c.ranks[3].as_ref().unwrap().drv.stats().received == 3
+    });
+    assert_eq!(c.rank(3).drv.stats().received_by_class, vec![2, 1]);
+    let too_big = vec![0u8; 5000];
+    assert!(c.rank(0).drv.send(3, &too_big).is_err());
+}

@@ -125,8 +125,14 @@ fn tgt_error_reaches_every_holder_and_senders_fail_over() {
     c.connect_all(5 * S);
     c.exchange(1, 5 * S);
     // Break one TGT QP on node 1 (a sender's way into that node).
-    let victim = c.sim.node_view(1).tgt_qps[0].clone();
-    assert_eq!(victim.open_count, 3);
+    // A remote sender's TGT QP: all three ranks of node 1 hold it.
+    let victim = c
+        .sim
+        .node_view(1)
+        .tgt_qps
+        .into_iter()
+        .find(|t| t.open_count == 3)
+        .expect("a TGT QP of a node-0 sender");
     c.sim.force_qp_error(1, victim.qpn).unwrap();
     c.run_for(300 * MS);
     // Every holder let go: the QP is gone.

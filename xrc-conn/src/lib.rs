@@ -893,7 +893,6 @@ impl ConnManager {
         if matches!(e.state, EpState::Closed | EpState::Failed | EpState::Lost) {
             return;
         }
-        let was_usable = e.state == EpState::Ready;
         e.state = EpState::Lost;
         e.retry_at = None;
         e.ini = None;
@@ -901,7 +900,6 @@ impl ConnManager {
             self.drop_cm(cm);
         }
         self.counters.lost += 1;
-        let _ = was_usable;
         self.notices.push_back(Notice::Lost { rank });
     }
 

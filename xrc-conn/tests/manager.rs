@@ -102,6 +102,23 @@ fn anchored(m: &mut ConnManager) -> (QpRef, CmRef, u32) {
     (qp.unwrap(), cm, msg.tag)
 }
 
+/// Rank 1 serves rank 0's connect request on CM id 500 with TGT QP 77.
+fn serve_anchor(m: &mut ConnManager) -> TgtRef {
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(500),
+            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+        },
+    );
+    let Action::CreateTgt { tgt } = drain(m)[0] else {
+        panic!("a TGT QP is created for a connect request")
+    };
+    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
+    drain(m);
+    tgt
+}
+
 #[test]
 fn second_rank_of_a_node_reuses_the_ini_qp() {
     let mut m = mgr(0, 0);
@@ -422,18 +439,7 @@ fn requests_are_served_and_bad_ones_refused() {
 #[test]
 fn the_anchor_hears_its_sender_go_and_breaks_the_tgt_qp() {
     let mut m = mgr(1, 1);
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(500),
-            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
-        },
-    );
-    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
-        panic!()
-    };
-    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
-    drain(&mut m);
+    let tgt = serve_anchor(&mut m);
     m.handle(
         T0,
         Event::Established {
@@ -477,18 +483,7 @@ fn a_tgt_error_unregisters() {
 #[test]
 fn clean_exit_tells_senders_and_waits_for_them() {
     let mut m = mgr(1, 1);
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(500),
-            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
-        },
-    );
-    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
-        panic!()
-    };
-    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
-    drain(&mut m);
+    let tgt = serve_anchor(&mut m);
     m.shutdown(T0);
     let a = drain(&mut m);
     let cm = resolve_of(&a, 0);
@@ -539,18 +534,7 @@ fn clean_exit_tells_senders_and_waits_for_them() {
 #[test]
 fn clean_exit_gives_up_on_silent_peers() {
     let mut m = mgr(1, 1);
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(500),
-            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
-        },
-    );
-    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
-        panic!()
-    };
-    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
-    drain(&mut m);
+    let tgt = serve_anchor(&mut m);
     m.shutdown(T0);
     drain(&mut m);
     let t = m.poll_timeout().expect("the leave deadline");

@@ -20,6 +20,7 @@
 mod buf;
 pub mod cm;
 mod error;
+mod memmon;
 pub mod sim;
 mod types;
 #[cfg(feature = "verbs")]
@@ -30,6 +31,7 @@ pub use cm::{
     max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, PortSpace, RejectReason,
 };
 pub use error::{Error, Result};
+pub use memmon::{Invalidation, MemMonitor};
 pub use types::*;
 
 use std::net::SocketAddr;

@@ -1,0 +1,393 @@
+//! `MemMonitor`: tells a registration cache when memory it registered is
+//! unmapped, remapped or given back to the kernel, so that it never hands out
+//! a registration of pages that are no longer the ones at that address.
+//!
+//! It uses userfaultfd's non-cooperative events (`UNMAP` for munmap, brk
+//! shrinking and mmap over an existing mapping, `REMAP` for mremap, `REMOVE`
+//! for madvise DONTNEED/REMOVE) on the ranges it watches. Unlike interposing
+//! `munmap`, this also sees glibc's allocator giving memory back through its
+//! internal `__munmap`, and any other path into the kernel.
+//!
+//! Ordering: the thread that unmaps blocks until the event has been read.
+//! Every read happens under the monitor's lock and its invalidations are
+//! queued before the lock is released, and [`MemMonitor::drain`] takes the
+//! lock and reads whatever is pending itself; so once `munmap` has returned,
+//! the next `drain` reports it. Ranges are watched in write-protect mode,
+//! which never causes faults (nothing is write-protected), so watching has no
+//! effect on the memory's use.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+const UFFD_API: u64 = 0xAA;
+const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+const UFFD_FEATURE_EVENT_REMAP: u64 = 0x4;
+const UFFD_FEATURE_EVENT_REMOVE: u64 = 0x8;
+const UFFD_FEATURE_EVENT_UNMAP: u64 = 0x40;
+const UFFDIO_REGISTER_MODE_WP: u64 = 0x2;
+const UFFD_EVENT_REMAP: u8 = 0x14;
+const UFFD_EVENT_REMOVE: u8 = 0x15;
+const UFFD_EVENT_UNMAP: u8 = 0x16;
+/// `struct uffd_msg` is 32 bytes: the event byte, padding, three u64 args.
+const MSG_LEN: usize = 32;
+
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioRegister {
+    start: u64,
+    len: u64,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// An address range whose registrations are no longer valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Invalidation {
+    /// First byte.
+    pub start: usize,
+    /// One past the last byte.
+    pub end: usize,
+}
+
+struct Inner {
+    fd: OwnedFd,
+    pending: Mutex<Vec<Invalidation>>,
+    stop: AtomicBool,
+    events: AtomicU64,
+}
+
+impl Inner {
+    /// Reads every queued event; the caller holds `pending`'s lock.
+    fn read_events(&self, pending: &mut Vec<Invalidation>) {
+        let mut buf = [0u8; MSG_LEN * 64];
+        loop {
+            // SAFETY: reads into a local buffer of the given length from the
+            // monitor's own descriptor (non-blocking).
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return;
+            }
+            for msg in buf[..n as usize].chunks_exact(MSG_LEN) {
+                let arg = |i: usize| {
+                    u64::from_ne_bytes(msg[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"))
+                };
+                let range = match msg[0] {
+                    UFFD_EVENT_UNMAP | UFFD_EVENT_REMOVE => (arg(0), arg(1)),
+                    UFFD_EVENT_REMAP => (arg(0), arg(0) + arg(2)),
+                    _ => continue,
+                };
+                self.events.fetch_add(1, Ordering::Relaxed);
+                pending.push(Invalidation {
+                    start: range.0 as usize,
+                    end: range.1 as usize,
+                });
+            }
+        }
+    }
+}
+
+/// Watches memory ranges and reports when they stop holding the pages they
+/// held (see the module documentation).
+pub struct MemMonitor {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for MemMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemMonitor({} events)", self.events())
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+impl MemMonitor {
+    /// Opens a userfaultfd with the unmap, remap and remove events and
+    /// starts the thread that reads them. `Unsupported` where the kernel or
+    /// its settings do not allow it (the cache then does not cache).
+    pub fn new() -> Result<Self> {
+        // SAFETY: the userfaultfd syscall takes flags only; user-mode-only
+        // (1) keeps it available to unprivileged processes on 5.11+.
+        let mut raw = unsafe {
+            libc::syscall(
+                libc::SYS_userfaultfd,
+                libc::O_CLOEXEC | libc::O_NONBLOCK | 1,
+            )
+        };
+        if raw < 0 {
+            // SAFETY: as above, without the user-mode-only flag.
+            raw =
+                unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        }
+        if raw < 0 {
+            return Err(Error::Unsupported(
+                "userfaultfd is not available to this process",
+            ));
+        }
+        // SAFETY: the syscall returned a new descriptor we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: UFFD_FEATURE_EVENT_UNMAP
+                | UFFD_FEATURE_EVENT_REMAP
+                | UFFD_FEATURE_EVENT_REMOVE,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API with a valid, writable uffdio_api.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) } != 0 {
+            return Err(Error::Unsupported(
+                "userfaultfd without unmap/remap/remove events",
+            ));
+        }
+        let inner = Arc::new(Inner {
+            fd,
+            pending: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            events: AtomicU64::new(0),
+        });
+        let worker = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("xrcbtl-memmon".into())
+            .spawn(move || {
+                // Unmapping threads wait for their event to be read: read
+                // promptly, and wake up now and then to see whether to stop.
+                while !worker.stop.load(Ordering::Acquire) {
+                    let mut pfd = libc::pollfd {
+                        fd: worker.fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    let r = unsafe { libc::poll(&mut pfd, 1, 50) };
+                    if r > 0 {
+                        let mut pending = worker.pending.lock().unwrap_or_else(|e| e.into_inner());
+                        worker.read_events(&mut pending);
+                    }
+                }
+            })
+            .map_err(|e| Error::Verbs {
+                verb: "spawn(memmon)",
+                source: e,
+            })?;
+        Ok(MemMonitor {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// Watches `[start, start+len)` (whole pages). Fails for memory
+    /// userfaultfd cannot watch (file mappings other than shmem): such
+    /// memory must not be cached.
+    pub fn watch(&self, start: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let page = page_size();
+        let first = start & !(page - 1);
+        let last = (start + len).div_ceil(page) * page;
+        let mut reg = UffdioRegister {
+            start: first as u64,
+            len: (last - first) as u64,
+            mode: UFFDIO_REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER with a valid uffdio_register; the kernel
+        // checks the range against the process's mappings.
+        if unsafe { libc::ioctl(self.inner.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(Error::Verbs {
+                verb: "UFFDIO_REGISTER",
+                source: e,
+            });
+        }
+        Ok(())
+    }
+
+    /// Moves every invalidation seen so far into `out` (including events the
+    /// kernel has queued but the thread has not read yet).
+    pub fn drain(&self, out: &mut Vec<Invalidation>) {
+        let mut pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.read_events(&mut pending);
+        out.append(&mut pending);
+    }
+
+    /// Events seen since the monitor started.
+    pub fn events(&self) -> u64 {
+        self.inner.events.load(Ordering::Relaxed)
+    }
+
+    /// Waits up to `d` for at least `n` events in all (tests).
+    pub fn wait_events(&self, n: u64, d: Duration) -> bool {
+        let end = std::time::Instant::now() + d;
+        while self.events() < n {
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+impl Drop for MemMonitor {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An anonymous private mapping of `pages` pages.
+    fn map(pages: usize) -> (usize, usize) {
+        let len = pages * page_size();
+        // SAFETY: a fresh anonymous mapping; the tests unmap what they map.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        (p as usize, len)
+    }
+
+    fn drained(m: &MemMonitor) -> Vec<Invalidation> {
+        let mut v = Vec::new();
+        m.drain(&mut v);
+        v
+    }
+
+    #[test]
+    fn munmap_madvise_mremap_and_map_fixed_are_reported() {
+        let m = MemMonitor::new().expect("userfaultfd on this machine");
+        let page = page_size();
+        let (a, len) = map(8);
+        // SAFETY: writes inside the mapping.
+        unsafe { std::ptr::write_bytes(a as *mut u8, 1, len) };
+        m.watch(a, len).unwrap();
+        assert!(drained(&m).is_empty(), "watching alone reports nothing");
+        // The memory is untouched by watching.
+        // SAFETY: reads inside the mapping.
+        assert_eq!(unsafe { *((a + 3 * page) as *const u8) }, 1);
+
+        // munmap of two pages: reported as soon as munmap returns.
+        // SAFETY: unmaps part of our own mapping.
+        assert_eq!(
+            unsafe { libc::munmap((a + 6 * page) as *mut _, 2 * page) },
+            0
+        );
+        assert_eq!(
+            drained(&m),
+            vec![Invalidation {
+                start: a + 6 * page,
+                end: a + 8 * page
+            }]
+        );
+
+        // madvise(DONTNEED): the pages' contents are gone.
+        // SAFETY: advice on our own mapping.
+        assert_eq!(
+            unsafe { libc::madvise(a as *mut _, page, libc::MADV_DONTNEED) },
+            0
+        );
+        assert_eq!(
+            drained(&m),
+            vec![Invalidation {
+                start: a,
+                end: a + page
+            }]
+        );
+
+        // mmap MAP_FIXED over a watched page: an implicit unmap.
+        // SAFETY: replaces one page of our own mapping.
+        let p = unsafe {
+            libc::mmap(
+                (a + page) as *mut _,
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p as usize, a + page);
+        assert!(drained(&m).contains(&Invalidation {
+            start: a + page,
+            end: a + 2 * page
+        }));
+
+        // mremap moves pages away.
+        // SAFETY: moves two pages of our own mapping to a new place.
+        let q = unsafe {
+            libc::mremap(
+                (a + 2 * page) as *mut _,
+                2 * page,
+                2 * page,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                (a + 6 * page) as *mut libc::c_void,
+            )
+        };
+        assert_ne!(q, libc::MAP_FAILED);
+        let got = drained(&m);
+        assert!(
+            got.iter()
+                .any(|i| i.start == a + 2 * page && i.end == a + 4 * page),
+            "{got:?}"
+        );
+        // SAFETY: unmaps the whole area (some pages already gone).
+        unsafe { libc::munmap(a as *mut _, 8 * page) };
+        assert!(m.events() >= 5);
+    }
+
+    #[test]
+    fn memory_that_cannot_be_watched_is_refused() {
+        let m = MemMonitor::new().unwrap();
+        // A read-only file mapping.
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        // SAFETY: maps a page of a file read-only; unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        assert!(m.watch(p as usize, 4096).is_err());
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p, 4096) };
+    }
+}

@@ -302,10 +302,8 @@ mod tests {
 
         // munmap of two pages: reported as soon as munmap returns.
         // SAFETY: unmaps part of our own mapping.
-        assert_eq!(
-            unsafe { libc::munmap((a + 6 * page) as *mut _, 2 * page) },
-            0
-        );
+        let r = unsafe { libc::munmap((a + 6 * page) as *mut _, 2 * page) };
+        assert_eq!(r, 0);
         assert_eq!(
             drained(&m),
             vec![Invalidation {
@@ -316,10 +314,8 @@ mod tests {
 
         // madvise(DONTNEED): the pages' contents are gone.
         // SAFETY: advice on our own mapping.
-        assert_eq!(
-            unsafe { libc::madvise(a as *mut _, page, libc::MADV_DONTNEED) },
-            0
-        );
+        let r = unsafe { libc::madvise(a as *mut _, page, libc::MADV_DONTNEED) };
+        assert_eq!(r, 0);
         assert_eq!(
             drained(&m),
             vec![Invalidation {

@@ -31,7 +31,7 @@ pub use cm::{
     max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, PortSpace, RejectReason,
 };
 pub use error::{Error, Result};
-pub use memmon::{Invalidation, MemMonitor};
+pub use memmon::{Invalidation, MemMonitor, Subscriber};
 pub use types::*;
 
 use std::net::SocketAddr;

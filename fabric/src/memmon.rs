@@ -19,9 +19,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use crate::{Error, Result};
 
@@ -64,20 +63,29 @@ pub struct Invalidation {
 
 struct Inner {
     fd: OwnedFd,
-    pending: Mutex<Vec<Invalidation>>,
+    /// One queue per live subscriber, indexed by subscriber id.
+    queues: Mutex<Vec<Option<Vec<Invalidation>>>>,
+    /// Bumped after every batch of events is queued.
+    generation: AtomicU64,
+    /// Set while the reader thread is between `read` and bumping
+    /// `generation` (see [`Subscriber::drain`]).
+    reading: AtomicBool,
     stop: AtomicBool,
     events: AtomicU64,
 }
 
 impl Inner {
-    /// Reads every queued event; the caller holds `pending`'s lock.
-    fn read_events(&self, pending: &mut Vec<Invalidation>) {
+    /// Reads every queued event into every subscriber's queue; the caller
+    /// holds `queues`' lock.
+    fn read_events(&self, queues: &mut [Option<Vec<Invalidation>>]) {
         let mut buf = [0u8; MSG_LEN * 64];
         loop {
+            self.reading.store(true, Ordering::SeqCst);
             // SAFETY: reads into a local buffer of the given length from the
             // monitor's own descriptor (non-blocking).
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if n <= 0 {
+                self.reading.store(false, Ordering::SeqCst);
                 return;
             }
             for msg in buf[..n as usize].chunks_exact(MSG_LEN) {
@@ -90,17 +98,25 @@ impl Inner {
                     _ => continue,
                 };
                 self.events.fetch_add(1, Ordering::Relaxed);
-                pending.push(Invalidation {
+                let inv = Invalidation {
                     start: range.0 as usize,
                     end: range.1 as usize,
-                });
+                };
+                for q in queues.iter_mut().flatten() {
+                    q.push(inv);
+                }
             }
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            self.reading.store(false, Ordering::SeqCst);
         }
     }
 }
 
 /// Watches memory ranges and reports when they stop holding the pages they
-/// held (see the module documentation).
+/// held (see the module documentation). One per process: userfaultfd lets a
+/// range be watched by one descriptor only, so every user (the registration
+/// cache, the simulated device) shares [`MemMonitor::global`] through its
+/// own [`Subscriber`].
 pub struct MemMonitor {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
@@ -122,11 +138,20 @@ fn page_size() -> usize {
     }
 }
 
+static GLOBAL: OnceLock<Option<MemMonitor>> = OnceLock::new();
+
 impl MemMonitor {
+    /// The process's monitor, started on first use; `None` where the kernel
+    /// or its settings do not allow userfaultfd (`vm.unprivileged_userfaultfd`,
+    /// seccomp): registrations are then not cached.
+    pub fn global() -> Option<&'static MemMonitor> {
+        GLOBAL.get_or_init(|| MemMonitor::new().ok()).as_ref()
+    }
+
     /// Opens a userfaultfd with the unmap, remap and remove events and
     /// starts the thread that reads them. `Unsupported` where the kernel or
-    /// its settings do not allow it (the cache then does not cache).
-    pub fn new() -> Result<Self> {
+    /// its settings do not allow it.
+    fn new() -> Result<Self> {
         // SAFETY: the userfaultfd syscall takes flags only; user-mode-only
         // (1) keeps it available to unprivileged processes on 5.11+.
         let mut raw = unsafe {
@@ -162,7 +187,9 @@ impl MemMonitor {
         }
         let inner = Arc::new(Inner {
             fd,
-            pending: Mutex::new(Vec::new()),
+            queues: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            reading: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             events: AtomicU64::new(0),
         });
@@ -181,8 +208,8 @@ impl MemMonitor {
                     // SAFETY: one valid pollfd.
                     let r = unsafe { libc::poll(&mut pfd, 1, 50) };
                     if r > 0 {
-                        let mut pending = worker.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        worker.read_events(&mut pending);
+                        let mut queues = worker.queues.lock().unwrap_or_else(|e| e.into_inner());
+                        worker.read_events(&mut queues);
                     }
                 }
             })
@@ -194,6 +221,28 @@ impl MemMonitor {
             inner,
             thread: Some(thread),
         })
+    }
+
+    /// A new subscriber: it receives every invalidation from now on.
+    pub fn subscribe(&'static self) -> Subscriber {
+        let mut queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+        // Events read before now belong to the existing subscribers.
+        self.inner.read_events(&mut queues);
+        let id = match queues.iter().position(Option::is_none) {
+            Some(i) => {
+                queues[i] = Some(Vec::new());
+                i
+            }
+            None => {
+                queues.push(Some(Vec::new()));
+                queues.len() - 1
+            }
+        };
+        Subscriber {
+            monitor: self,
+            id,
+            seen: AtomicU64::new(self.inner.generation.load(Ordering::SeqCst)),
+        }
     }
 
     /// Watches `[start, start+len)` (whole pages). Fails for memory
@@ -224,29 +273,71 @@ impl MemMonitor {
         Ok(())
     }
 
-    /// Moves every invalidation seen so far into `out` (including events the
-    /// kernel has queued but the thread has not read yet).
-    pub fn drain(&self, out: &mut Vec<Invalidation>) {
-        let mut pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
-        self.inner.read_events(&mut pending);
-        out.append(&mut pending);
-    }
-
     /// Events seen since the monitor started.
     pub fn events(&self) -> u64 {
         self.inner.events.load(Ordering::Relaxed)
     }
+}
 
-    /// Waits up to `d` for at least `n` events in all (tests).
-    pub fn wait_events(&self, n: u64, d: Duration) -> bool {
-        let end = std::time::Instant::now() + d;
-        while self.events() < n {
-            if std::time::Instant::now() >= end {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
+/// One user's view of the [`MemMonitor`]: its own queue of invalidations.
+pub struct Subscriber {
+    monitor: &'static MemMonitor,
+    id: usize,
+    /// The generation last drained.
+    seen: AtomicU64,
+}
+
+impl std::fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Subscriber({})", self.id)
+    }
+}
+
+impl Subscriber {
+    /// The monitor it listens to.
+    pub fn monitor(&self) -> &'static MemMonitor {
+        self.monitor
+    }
+
+    /// Moves every invalidation seen so far into `out`. Once `munmap` (or
+    /// `mremap`, `madvise`) has returned in any thread, the next `drain`
+    /// reports it.
+    ///
+    /// The common case (nothing happened) costs two atomic loads: an
+    /// unmapping thread is released by the reader's `read`, which the reader
+    /// brackets with `reading`, and it bumps `generation` before clearing
+    /// `reading`; so after the unmap has returned, this sees either
+    /// `reading` set or a new generation, and then takes the lock (which the
+    /// reader holds until its events are queued) and reads the descriptor
+    /// itself.
+    pub fn drain(&self, out: &mut Vec<Invalidation>) {
+        let inner = &self.monitor.inner;
+        let seen = self.seen.load(Ordering::Relaxed);
+        if !inner.reading.load(Ordering::SeqCst) && inner.generation.load(Ordering::SeqCst) == seen
+        {
+            return;
         }
-        true
+        let mut queues = inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+        inner.read_events(&mut queues);
+        self.seen
+            .store(inner.generation.load(Ordering::SeqCst), Ordering::Relaxed);
+        if let Some(Some(q)) = queues.get_mut(self.id) {
+            out.append(q);
+        }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        let mut queues = self
+            .monitor
+            .inner
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(q) = queues.get_mut(self.id) {
+            *q = None;
+        }
     }
 }
 
@@ -281,7 +372,7 @@ mod tests {
         (p as usize, len)
     }
 
-    fn drained(m: &MemMonitor) -> Vec<Invalidation> {
+    fn drained(m: &Subscriber) -> Vec<Invalidation> {
         let mut v = Vec::new();
         m.drain(&mut v);
         v
@@ -289,12 +380,14 @@ mod tests {
 
     #[test]
     fn munmap_madvise_mremap_and_map_fixed_are_reported() {
-        let m = MemMonitor::new().expect("userfaultfd on this machine");
+        let mon = MemMonitor::global().expect("userfaultfd on this machine");
+        let m = mon.subscribe();
+        let other = mon.subscribe();
         let page = page_size();
         let (a, len) = map(8);
         // SAFETY: writes inside the mapping.
         unsafe { std::ptr::write_bytes(a as *mut u8, 1, len) };
-        m.watch(a, len).unwrap();
+        mon.watch(a, len).unwrap();
         assert!(drained(&m).is_empty(), "watching alone reports nothing");
         // The memory is untouched by watching.
         // SAFETY: reads inside the mapping.
@@ -362,12 +455,15 @@ mod tests {
         );
         // SAFETY: unmaps the whole area (some pages already gone).
         unsafe { libc::munmap(a as *mut _, 8 * page) };
-        assert!(m.events() >= 5);
+        assert!(mon.events() >= 5);
+        // Every subscriber hears every event.
+        assert!(drained(&other).len() >= 5);
+        drop(other);
     }
 
     #[test]
     fn memory_that_cannot_be_watched_is_refused() {
-        let m = MemMonitor::new().unwrap();
+        let m = MemMonitor::global().expect("userfaultfd on this machine");
         // A read-only file mapping.
         let f = std::fs::File::open("/proc/self/exe").unwrap();
         // SAFETY: maps a page of a file read-only; unmapped below.

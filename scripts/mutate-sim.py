@@ -193,9 +193,13 @@ MUTATIONS = [
      "\n",
      ["iwarp_exactly_once_in_order_through_partitions"]),
     ("receive data not scattered", "transport.rs",
-     "                dma_write(s.addr, &data[off..off + n]);\n                off += n;\n            }\n            if !ok {",
+     "                self.write_local(dst_dev, s, &data[off..off + n]);\n                off += n;\n            }\n            if !ok {",
      "                off += n;\n            }\n            if !ok {",
      ["transfer_send_recv", "xrc_ini_reaches_any_srq_of_domain"]),
+    ("regions reach memory mapped after they were made", "transport.rs",
+     "                    m.detached = true;",
+     "                    m.detached = false;",
+     ["regions_never_reach_remapped_memory"]),
 ]
 
 

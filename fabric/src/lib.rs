@@ -13,7 +13,8 @@
 //! destroys the object. A shared XRC TGT QP is destroyed when its last opener
 //! drops its handle.
 //!
-//! This crate may not depend on any other crate of the workspace.
+//! This crate depends on no other crate of the workspace but `rcache`, whose
+//! registrar and monitor it implements for devices ([`MemCache`]).
 
 #![warn(missing_docs)]
 
@@ -21,6 +22,7 @@ mod buf;
 pub mod cm;
 mod error;
 mod memmon;
+mod reg;
 pub mod sim;
 mod types;
 #[cfg(feature = "verbs")]
@@ -32,7 +34,9 @@ pub use cm::{
 };
 pub use error::{Error, Result};
 pub use memmon::{Invalidation, MemMonitor, Subscriber};
+pub use reg::{memlock_limit, MemCache, Registration};
 pub use types::*;
+pub use xrcbtl_rcache as rcache;
 
 use std::net::SocketAddr;
 
@@ -81,12 +85,19 @@ pub trait Context: Clone + Send + Sync + Sized + 'static {
 
     /// Registers `len` bytes at `addr` for the given access.
     ///
+    /// A region pins the pages under it. If the memory is later unmapped or
+    /// remapped, the region keeps reaching the old pages (the simulated
+    /// device, when the process's [`MemMonitor`] runs, detaches it instead):
+    /// it never reaches what is mapped at those addresses afterwards. Caches
+    /// of regions must therefore drop a region when its memory changes
+    /// ([`MemCache`] does).
+    ///
     /// # Safety
     /// The range must be valid memory of this process, readable and (if the
-    /// access allows any write) writable, for as long as the returned region
-    /// lives and until every work request that names it has completed: the
-    /// device reads and writes it behind the compiler's back. The caller must
-    /// not hold Rust references to the range while the device may write it.
+    /// access allows any write) writable, when it is registered and whenever
+    /// a work request or a remote access that names it runs: the device
+    /// reads and writes it behind the compiler's back. The caller must not
+    /// hold Rust references to memory the device may write.
     unsafe fn reg_mr(
         &self,
         pd: &Self::Pd,

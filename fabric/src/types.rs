@@ -163,6 +163,11 @@ impl Access {
         self.0
     }
 
+    /// From raw bits; bits that name no right above are dropped.
+    pub const fn from_bits(bits: u32) -> Access {
+        Access(bits & 0xF)
+    }
+
     /// Whether every right in `other` is also in `self`.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0

@@ -204,9 +204,10 @@ impl Cluster {
             let p = self.ranks[r as usize].as_ref().unwrap();
             let m = p.drv.manager();
             out += &format!(
-                "rank {r}: {:?} qps {}\n",
+                "rank {r}: {:?} qps {} {:?}\n",
                 m.endpoints_by_state(),
-                m.live_qps()
+                m.live_qps(),
+                p.drv.stats()
             );
         }
         out

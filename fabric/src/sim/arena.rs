@@ -131,6 +131,11 @@ impl<T> Arena<T> {
     }
 
     /// Live objects in slot order (deterministic).
+    /// Every live value, mutably.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.slots.iter_mut().filter_map(|s| s.value.as_mut())
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Id<T>, &T)> {
         self.slots.iter().enumerate().filter_map(|(i, s)| {
             s.value.as_ref().map(|v| {

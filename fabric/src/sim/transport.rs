@@ -44,6 +44,10 @@ pub(crate) enum Resp {
 }
 
 /// The IB RNR timer encoding (IBA table 45), in microseconds.
+/// What a detached region transfers in place of memory it no longer
+/// reaches (a real device would move the old, still pinned pages).
+pub(crate) const DETACHED: u8 = 0xDB;
+
 const RNR_TIMER_US: [u64; 32] = [
     655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
     5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
@@ -129,6 +133,60 @@ impl World {
             && r.addr
                 .checked_add(u64::from(len))
                 .is_some_and(|end| end <= mr.addr + mr.len)
+    }
+
+    /// Detaches every region whose memory the monitor reported gone.
+    pub(crate) fn apply_unmaps(&mut self) {
+        let Some(u) = &self.unmaps else { return };
+        u.drain(&mut self.unmapped);
+        for inv in std::mem::take(&mut self.unmapped) {
+            let (lo, hi) = (inv.start as u64, inv.end as u64);
+            for m in self.mrs.values_mut() {
+                if m.addr < hi && lo < m.addr + m.len {
+                    m.detached = true;
+                }
+            }
+        }
+    }
+
+    /// Whether the region a key names is detached from its memory.
+    fn detached(&mut self, dev: DevIdx, key: u32, remote: bool) -> bool {
+        self.apply_unmaps();
+        let d = &self.devs[dev];
+        let keys = if remote { &d.rkeys } else { &d.lkeys };
+        keys.get(&key)
+            .and_then(|m| self.mrs.get(*m))
+            .is_some_and(|m| m.detached)
+    }
+
+    /// The device gathers an SGE (checked by the caller).
+    fn read_local(&mut self, dev: DevIdx, s: &Sge) -> Vec<u8> {
+        if self.detached(dev, s.lkey, false) {
+            return vec![DETACHED; s.length as usize];
+        }
+        dma_read(s.addr, s.length as usize)
+    }
+
+    /// The device scatters into an SGE's memory (checked by the caller).
+    fn write_local(&mut self, dev: DevIdx, s: &Sge, data: &[u8]) {
+        if !self.detached(dev, s.lkey, false) {
+            dma_write(s.addr, data);
+        }
+    }
+
+    /// The responder reads remote memory (checked by the caller).
+    fn read_remote(&mut self, dev: DevIdx, r: &RemoteAddr, len: usize) -> Vec<u8> {
+        if self.detached(dev, r.rkey, true) {
+            return vec![DETACHED; len];
+        }
+        dma_read(r.addr, len)
+    }
+
+    /// The responder writes remote memory (checked by the caller).
+    fn write_remote(&mut self, dev: DevIdx, r: &RemoteAddr, data: &[u8]) {
+        if !self.detached(dev, r.rkey, true) {
+            dma_write(r.addr, data);
+        }
     }
 
     // ---- posting ---------------------------------------------------------
@@ -438,8 +496,8 @@ impl World {
                 return;
             }
             let mut buf = Vec::with_capacity(e.len as usize);
-            for s in &e.sgl {
-                buf.extend_from_slice(&dma_read(s.addr, s.length as usize));
+            for s in e.sgl.clone() {
+                buf.extend_from_slice(&self.read_local(dev, &s));
             }
             let data: Arc<[u8]> = Arc::from(buf);
             self.qps.get_mut(qp).expect("live").sq[idx].data = Some(data);
@@ -603,7 +661,7 @@ impl World {
                         let mut off = 0usize;
                         for s in &sgl {
                             let n = (s.length as usize).min(d.len() - off);
-                            dma_write(s.addr, &d[off..off + n]);
+                            self.write_local(dev, s, &d[off..off + n]);
                             off += n;
                         }
                     }
@@ -803,7 +861,7 @@ impl World {
                         return;
                     }
                     if let Some(data) = &d.data {
-                        dma_write(r.addr, data);
+                        self.write_remote(dst_dev, &r, data);
                     }
                     if !self.consume_recv(
                         dst,
@@ -819,7 +877,7 @@ impl World {
                         return;
                     }
                 } else if let Some(data) = &d.data {
-                    dma_write(r.addr, data);
+                    self.write_remote(dst_dev, &r, data);
                 }
             }
             SendOp::Read(r) => {
@@ -829,7 +887,7 @@ impl World {
                     self.responder_error(dst, &d, WcStatus::RemoteAccess, QpErrorEvent::Access);
                     return;
                 }
-                let data: Arc<[u8]> = Arc::from(dma_read(r.addr, d.len as usize));
+                let data: Arc<[u8]> = Arc::from(self.read_remote(dst_dev, &r, d.len as usize));
                 if !duplicate {
                     self.qps.get_mut(dst).expect("indexed").expected_psn += 1;
                 }
@@ -957,7 +1015,7 @@ impl World {
                     ok = false;
                     break;
                 }
-                dma_write(s.addr, &data[off..off + n]);
+                self.write_local(dst_dev, s, &data[off..off + n]);
                 off += n;
             }
             if !ok {

@@ -68,6 +68,10 @@ pub(crate) struct MrObj {
     pub access: Access,
     pub lkey: u32,
     pub rkey: u32,
+    /// The memory under it was unmapped, remapped or emptied: like a real
+    /// device, which keeps the old pages pinned, the region no longer
+    /// reaches what the process now has at those addresses.
+    pub detached: bool,
 }
 
 /// A completion plus what polling it releases.
@@ -335,6 +339,11 @@ pub(crate) struct World {
     /// [`super::SimFabric::take_touched`].
     pub touched: BTreeSet<u32>,
     pub stats: SimStats,
+    /// Reports of memory that changed under registered regions (none where
+    /// userfaultfd is unavailable: regions then always reach the current
+    /// memory).
+    pub unmaps: Option<crate::Subscriber>,
+    pub unmapped: Vec<crate::Invalidation>,
     /// Rolling hash of every processed event: equal seeds give equal traces.
     pub trace: u64,
     /// Whether an empty poll may move the clock (see [`World::poll_progress`]).
@@ -404,6 +413,8 @@ impl World {
             stats: SimStats::default(),
             trace: 0xcbf2_9ce4_8422_2325,
             auto_advance: true,
+            unmaps: crate::MemMonitor::global().map(|m| m.subscribe()),
+            unmapped: Vec::new(),
         }
     }
 
@@ -716,6 +727,14 @@ impl World {
         }
         let lkey = self.fresh_key(dev);
         let rkey = self.fresh_key(dev);
+        // Reports of unmaps before this registration concern earlier
+        // mappings at these addresses, not this one.
+        self.apply_unmaps();
+        if let Some(u) = &self.unmaps {
+            // Memory that cannot be watched (file mappings) is never
+            // detached; the simulator then reads whatever is mapped there.
+            let _ = u.monitor().watch(addr as usize, len as usize);
+        }
         let id = self.mrs.insert(MrObj {
             ctx,
             pd,
@@ -724,6 +743,7 @@ impl World {
             access,
             lkey,
             rkey,
+            detached: false,
         });
         let d = &mut self.devs[dev];
         d.lkeys.insert(lkey, id);

@@ -28,6 +28,11 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
             &[Need::IbFamily],
             transfer_manual_connect::<H>,
         ),
+        rule(
+            "regions_never_reach_remapped_memory",
+            &[],
+            regions_never_reach_remapped_memory::<H>,
+        ),
         rule("keys_unknown_rkey", &[], keys_unknown_rkey::<H>),
         rule("keys_wrong_pd", &[], keys_wrong_pd::<H>),
         rule("keys_access_not_granted", &[], keys_access_not_granted::<H>),
@@ -172,6 +177,67 @@ fn transfer_rdma_write_read<H: Harness>(h: &H) -> Outcome {
     ensure_eq!(eb.rbuf.read(100, 1000), written);
     // One-sided operations consume no receive.
     expect_quiet(h, &eb.cq, Duration::from_millis(1))?;
+    Ok(())
+}
+
+/// A region pins the pages it was made from: when the memory is unmapped and
+/// the address mapped again with other contents, a transfer through the old
+/// region never delivers the new contents (hardware moves the old pages, the
+/// simulator detaches the region); the registration cache notices the unmap
+/// and registers the new mapping afresh, through which the new contents
+/// arrive.
+fn regions_never_reach_remapped_memory<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let len = 2 * 4096;
+    let mut cache = MemCache::new(eb.ctx.clone(), eb.pd.clone(), Default::default());
+    ensure!(
+        cache.caches(),
+        "userfaultfd is not available: nothing can be cached"
+    );
+    let mut old = memmap2::MmapMut::map_anon(len).map_err(|e| Failure(e.to_string()))?;
+    old.fill(0x0A);
+    let addr = old.as_ptr() as usize;
+    let first = cache.register(&old)?;
+    let read = |wr_id: u64, r: RemoteAddr| -> std::result::Result<Vec<u8>, Failure> {
+        let sge = [ea.rbuf.sge(0, len as u32)];
+        ea.qp
+            .post_send(&SendWr::new(wr_id, SendOp::Read(r), Payload::Sgl(&sge)))?;
+        check_wc(&wait_cq(h, &ea.cq, 1)?[0], wr_id, WcStatus::Success)?;
+        Ok(ea.rbuf.read(0, len))
+    };
+    ensure_eq!(read(1, cache.remote(&first, addr))?, vec![0x0A; len]);
+    let stale = cache.remote(&first, addr);
+    cache.release(first);
+    // Unmap, and map until the kernel hands out the same address again
+    // (it reuses the highest hole that fits, which is this one).
+    drop(old);
+    let mut tries = Vec::new();
+    let new = loop {
+        let m = memmap2::MmapMut::map_anon(len).map_err(|e| Failure(e.to_string()))?;
+        if m.as_ptr() as usize == addr {
+            break m;
+        }
+        ensure!(tries.len() < 64, "the address was never mapped again");
+        tries.push(m);
+    };
+    let mut new = new;
+    new.fill(0x0B);
+    let through_stale = read(2, stale)?;
+    ensure!(
+        through_stale != vec![0x0B; len],
+        "a region made before the unmap delivered the new mapping's contents"
+    );
+    let fresh = cache.register(&new)?;
+    ensure!(
+        cache.stats().invalidations >= 1 && cache.stats().misses == 2,
+        "the cache did not register the new mapping afresh: {:?}",
+        cache.stats()
+    );
+    ensure_eq!(read(3, cache.remote(&fresh, addr))?, vec![0x0B; len]);
+    cache.release(fresh);
+    drop(cache);
+    drop(new);
     Ok(())
 }
 

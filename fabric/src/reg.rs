@@ -1,0 +1,203 @@
+//! `MemCache`: the registration cache ([`xrcbtl_rcache`]) over a device's
+//! `reg_mr`, fed by the process's [`MemMonitor`].
+//!
+//! This is the one place where memory the fabric does not own is
+//! registered. A registration is asked for with a borrow of the memory, so
+//! the memory is valid when it is registered; the cache may keep the region
+//! after the borrow ends, and then only its monitor keeps it honest: when
+//! the memory is unmapped, remapped or given back to the kernel, the next
+//! lookup drops the region. Between uses a cached region reaches the same
+//! pages the process has at those addresses, or none (the kernel pins the
+//! old pages of a region whose memory went away; the simulated device
+//! detaches such a region).
+
+use std::ops::Range;
+
+use xrcbtl_rcache::{Config, Handle, Monitor, RegCache, Registrar, Stats};
+
+use crate::{Access, Context, Error, MemMonitor, Mr, RemoteAddr, Result, Sge, Subscriber};
+
+/// Registers with a device for the cache.
+struct MrRegistrar<C: Context> {
+    ctx: C,
+    pd: C::Pd,
+}
+
+impl<C: Context> Registrar for MrRegistrar<C> {
+    type Region = C::Mr;
+    type Error = Error;
+
+    fn register(&mut self, start: usize, len: usize, access: u32) -> Result<C::Mr> {
+        // SAFETY: the cache registers whole pages of ranges that callers of
+        // `MemCache::register*` borrowed (readable, and writable when a
+        // write access was asked for through a mutable borrow), possibly
+        // merged with ranges registered before and not reported unmapped
+        // since; the kernel (or the simulator) checks that the pages are
+        // mapped. Work requests name a region only for memory their poster
+        // holds while they run; a region that outlives its memory reaches
+        // the old pinned pages or, on the simulator, nothing.
+        unsafe {
+            self.ctx
+                .reg_mr(&self.pd, start as *mut u8, len, Access::from_bits(access))
+        }
+    }
+}
+
+impl Monitor for Subscriber {
+    fn watch(&mut self, start: usize, len: usize) -> bool {
+        self.monitor().watch(start, len).is_ok()
+    }
+
+    fn drain(&mut self, out: &mut Vec<Range<usize>>) {
+        let mut got = Vec::new();
+        Subscriber::drain(self, &mut got);
+        out.extend(got.into_iter().map(|i| i.start..i.end));
+    }
+}
+
+/// A registration held from the cache; give it back with
+/// [`MemCache::release`].
+#[derive(Debug)]
+#[must_use = "a registration holds a reference until released"]
+pub struct Registration {
+    handle: Handle,
+    lkey: u32,
+    rkey: u32,
+}
+
+impl Registration {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+}
+
+/// The process's locked-memory limit in bytes (`RLIMIT_MEMLOCK`;
+/// `usize::MAX` when unlimited).
+pub fn memlock_limit() -> usize {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
+        || r.rlim_cur == libc::RLIM_INFINITY
+    {
+        return usize::MAX;
+    }
+    usize::try_from(r.rlim_cur).unwrap_or(usize::MAX)
+}
+
+/// The registration cache of one protection domain.
+pub struct MemCache<C: Context> {
+    cache: RegCache<MrRegistrar<C>, Subscriber>,
+}
+
+impl<C: Context> std::fmt::Debug for MemCache<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemCache({:?})", self.cache)
+    }
+}
+
+impl<C: Context> MemCache<C> {
+    /// A cache registering in `pd`. `cfg.memlock_bytes` is lowered to the
+    /// process's limit. Without userfaultfd, nothing is cached.
+    pub fn new(ctx: C, pd: C::Pd, mut cfg: Config) -> Self {
+        cfg.memlock_bytes = cfg.memlock_bytes.min(memlock_limit());
+        let monitor = MemMonitor::global().map(|m| m.subscribe());
+        MemCache {
+            cache: RegCache::new(MrRegistrar { ctx, pd }, monitor, cfg),
+        }
+    }
+
+    /// Whether registrations are cached (a memory monitor runs).
+    pub fn caches(&self) -> bool {
+        MemMonitor::global().is_some()
+    }
+
+    /// A registration of `data` that remote peers may read.
+    pub fn register(&mut self, data: &[u8]) -> Result<Registration> {
+        self.get(data.as_ptr() as usize, data.len(), Access::REMOTE_READ)
+    }
+
+    /// A registration of `data` with `access` (which may include writes).
+    pub fn register_mut(&mut self, data: &mut [u8], access: Access) -> Result<Registration> {
+        self.get(data.as_ptr() as usize, data.len(), access)
+    }
+
+    fn get(&mut self, addr: usize, len: usize, access: Access) -> Result<Registration> {
+        let handle = self
+            .cache
+            .get(addr, len, access.bits())
+            .map_err(|e| match e {
+                xrcbtl_rcache::Error::Register(e) => e,
+                e => Error::invalid(e.to_string()),
+            })?;
+        let mr = self.cache.region(&handle);
+        Ok(Registration {
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+            handle,
+        })
+    }
+
+    /// An SGE over `len` bytes at `addr`, which the registration covers.
+    pub fn sge(&self, reg: &Registration, addr: usize, len: u32) -> Sge {
+        debug_assert!(
+            self.covers(reg, addr, len as usize),
+            "SGE outside the registration"
+        );
+        Sge {
+            addr: addr as u64,
+            length: len,
+            lkey: reg.lkey,
+        }
+    }
+
+    /// The remote address of `addr`, which the registration covers.
+    pub fn remote(&self, reg: &Registration, addr: usize) -> RemoteAddr {
+        debug_assert!(
+            self.covers(reg, addr, 0),
+            "address outside the registration"
+        );
+        RemoteAddr {
+            addr: addr as u64,
+            rkey: reg.rkey,
+        }
+    }
+
+    fn covers(&self, reg: &Registration, addr: usize, len: usize) -> bool {
+        let r = self.cache.range(&reg.handle);
+        addr >= r.start && addr + len <= r.end
+    }
+
+    /// Gives a registration back.
+    pub fn release(&mut self, reg: Registration) {
+        self.cache.put(reg.handle);
+    }
+
+    /// Drops every unused registration.
+    pub fn flush(&mut self) {
+        self.cache.flush();
+    }
+
+    /// What the cache counted.
+    pub fn stats(&self) -> Stats {
+        self.cache.stats()
+    }
+
+    /// Registrations cached.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+}

@@ -1,0 +1,30 @@
+//! The pieces of a progress engine, independent of any fabric:
+//!
+//! - [`WrSlab`]: work-request ids that find their request's state in O(1)
+//!   when its completion arrives, and refuse stale ids;
+//! - [`Batch`]: completions polled in bounded batches, so that one busy
+//!   queue cannot starve the rest of progress;
+//! - [`Callbacks`]: the components of a transport register a callback that
+//!   does their pending work and reports how much it did; a component that
+//!   has nothing outstanding takes itself off the queue;
+//! - [`SubmitQueue`]: lock-free submission of work from other threads (or
+//!   from inside callbacks), drained by progress;
+//! - [`ProgressThread`]: an optional thread that calls progress, and blocks
+//!   (on a completion channel, through the caller's wait function) when
+//!   there is nothing to do.
+//!
+//! It depends on no other crate of the workspace.
+
+#![warn(missing_docs)]
+
+mod batch;
+mod callbacks;
+mod slab;
+mod submit;
+mod thread;
+
+pub use batch::Batch;
+pub use callbacks::{CallbackId, Callbacks, Keep};
+pub use slab::WrSlab;
+pub use submit::{SubmitQueue, Submitter};
+pub use thread::{ProgressThread, ThreadConfig};

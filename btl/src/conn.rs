@@ -61,6 +61,16 @@ pub struct DriverConfig {
     pub force_rc: bool,
     /// Connection manager tuning (rank, node, job and mode are filled in).
     pub retries: u32,
+    /// Largest inline payload asked of send QPs (bounded by the device).
+    pub max_inline: u32,
+    /// Deepest send queue of a QP (bounded by the device).
+    pub sq_max: Option<u32>,
+    /// The data path is someone else's (the BTL): the driver creates the
+    /// SRQs but no receive buffers, posts nothing, and leaves the CQs to
+    /// the owner, who reports failures and first receives back through
+    /// [`ConnDriver::handle_send_failure`] and
+    /// [`ConnDriver::handle_first_receive`].
+    pub external_data: bool,
 }
 
 impl DriverConfig {
@@ -84,6 +94,9 @@ impl DriverConfig {
             ],
             force_rc: false,
             retries: 5,
+            max_inline: 0,
+            sq_max: None,
+            external_data: false,
         }
     }
 }
@@ -98,11 +111,12 @@ pub struct SrqClass {
     pub depth: u32,
 }
 
-/// One class's SRQ and buffers.
+/// One class's SRQ and buffers (no buffers with an external data path).
 struct Class<C: Context> {
     srq: C::Srq,
-    buf: DmaBuf<C>,
+    buf: Option<DmaBuf<C>>,
     size: u32,
+    depth: u32,
 }
 
 /// A message received.
@@ -157,7 +171,7 @@ pub struct ConnDriver<C: Context> {
     tgt_of_num: HashMap<u32, Vec<TgtRef>>,
     classes: Vec<Class<C>>,
     xrcd: Option<C::Xrcd>,
-    sbuf: DmaBuf<C>,
+    sbuf: Option<DmaBuf<C>>,
     slot_size: u32,
     free_slots: Vec<usize>,
     send_cq: C::Cq,
@@ -177,6 +191,11 @@ pub struct ConnDriver<C: Context> {
     notices: VecDeque<Notice>,
     inbox: VecDeque<Received>,
     stats: DriverStats,
+    /// Numbers of QPs destroyed since the last `take_destroyed`.
+    destroyed: Vec<u32>,
+    /// Classes whose SRQ reported its limit since the last
+    /// `take_srq_limits`.
+    srq_limits: Vec<usize>,
 }
 
 impl<C: Context> ConnDriver<C> {
@@ -234,28 +253,37 @@ impl<C: Context> ConnDriver<C> {
                 Some(x) => ctx.create_xrc_srq(&pd, x, &recv_cq, attr)?,
                 None => ctx.create_srq(&pd, attr)?,
             };
-            let buf = DmaBuf::new(
-                &ctx,
-                &pd,
-                (c.size * attr.max_wr) as usize,
-                Access::LOCAL_WRITE,
-            )?;
+            let buf = if cfg.external_data {
+                None
+            } else {
+                Some(DmaBuf::new(
+                    &ctx,
+                    &pd,
+                    (c.size * attr.max_wr) as usize,
+                    Access::LOCAL_WRITE,
+                )?)
+            };
             classes.push((
                 Class {
                     srq,
                     buf,
                     size: c.size,
+                    depth: attr.max_wr,
                 },
                 attr.max_wr,
             ));
         }
         let slot_size = wanted.iter().map(|c| c.size).max().expect("non-empty");
-        let sbuf = DmaBuf::new(
-            &ctx,
-            &pd,
-            SEND_SLOTS * slot_size as usize,
-            Access::LOCAL_WRITE,
-        )?;
+        let sbuf = if cfg.external_data {
+            None
+        } else {
+            Some(DmaBuf::new(
+                &ctx,
+                &pd,
+                SEND_SLOTS * slot_size as usize,
+                Access::LOCAL_WRITE,
+            )?)
+        };
         let ch = ctx.create_cm_channel()?;
         let ps = match mode {
             Mode::Xrc => PortSpace::Ib,
@@ -271,7 +299,9 @@ impl<C: Context> ConnDriver<C> {
         let classes: Vec<Class<C>> = classes.into_iter().map(|(c, _)| c).collect();
         let mut cc = ConnConfig::new(cfg.rank, cfg.node, cfg.job, mode, srqns);
         cc.max_retries = cfg.retries;
-        cc.sq_max = caps.max_qp_wr;
+        cc.sq_max = cfg
+            .sq_max
+            .map_or(caps.max_qp_wr, |m| m.clamp(1, caps.max_qp_wr));
         let mgr = ConnManager::new(cc, [(cfg.rank, cfg.node)]);
         let d = ConnDriver {
             mgr,
@@ -306,10 +336,14 @@ impl<C: Context> ConnDriver<C> {
             notices: VecDeque::new(),
             inbox: VecDeque::new(),
             stats: DriverStats::default(),
+            destroyed: Vec::new(),
+            srq_limits: Vec::new(),
         };
-        for (class, depth) in depths.into_iter().enumerate() {
-            for slot in 0..depth {
-                d.post_recv(class, slot)?;
+        if !d.cfg.external_data {
+            for (class, depth) in depths.into_iter().enumerate() {
+                for slot in 0..depth {
+                    d.post_recv(class, slot)?;
+                }
             }
         }
         Ok(d)
@@ -368,10 +402,67 @@ impl<C: Context> ConnDriver<C> {
         self.inbox.pop_front()
     }
 
+    /// The device context.
+    pub fn context(&self) -> &C {
+        &self.ctx
+    }
+
+    /// The protection domain every object of the rank lives in.
+    pub fn pd(&self) -> &C::Pd {
+        &self.pd
+    }
+
+    /// The CQ every send queue completes on.
+    pub fn send_cq(&self) -> &C::Cq {
+        &self.send_cq
+    }
+
+    /// The CQ every receive completes on.
+    pub fn recv_cq(&self) -> &C::Cq {
+        &self.recv_cq
+    }
+
+    /// The receive classes in use: (buffer size, SRQ depth), smallest
+    /// first (RC mode keeps only the largest).
+    pub fn classes(&self) -> Vec<(u32, u32)> {
+        self.classes.iter().map(|c| (c.size, c.depth)).collect()
+    }
+
+    /// The SRQ of class `class`.
+    pub fn srq(&self, class: usize) -> &C::Srq {
+        &self.classes[class].srq
+    }
+
+    /// The path to `rank`, when messages may be posted to it: the QP and the
+    /// peer's SRQ numbers (XRC).
+    pub fn path(&self, rank: Rank) -> Option<(&C::Qp, &[u32])> {
+        let p = self.paths.get(&rank)?;
+        Some((self.qps.get(&p.qp)?, &p.srqns))
+    }
+
+    /// The numbers of the QPs destroyed since the last call: work posted on
+    /// them will never complete.
+    pub fn take_destroyed(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.destroyed)
+    }
+
+    /// The classes whose SRQ fell below its armed limit since the last call.
+    pub fn take_srq_limits(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.srq_limits)
+    }
+
+    /// The time of the last progress.
+    pub fn last_now(&self) -> Duration {
+        self.last_now
+    }
+
     /// Posts receive buffer `slot` of `class` (wr_id: class << 32 | slot).
     fn post_recv(&self, class: usize, slot: u32) -> Result<()> {
         let c = &self.classes[class];
-        let sge = [c.buf.sge((slot * c.size) as usize, c.size)];
+        let Some(buf) = &c.buf else {
+            return Err(Error::state("the data path is external"));
+        };
+        let sge = [buf.sge((slot * c.size) as usize, c.size)];
         c.srq.post_recv(&RecvWr {
             wr_id: ((class as u64) << 32) | u64::from(slot),
             sgl: &sge,
@@ -405,6 +496,9 @@ impl<C: Context> ConnDriver<C> {
         let Some(qp) = self.qps.get(&path.qp) else {
             return Ok(false);
         };
+        let Some(sbuf) = &self.sbuf else {
+            return Err(Error::state("the data path is external"));
+        };
         let Some(slot) = self.free_slots.pop() else {
             return Ok(false);
         };
@@ -414,8 +508,8 @@ impl<C: Context> ConnDriver<C> {
         msg.extend_from_slice(&self.cfg.rank.to_le_bytes());
         msg.extend_from_slice(&seq.to_le_bytes());
         msg.extend_from_slice(payload);
-        self.sbuf.write(off, &msg);
-        let sge = [self.sbuf.sge(off, msg.len() as u32)];
+        sbuf.write(off, &msg);
+        let sge = [sbuf.sge(off, msg.len() as u32)];
         let mut wr = SendWr::send(slot as u64, &sge);
         if let Some(n) = srqn {
             wr = wr.to_srq(n);
@@ -457,8 +551,10 @@ impl<C: Context> ConnDriver<C> {
                 work += 1;
                 self.on_async(now, ev);
             }
-            work += self.poll_send(now);
-            work += self.poll_recv(now);
+            if !self.cfg.external_data {
+                work += self.poll_send(now);
+                work += self.poll_recv(now);
+            }
             if self.mgr.poll_timeout().is_some_and(|t| t <= now) {
                 work += 1;
                 self.mgr.handle_timeout(now);
@@ -499,13 +595,27 @@ impl<C: Context> ConnDriver<C> {
                 self.free_slots.push(wc.wr_id as usize);
             }
             if wc.status != WcStatus::Success {
-                self.stats.send_errors += 1;
-                if let Some(&qp) = self.qp_of_num.get(&wc.qp_num) {
-                    self.mgr.handle(now, Event::QpFailed { qp });
-                }
+                self.handle_send_failure(now, wc.qp_num);
             }
         }
         n
+    }
+
+    /// A send on QP `qpn` completed with an error: the path through it is
+    /// broken.
+    pub fn handle_send_failure(&mut self, now: Duration, qpn: u32) {
+        self.stats.send_errors += 1;
+        if let Some(&qp) = self.qp_of_num.get(&qpn) {
+            self.mgr.handle(now, Event::QpFailed { qp });
+        }
+    }
+
+    /// A zero-length message (the iWARP initiator's hello) arrived on QP
+    /// `qpn`: the responder may speak now.
+    pub fn handle_first_receive(&mut self, now: Duration, qpn: u32) {
+        if let Some(&qp) = self.qp_of_num.get(&qpn) {
+            self.mgr.handle(now, Event::FirstReceive { qp });
+        }
     }
 
     fn poll_recv(&mut self, now: Duration) -> usize {
@@ -522,12 +632,11 @@ impl<C: Context> ConnDriver<C> {
             if len == 0 {
                 // The iWARP initiator's first message: the responder may
                 // speak now.
-                if let Some(&qp) = self.qp_of_num.get(&wc.qp_num) {
-                    self.mgr.handle(now, Event::FirstReceive { qp });
-                }
+                self.handle_first_receive(now, wc.qp_num);
             } else if len >= HEADER {
                 let c = &self.classes[class];
-                let bytes = c.buf.read((slot * c.size) as usize, len);
+                let Some(buf) = &c.buf else { continue };
+                let bytes = buf.read((slot * c.size) as usize, len);
                 let src = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
                 let seq = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
                 self.inbox.push_back(Received {
@@ -548,6 +657,12 @@ impl<C: Context> ConnDriver<C> {
     }
 
     fn on_async(&mut self, now: Duration, ev: AsyncEvent) {
+        if let AsyncEvent::SrqLimitReached { srq } = ev {
+            if let Some(class) = self.classes.iter().position(|c| c.srq.id() == srq) {
+                self.srq_limits.push(class);
+            }
+            return;
+        }
         let qpn = match ev {
             AsyncEvent::QpFatal { qpn }
             | AsyncEvent::QpRequestError { qpn }
@@ -653,7 +768,7 @@ impl<C: Context> ConnDriver<C> {
                     max_recv_wr: 0,
                     max_send_sge: 1,
                     max_recv_sge: 0,
-                    max_inline: 0,
+                    max_inline: self.cfg.max_inline.min(caps.max_inline),
                 };
                 let (qp_type, srq) = match kind {
                     QpKind::Ini => (QpType::XrcIni, None),
@@ -687,6 +802,7 @@ impl<C: Context> ConnDriver<C> {
             Action::DestroyQp { qp } => {
                 if let Some(q) = self.qps.remove(&qp) {
                     self.qp_of_num.remove(&q.qp_num());
+                    self.destroyed.push(q.qp_num());
                 }
             }
             Action::CreateTgt { tgt } => {

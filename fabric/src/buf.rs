@@ -109,6 +109,21 @@ impl<C: Context> DmaBuf<C> {
         out
     }
 
+    /// Copies `len` bytes at `offset` into `out` (replacing its contents;
+    /// its allocation is reused).
+    pub fn read_into(&self, offset: usize, len: usize, out: &mut Vec<u8>) {
+        self.check(offset, len);
+        out.clear();
+        out.reserve(len);
+        // SAFETY: the range is inside the allocation (checked); `out` has
+        // room for `len` bytes and is a separate allocation; its length is
+        // set only after the bytes are written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), len);
+            out.set_len(len);
+        }
+    }
+
     /// Sets every byte to `byte`.
     pub fn fill(&self, byte: u8) {
         // SAFETY: the whole allocation, no references into it exist.

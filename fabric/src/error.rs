@@ -38,6 +38,9 @@ pub enum Error {
     /// unusable.
     #[error("completion queue overrun")]
     CqOverrun,
+    /// An operation did not finish in the time it was given.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
     /// The process that owned the object has exited (simulated fabric only:
     /// a real process cannot outlive itself).
     #[error("the owning process has exited")]

@@ -90,7 +90,8 @@ pub trait Context: Clone + Send + Sync + Sized + 'static {
     /// device, when the process's [`MemMonitor`] runs, detaches it instead):
     /// it never reaches what is mapped at those addresses afterwards. Caches
     /// of regions must therefore drop a region when its memory changes
-    /// ([`MemCache`] does).
+    /// ([`MemCache`] does), and register through
+    /// [`Context::reg_mr_cached`].
     ///
     /// # Safety
     /// The range must be valid memory of this process, readable and (if the
@@ -105,6 +106,25 @@ pub trait Context: Clone + Send + Sync + Sized + 'static {
         len: usize,
         access: Access,
     ) -> Result<Self::Mr>;
+
+    /// Registers memory for a registration cache, which may keep the region
+    /// after the memory is unmapped or remapped (see [`Context::reg_mr`]).
+    /// Devices behave the same either way; the simulated device watches
+    /// such regions and detaches them when their memory goes, as a real
+    /// device keeps reaching only the old pages.
+    ///
+    /// # Safety
+    /// As for [`Context::reg_mr`].
+    unsafe fn reg_mr_cached(
+        &self,
+        pd: &Self::Pd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self::Mr> {
+        // SAFETY: the caller keeps `reg_mr`'s contract.
+        unsafe { self.reg_mr(pd, addr, len, access) }
+    }
 
     /// Creates a completion queue of at least `cqe` entries, which many QPs
     /// may share.

@@ -61,10 +61,40 @@ pub struct Invalidation {
     pub end: usize,
 }
 
+/// Most subscribers at once.
+const MAX_SUBSCRIBERS: usize = 128;
+/// Invalidations a subscriber's queue holds before it overflows into "all
+/// memory".
+const RING: usize = 256;
+
+/// A subscriber's queue: fixed size, so that queuing never allocates.
+///
+/// Nothing may allocate or free while the queue lock is held, nor in the
+/// reader thread: a thread blocked in an unmap it made inside the
+/// allocator (glibc trims its heaps with `madvise` and `munmap` under an
+/// arena lock) waits until its event is read, and the reader must not wait
+/// for that arena or that lock.
+struct Ring {
+    items: [Invalidation; RING],
+    len: usize,
+    overflow: bool,
+}
+
+impl Ring {
+    fn push(&mut self, inv: Invalidation) {
+        if self.len < RING {
+            self.items[self.len] = inv;
+            self.len += 1;
+        } else {
+            self.overflow = true;
+        }
+    }
+}
+
 struct Inner {
     fd: OwnedFd,
     /// One queue per live subscriber, indexed by subscriber id.
-    queues: Mutex<Vec<Option<Vec<Invalidation>>>>,
+    queues: Mutex<[Option<Box<Ring>>; MAX_SUBSCRIBERS]>,
     /// Bumped after every batch of events is queued.
     generation: AtomicU64,
     /// Set while the reader thread is between `read` and bumping
@@ -77,7 +107,7 @@ struct Inner {
 impl Inner {
     /// Reads every queued event into every subscriber's queue; the caller
     /// holds `queues`' lock.
-    fn read_events(&self, queues: &mut [Option<Vec<Invalidation>>]) {
+    fn read_events(&self, queues: &mut [Option<Box<Ring>>]) {
         let mut buf = [0u8; MSG_LEN * 64];
         loop {
             self.reading.store(true, Ordering::SeqCst);
@@ -187,7 +217,7 @@ impl MemMonitor {
         }
         let inner = Arc::new(Inner {
             fd,
-            queues: Mutex::new(Vec::new()),
+            queues: Mutex::new(std::array::from_fn(|_| None)),
             generation: AtomicU64::new(0),
             reading: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -209,7 +239,7 @@ impl MemMonitor {
                     let r = unsafe { libc::poll(&mut pfd, 1, 50) };
                     if r > 0 {
                         let mut queues = worker.queues.lock().unwrap_or_else(|e| e.into_inner());
-                        worker.read_events(&mut queues);
+                        worker.read_events(&mut queues[..]);
                     }
                 }
             })
@@ -224,25 +254,24 @@ impl MemMonitor {
     }
 
     /// A new subscriber: it receives every invalidation from now on.
-    pub fn subscribe(&'static self) -> Subscriber {
+    /// `None` when [`MAX_SUBSCRIBERS`] are alive.
+    pub fn subscribe(&'static self) -> Option<Subscriber> {
+        // Allocated before the lock is taken (see `Ring`).
+        let ring = Box::new(Ring {
+            items: [Invalidation { start: 0, end: 0 }; RING],
+            len: 0,
+            overflow: false,
+        });
         let mut queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
         // Events read before now belong to the existing subscribers.
-        self.inner.read_events(&mut queues);
-        let id = match queues.iter().position(Option::is_none) {
-            Some(i) => {
-                queues[i] = Some(Vec::new());
-                i
-            }
-            None => {
-                queues.push(Some(Vec::new()));
-                queues.len() - 1
-            }
-        };
-        Subscriber {
+        self.inner.read_events(&mut queues[..]);
+        let id = queues.iter().position(Option::is_none)?;
+        queues[id] = Some(ring);
+        Some(Subscriber {
             monitor: self,
             id,
             seen: AtomicU64::new(self.inner.generation.load(Ordering::SeqCst)),
-        }
+        })
     }
 
     /// Watches `[start, start+len)` (whole pages). Fails for memory
@@ -310,34 +339,53 @@ impl Subscriber {
     /// `reading` set or a new generation, and then takes the lock (which the
     /// reader holds until its events are queued) and reads the descriptor
     /// itself.
-    pub fn drain(&self, out: &mut Vec<Invalidation>) {
+    ///
+    /// Returns `false` when the queue overflowed since the last call (more
+    /// than its fixed capacity of reports): some were lost, and the caller
+    /// must assume that any memory may have changed.
+    pub fn drain(&self, out: &mut Vec<Invalidation>) -> bool {
         let inner = &self.monitor.inner;
         let seen = self.seen.load(Ordering::Relaxed);
         if !inner.reading.load(Ordering::SeqCst) && inner.generation.load(Ordering::SeqCst) == seen
         {
-            return;
+            return true;
         }
-        let mut queues = inner.queues.lock().unwrap_or_else(|e| e.into_inner());
-        inner.read_events(&mut queues);
-        self.seen
-            .store(inner.generation.load(Ordering::SeqCst), Ordering::Relaxed);
-        if let Some(Some(q)) = queues.get_mut(self.id) {
-            out.append(q);
-        }
+        // Copied out under the lock, handed over after it (see `Ring`).
+        let mut local = [Invalidation { start: 0, end: 0 }; RING];
+        let (n, overflow) = {
+            let mut queues = inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+            inner.read_events(&mut queues[..]);
+            self.seen
+                .store(inner.generation.load(Ordering::SeqCst), Ordering::Relaxed);
+            match queues[self.id].as_mut() {
+                Some(q) => {
+                    local[..q.len].copy_from_slice(&q.items[..q.len]);
+                    let taken = (q.len, q.overflow);
+                    q.len = 0;
+                    q.overflow = false;
+                    taken
+                }
+                None => (0, false),
+            }
+        };
+        out.extend_from_slice(&local[..n]);
+        !overflow
     }
 }
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        let mut queues = self
-            .monitor
-            .inner
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(q) = queues.get_mut(self.id) {
-            *q = None;
-        }
+        // Freed after the lock is released (see `Ring`).
+        let ring = {
+            let mut queues = self
+                .monitor
+                .inner
+                .queues
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            queues[self.id].take()
+        };
+        drop(ring);
     }
 }
 
@@ -374,15 +422,15 @@ mod tests {
 
     fn drained(m: &Subscriber) -> Vec<Invalidation> {
         let mut v = Vec::new();
-        m.drain(&mut v);
+        assert!(m.drain(&mut v), "no overflow");
         v
     }
 
     #[test]
     fn munmap_madvise_mremap_and_map_fixed_are_reported() {
         let mon = MemMonitor::global().expect("userfaultfd on this machine");
-        let m = mon.subscribe();
-        let other = mon.subscribe();
+        let m = mon.subscribe().unwrap();
+        let other = mon.subscribe().unwrap();
         let page = page_size();
         let (a, len) = map(8);
         // SAFETY: writes inside the mapping.

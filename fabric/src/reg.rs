@@ -38,7 +38,7 @@ impl<C: Context> Registrar for MrRegistrar<C> {
         // the old pinned pages or, on the simulator, nothing.
         unsafe {
             self.ctx
-                .reg_mr(&self.pd, start as *mut u8, len, Access::from_bits(access))
+                .reg_mr_cached(&self.pd, start as *mut u8, len, Access::from_bits(access))
         }
     }
 }
@@ -50,8 +50,12 @@ impl Monitor for Subscriber {
 
     fn drain(&mut self, out: &mut Vec<Range<usize>>) {
         let mut got = Vec::new();
-        Subscriber::drain(self, &mut got);
-        out.extend(got.into_iter().map(|i| i.start..i.end));
+        if Subscriber::drain(self, &mut got) {
+            out.extend(got.into_iter().map(|i| i.start..i.end));
+        } else {
+            // Reports were lost: nothing cached can be trusted.
+            out.push(0..usize::MAX);
+        }
     }
 }
 
@@ -96,6 +100,7 @@ pub fn memlock_limit() -> usize {
 /// The registration cache of one protection domain.
 pub struct MemCache<C: Context> {
     cache: RegCache<MrRegistrar<C>, Subscriber>,
+    caching: bool,
 }
 
 impl<C: Context> std::fmt::Debug for MemCache<C> {
@@ -109,15 +114,16 @@ impl<C: Context> MemCache<C> {
     /// process's limit. Without userfaultfd, nothing is cached.
     pub fn new(ctx: C, pd: C::Pd, mut cfg: Config) -> Self {
         cfg.memlock_bytes = cfg.memlock_bytes.min(memlock_limit());
-        let monitor = MemMonitor::global().map(|m| m.subscribe());
+        let monitor = MemMonitor::global().and_then(|m| m.subscribe());
         MemCache {
+            caching: monitor.is_some(),
             cache: RegCache::new(MrRegistrar { ctx, pd }, monitor, cfg),
         }
     }
 
     /// Whether registrations are cached (a memory monitor runs).
     pub fn caches(&self) -> bool {
-        MemMonitor::global().is_some()
+        self.caching
     }
 
     /// A registration of `data` that remote peers may read.

@@ -237,7 +237,32 @@ impl Context for SimContext {
     ) -> Result<SimMr> {
         let id = self
             .world()
-            .reg_mr(self.0.id, pd.0.id, addr as u64, len as u64, access)?;
+            .reg_mr(self.0.id, pd.0.id, addr as u64, len as u64, access, false)?;
+        let w = self.world();
+        let m = w.mrs.get(id).expect("just registered");
+        let (lkey, rkey) = (m.lkey, m.rkey);
+        drop(w);
+        Ok(SimMr {
+            pd: pd.clone(),
+            id,
+            addr: addr as u64,
+            len,
+            lkey,
+            rkey,
+            access,
+        })
+    }
+
+    unsafe fn reg_mr_cached(
+        &self,
+        pd: &SimPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<SimMr> {
+        let id = self
+            .world()
+            .reg_mr(self.0.id, pd.0.id, addr as u64, len as u64, access, true)?;
         let w = self.world();
         let m = w.mrs.get(id).expect("just registered");
         let (lkey, rkey) = (m.lkey, m.rkey);

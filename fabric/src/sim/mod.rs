@@ -248,6 +248,9 @@ pub struct SimStats {
     pub cached_routes: u64,
     /// iWARP connections torn down because the responder spoke first.
     pub iwarp_violations: u64,
+    /// Times the memory monitor's queue overflowed, so that regions whose
+    /// memory changed may have stayed attached.
+    pub unmap_reports_lost: u64,
 }
 
 /// What a process holds, for tests.

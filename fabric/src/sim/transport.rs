@@ -138,11 +138,16 @@ impl World {
     /// Detaches every region whose memory the monitor reported gone.
     pub(crate) fn apply_unmaps(&mut self) {
         let Some(u) = &self.unmaps else { return };
-        u.drain(&mut self.unmapped);
+        if !u.drain(&mut self.unmapped) {
+            // Reports were lost (another world's teardown flooded the
+            // queue): detaching every region would break healthy traffic,
+            // so the simulator keeps them attached and counts it.
+            self.stats.unmap_reports_lost += 1;
+        }
         for inv in std::mem::take(&mut self.unmapped) {
             let (lo, hi) = (inv.start as u64, inv.end as u64);
             for m in self.mrs.values_mut() {
-                if m.addr < hi && lo < m.addr + m.len {
+                if m.tracked && m.addr < hi && lo < m.addr + m.len {
                     m.detached = true;
                 }
             }

@@ -72,6 +72,9 @@ pub(crate) struct MrObj {
     /// device, which keeps the old pages pinned, the region no longer
     /// reaches what the process now has at those addresses.
     pub detached: bool,
+    /// Registered through [`crate::Context::reg_mr_cached`]: only such
+    /// regions may outlive their memory, so only they are detached.
+    pub tracked: bool,
 }
 
 /// A completion plus what polling it releases.
@@ -413,7 +416,7 @@ impl World {
             stats: SimStats::default(),
             trace: 0xcbf2_9ce4_8422_2325,
             auto_advance: true,
-            unmaps: crate::MemMonitor::global().map(|m| m.subscribe()),
+            unmaps: crate::MemMonitor::global().and_then(|m| m.subscribe()),
             unmapped: Vec::new(),
         }
     }
@@ -708,6 +711,7 @@ impl World {
         addr: u64,
         len: u64,
         access: Access,
+        tracked: bool,
     ) -> Result<Id<MrObj>> {
         let dev = self.ctx_dev(ctx)?;
         if !self.pds.contains(pd) {
@@ -727,13 +731,16 @@ impl World {
         }
         let lkey = self.fresh_key(dev);
         let rkey = self.fresh_key(dev);
-        // Reports of unmaps before this registration concern earlier
-        // mappings at these addresses, not this one.
-        self.apply_unmaps();
-        if let Some(u) = &self.unmaps {
-            // Memory that cannot be watched (file mappings) is never
-            // detached; the simulator then reads whatever is mapped there.
-            let _ = u.monitor().watch(addr as usize, len as usize);
+        if tracked {
+            // Reports of unmaps before this registration concern earlier
+            // mappings at these addresses, not this one.
+            self.apply_unmaps();
+            if let Some(u) = &self.unmaps {
+                // Memory that cannot be watched (file mappings) is never
+                // detached; the simulator then reads whatever is mapped
+                // there.
+                let _ = u.monitor().watch(addr as usize, len as usize);
+            }
         }
         let id = self.mrs.insert(MrObj {
             ctx,
@@ -744,6 +751,7 @@ impl World {
             lkey,
             rkey,
             detached: false,
+            tracked,
         });
         let d = &mut self.devs[dev];
         d.lkeys.insert(lkey, id);

@@ -1,0 +1,248 @@
+//! BTL configuration, with every knob settable through an environment
+//! variable of the `XRCBTL_` prefix.
+//!
+//! | Variable | Default | Meaning |
+//! |---|---|---|
+//! | `XRCBTL_EAGER_LIMIT` | 8192 | Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous. |
+//! | `XRCBTL_MAX_INLINE` | 128 | Largest message (header included) posted inline, when the device allows that much. |
+//! | `XRCBTL_RNDV_PROTOCOL` | `get` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS) or `put` (RTS, RTR, the sender RDMA-writes, FIN). |
+//! | `XRCBTL_RNDV_FRAG_SIZE` | 524288 | Bytes per RDMA fragment of a rendezvous. |
+//! | `XRCBTL_RNDV_PIPELINE` | 4 | Fragments of one rendezvous in flight at once. |
+//! | `XRCBTL_SEND_SLOTS` | 256 | Bounce buffers for eager sends. |
+//! | `XRCBTL_SMALL_SIZE` | 256 | Buffer size of the small receive class (0: one class only). |
+//! | `XRCBTL_SRQ_DEPTH` | 256 | Receives posted per class at start. |
+//! | `XRCBTL_SRQ_MAX_DEPTH` | 1024 | Receives a class may grow to when its SRQ runs low. |
+//! | `XRCBTL_SRQ_REFILL` | 16 | Consumed receives reposted together. |
+//! | `XRCBTL_CQ_BATCH` | 32 | Completions taken per CQ poll. |
+//! | `XRCBTL_SQ_MAX` | 0 | Deepest send queue of a QP (0: the device's maximum); a shared XRC INI QP grows up to it as endpoints join. |
+//! | `XRCBTL_FORCE_RC` | 0 | 1: RC + SRQ even where the device has XRC. |
+//! | `XRCBTL_RCACHE_MAX_REGIONS` | 4096 | Registrations the cache keeps. |
+//! | `XRCBTL_RCACHE_MAX_BYTES` | 4294967296 | Bytes the cache keeps registered (also bounded by `RLIMIT_MEMLOCK`). |
+//! | `XRCBTL_RETRIES` | 5 | Connection attempts before a peer is declared unreachable. |
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xrcbtl_fabric::{Error, Result, XrcdKey};
+use xrcbtl_xrc_conn::{Node, Rank};
+
+/// Which RDMA operation moves a rendezvous's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RndvProtocol {
+    /// The receiver reads from the sender's memory (RTS, reads, ATS).
+    Get,
+    /// The sender writes into memory the receiver offers (RTS, RTR, writes,
+    /// FIN).
+    Put,
+}
+
+/// The time source of a BTL (virtual time on the simulated fabric).
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> Duration + Send + Sync>);
+
+impl Clock {
+    /// Wall-clock time since the clock was made.
+    pub fn wall() -> Self {
+        let start = Instant::now();
+        Clock(Arc::new(move || start.elapsed()))
+    }
+
+    /// Any time source.
+    pub fn from_fn(f: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
+        Clock(Arc::new(f))
+    }
+
+    /// The time now.
+    pub fn now(&self) -> Duration {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock({:?})", self.now())
+    }
+}
+
+/// How a BTL is set up. See the module documentation for the environment
+/// variables.
+#[derive(Debug, Clone)]
+pub struct BtlConfig {
+    /// This process's rank.
+    pub rank: Rank,
+    /// Its node.
+    pub node: Node,
+    /// Job id (the same on every rank).
+    pub job: u32,
+    /// The node's XRC domain key.
+    pub xrcd_key: XrcdKey,
+    /// Where to listen for connections (port 0: any).
+    pub listen: SocketAddr,
+    /// Largest eager payload.
+    pub eager_limit: usize,
+    /// Largest inline message, header included.
+    pub max_inline: u32,
+    /// Rendezvous protocol.
+    pub rndv_protocol: RndvProtocol,
+    /// Bytes per rendezvous fragment.
+    pub rndv_frag_size: usize,
+    /// Fragments in flight per rendezvous.
+    pub rndv_pipeline: u32,
+    /// Eager bounce buffers.
+    pub send_slots: u32,
+    /// Small receive class buffer size (0: none).
+    pub small_size: u32,
+    /// Receives posted per class at start.
+    pub srq_depth: u32,
+    /// Receives a class may grow to.
+    pub srq_max_depth: u32,
+    /// Consumed receives reposted together.
+    pub srq_refill: u32,
+    /// Completions per CQ poll.
+    pub cq_batch: usize,
+    /// Deepest send queue of a QP (`None`: the device's maximum).
+    pub sq_max: Option<u32>,
+    /// RC + SRQ even with XRC.
+    pub force_rc: bool,
+    /// Registration cache limits.
+    pub rcache: xrcbtl_fabric::rcache::Config,
+    /// Connection attempts.
+    pub retries: u32,
+    /// Time source.
+    pub clock: Clock,
+}
+
+impl BtlConfig {
+    /// The defaults for one rank.
+    pub fn new(rank: Rank, node: Node, job: u32, xrcd_key: XrcdKey, listen: SocketAddr) -> Self {
+        BtlConfig {
+            rank,
+            node,
+            job,
+            xrcd_key,
+            listen,
+            eager_limit: 8192,
+            max_inline: 128,
+            rndv_protocol: RndvProtocol::Get,
+            rndv_frag_size: 512 * 1024,
+            rndv_pipeline: 4,
+            send_slots: 256,
+            small_size: 256,
+            srq_depth: 256,
+            srq_max_depth: 1024,
+            srq_refill: 16,
+            cq_batch: 32,
+            sq_max: None,
+            force_rc: false,
+            rcache: Default::default(),
+            retries: 5,
+            clock: Clock::wall(),
+        }
+    }
+
+    /// Applies the `XRCBTL_*` environment variables.
+    pub fn from_env(self) -> Result<Self> {
+        self.with_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Applies variables looked up through `get` (tests pass a map).
+    pub fn with_vars(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        fn num<T: std::str::FromStr>(
+            get: &dyn Fn(&str) -> Option<String>,
+            k: &str,
+            v: &mut T,
+        ) -> Result<()> {
+            if let Some(s) = get(k) {
+                *v = s
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::invalid(format!("{k}={s:?} is not a valid number")))?;
+            }
+            Ok(())
+        }
+        let g: &dyn Fn(&str) -> Option<String> = &get;
+        num(g, "XRCBTL_EAGER_LIMIT", &mut self.eager_limit)?;
+        num(g, "XRCBTL_MAX_INLINE", &mut self.max_inline)?;
+        num(g, "XRCBTL_RNDV_FRAG_SIZE", &mut self.rndv_frag_size)?;
+        num(g, "XRCBTL_RNDV_PIPELINE", &mut self.rndv_pipeline)?;
+        num(g, "XRCBTL_SEND_SLOTS", &mut self.send_slots)?;
+        num(g, "XRCBTL_SMALL_SIZE", &mut self.small_size)?;
+        num(g, "XRCBTL_SRQ_DEPTH", &mut self.srq_depth)?;
+        num(g, "XRCBTL_SRQ_MAX_DEPTH", &mut self.srq_max_depth)?;
+        num(g, "XRCBTL_SRQ_REFILL", &mut self.srq_refill)?;
+        num(g, "XRCBTL_CQ_BATCH", &mut self.cq_batch)?;
+        num(g, "XRCBTL_RCACHE_MAX_REGIONS", &mut self.rcache.max_regions)?;
+        num(g, "XRCBTL_RCACHE_MAX_BYTES", &mut self.rcache.max_bytes)?;
+        num(g, "XRCBTL_RETRIES", &mut self.retries)?;
+        if let Some(s) = g("XRCBTL_SQ_MAX") {
+            let mut v = 0u32;
+            num(g, "XRCBTL_SQ_MAX", &mut v)?;
+            self.sq_max = (v > 0).then_some(v);
+            let _ = s;
+        }
+        if let Some(s) = g("XRCBTL_RNDV_PROTOCOL") {
+            self.rndv_protocol = match s.trim() {
+                "get" => RndvProtocol::Get,
+                "put" => RndvProtocol::Put,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "XRCBTL_RNDV_PROTOCOL={s:?}: expected get or put"
+                    )))
+                }
+            };
+        }
+        if let Some(s) = g("XRCBTL_FORCE_RC") {
+            self.force_rc = match s.trim() {
+                "1" | "true" | "yes" => true,
+                "0" | "false" | "no" | "" => false,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "XRCBTL_FORCE_RC={s:?}: expected 0 or 1"
+                    )))
+                }
+            };
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Checks the values against each other.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::invalid(m));
+        if self.eager_limit == 0 || self.eager_limit > 1 << 20 {
+            return bad(format!(
+                "eager limit {} outside 1..=1 MiB",
+                self.eager_limit
+            ));
+        }
+        if self.rndv_frag_size < 4096 || self.rndv_frag_size > 1 << 30 {
+            return bad(format!(
+                "rendezvous fragment {} outside 4 KiB..=1 GiB",
+                self.rndv_frag_size
+            ));
+        }
+        if self.rndv_pipeline == 0
+            || self.send_slots == 0
+            || self.cq_batch == 0
+            || self.srq_refill == 0
+        {
+            return bad(
+                "pipeline, send slots, CQ batch and refill batch must be at least 1".into(),
+            );
+        }
+        if self.srq_depth == 0 || self.srq_max_depth < self.srq_depth {
+            return bad(format!(
+                "SRQ depth {} must be at least 1 and at most the max depth {}",
+                self.srq_depth, self.srq_max_depth
+            ));
+        }
+        if self.small_size != 0 && (self.small_size as usize) <= crate::wire::HEADER {
+            return bad(format!(
+                "small class of {} bytes cannot hold the header",
+                self.small_size
+            ));
+        }
+        Ok(())
+    }
+}

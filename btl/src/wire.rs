@@ -1,0 +1,237 @@
+//! What the BTL puts on the wire in front of every message, and the payloads
+//! of its rendezvous control messages. Little-endian, fixed layout, checked
+//! strictly on receipt.
+//!
+//! Header (16 bytes): source rank (u32), sequence number (u32, one sequence
+//! per source and destination, shared by every kind), kind (u8), tag (u8),
+//! reserved (u16, zero), payload length (u32).
+
+/// Bytes of the header.
+pub const HEADER: usize = 16;
+
+/// What a message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// An eager active message: the payload is the user's data.
+    Eager,
+    /// Request to send (rendezvous): [`Rts`].
+    Rts,
+    /// Ready to receive (put rendezvous): [`Rtr`].
+    Rtr,
+    /// Acknowledge to send: the receiver has read everything (get).
+    Ats,
+    /// Finished: the sender has written everything (put).
+    Fin,
+}
+
+impl Kind {
+    fn code(self) -> u8 {
+        match self {
+            Kind::Eager => 1,
+            Kind::Rts => 2,
+            Kind::Rtr => 3,
+            Kind::Ats => 4,
+            Kind::Fin => 5,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Kind> {
+        Some(match c {
+            1 => Kind::Eager,
+            2 => Kind::Rts,
+            3 => Kind::Rtr,
+            4 => Kind::Ats,
+            5 => Kind::Fin,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Sending rank.
+    pub src: u32,
+    /// Sequence number from `src` to this rank.
+    pub seq: u32,
+    /// Kind.
+    pub kind: Kind,
+    /// Active-message tag (eager and RTS).
+    pub tag: u8,
+    /// Payload bytes after the header.
+    pub len: u32,
+}
+
+impl Header {
+    /// Writes the header into `out[..HEADER]`.
+    pub fn encode(&self, out: &mut [u8]) {
+        out[0..4].copy_from_slice(&self.src.to_le_bytes());
+        out[4..8].copy_from_slice(&self.seq.to_le_bytes());
+        out[8] = self.kind.code();
+        out[9] = self.tag;
+        out[10..12].copy_from_slice(&[0, 0]);
+        out[12..16].copy_from_slice(&self.len.to_le_bytes());
+    }
+
+    /// Reads a header from a received message of `msg.len()` bytes; `None`
+    /// when it is short, of an unknown kind, or its length disagrees.
+    pub fn decode(msg: &[u8]) -> Option<Header> {
+        if msg.len() < HEADER || msg[10..12] != [0, 0] {
+            return None;
+        }
+        let u = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
+        let h = Header {
+            src: u(0),
+            seq: u(4),
+            kind: Kind::from_code(msg[8])?,
+            tag: msg[9],
+            len: u(12),
+        };
+        (h.len as usize == msg.len() - HEADER).then_some(h)
+    }
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+/// Request to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rts {
+    /// The sender's id of the message.
+    pub msg: u64,
+    /// Bytes to move.
+    pub len: u64,
+    /// Where the data is (get) or 0 (put).
+    pub addr: u64,
+    /// Its rkey (get) or 0 (put).
+    pub rkey: u32,
+    /// The protocol the sender chose.
+    pub put: bool,
+}
+
+impl Rts {
+    /// Encoded length.
+    pub const LEN: usize = 29;
+
+    /// Encodes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        v.extend_from_slice(&self.msg.to_le_bytes());
+        v.extend_from_slice(&self.len.to_le_bytes());
+        v.extend_from_slice(&self.addr.to_le_bytes());
+        v.extend_from_slice(&self.rkey.to_le_bytes());
+        v.push(u8::from(self.put));
+        v
+    }
+
+    /// Decodes; `None` unless exactly [`Rts::LEN`] well-formed bytes.
+    pub fn decode(b: &[u8]) -> Option<Rts> {
+        if b.len() != Self::LEN || b[28] > 1 {
+            return None;
+        }
+        Some(Rts {
+            msg: u64_at(b, 0),
+            len: u64_at(b, 8),
+            addr: u64_at(b, 16),
+            rkey: u32_at(b, 24),
+            put: b[28] == 1,
+        })
+    }
+}
+
+/// Ready to receive: where the sender may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rtr {
+    /// The sender's id of the message.
+    pub msg: u64,
+    /// Where to write.
+    pub addr: u64,
+    /// The sink's rkey.
+    pub rkey: u32,
+}
+
+impl Rtr {
+    /// Encoded length.
+    pub const LEN: usize = 20;
+
+    /// Encodes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        v.extend_from_slice(&self.msg.to_le_bytes());
+        v.extend_from_slice(&self.addr.to_le_bytes());
+        v.extend_from_slice(&self.rkey.to_le_bytes());
+        v
+    }
+
+    /// Decodes; `None` unless exactly [`Rtr::LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Option<Rtr> {
+        (b.len() == Self::LEN).then(|| Rtr {
+            msg: u64_at(b, 0),
+            addr: u64_at(b, 8),
+            rkey: u32_at(b, 16),
+        })
+    }
+}
+
+/// The message id carried by ATS and FIN.
+pub fn encode_msg_id(msg: u64) -> Vec<u8> {
+    msg.to_le_bytes().to_vec()
+}
+
+/// Decodes an ATS or FIN payload.
+pub fn decode_msg_id(b: &[u8]) -> Option<u64> {
+    (b.len() == 8).then(|| u64_at(b, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_and_control_payloads_round_trip_and_reject_garbage() {
+        let h = Header {
+            src: 7,
+            seq: u32::MAX,
+            kind: Kind::Rts,
+            tag: 9,
+            len: 3,
+        };
+        let mut m = vec![0u8; HEADER + 3];
+        h.encode(&mut m);
+        assert_eq!(Header::decode(&m), Some(h));
+        assert_eq!(Header::decode(&m[..HEADER + 2]), None, "length disagrees");
+        assert_eq!(Header::decode(&m[..10]), None, "short");
+        m[8] = 99;
+        assert_eq!(Header::decode(&m), None, "unknown kind");
+        m[8] = 2;
+        m[11] = 1;
+        assert_eq!(Header::decode(&m), None, "reserved bits set");
+
+        let r = Rts {
+            msg: 1 << 40,
+            len: 5 << 20,
+            addr: 0xdead_beef_0000,
+            rkey: 0x1234,
+            put: true,
+        };
+        assert_eq!(Rts::decode(&r.encode()), Some(r));
+        assert_eq!(Rts::decode(&r.encode()[1..]), None);
+        let mut bad = r.encode();
+        bad[28] = 2;
+        assert_eq!(Rts::decode(&bad), None);
+        let t = Rtr {
+            msg: 3,
+            addr: 4,
+            rkey: 5,
+        };
+        assert_eq!(Rtr::decode(&t.encode()), Some(t));
+        assert_eq!(Rtr::decode(&[0; 19]), None);
+        assert_eq!(decode_msg_id(&encode_msg_id(77)), Some(77));
+        assert_eq!(decode_msg_id(&[0; 9]), None);
+    }
+}

@@ -1,0 +1,480 @@
+//! The BTL's data path end to end on the simulated fabric: every size from
+//! 0 to 4 MiB, eager and both rendezvous protocols, same node and across
+//! nodes, XRC, RC + SRQ and iWARP; pending queues under a tiny send queue;
+//! SRQ exhaustion and refill; one-sided put and get; failover without loss;
+//! failed peers; the registration cache under remapped memory.
+
+mod btlsim;
+
+use std::time::Duration;
+
+use btlsim::{pattern, Cluster, Got, TAG};
+use xrcbtl_btl::{BtlConfig, Bytes, OpStatus, RemoteMem, RndvProtocol};
+use xrcbtl_fabric::sim::SimDevice;
+use xrcbtl_xrc_conn::Mode;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// 0, 1, 2, 3, then every power of two up to 4 MiB with its neighbours,
+/// and a few odd sizes.
+fn sizes() -> Vec<usize> {
+    let mut v = vec![0, 1, 2, 3, 7, 13, 100, 1000, 4093, 65_537, 1_000_003];
+    let mut p = 4;
+    while p <= 4 << 20 {
+        v.extend([p - 1, p, p + 1]);
+        p *= 2;
+    }
+    v.retain(|&s| s <= 4 << 20);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Sends every size from rank 0 to `dst` (one message at a time, so the
+/// sizes interleave eager and rendezvous) and checks each arrives intact.
+fn every_size(c: &mut Cluster, dst: u32) {
+    let sz = sizes();
+    c.clear_got(dst);
+    for (i, &len) in sz.iter().enumerate() {
+        let data = pattern(i as u32, len);
+        let op = c.btl(0).send_bytes(dst, TAG, Bytes::from(data)).unwrap();
+        c.run_until(LIMIT, |c| c.got_count(dst) == i + 1);
+        c.settle(LIMIT);
+        assert_eq!(c.btl(0).test(op), OpStatus::Done);
+    }
+    let got = c.got(dst);
+    for (i, (g, &len)) in got.iter().zip(&sz).enumerate() {
+        assert_eq!(g.src, 0);
+        assert_eq!(g.tag, TAG);
+        assert_eq!(g.data.len(), len, "size #{i}");
+        assert!(g.data == pattern(i as u32, len), "size {len}: corrupted");
+    }
+}
+
+fn check_both_protocols(device: SimDevice, force_rc: bool, expect: Mode) {
+    for proto in [RndvProtocol::Get, RndvProtocol::Put] {
+        let mut c = Cluster::with(11, 2, 2, device.clone(), |cfg: &mut BtlConfig| {
+            cfg.rndv_protocol = proto;
+            cfg.force_rc = force_rc;
+            // Small fragments so that large messages pipeline.
+            cfg.rndv_frag_size = 256 * 1024;
+            cfg.rndv_pipeline = 3;
+        });
+        assert_eq!(c.btl(0).mode(), expect);
+        every_size(&mut c, 1); // same node
+        every_size(&mut c, 3); // other node
+        let s = c.btl(0).stats().clone();
+        assert!(s.inline_sent > 0, "{s:?}");
+        assert!(s.rndv_sent > 0 && s.eager_sent > 0, "{s:?}");
+        assert_eq!(s.retransmits, 0);
+        for r in [1, 3] {
+            let rs = c.btl(r).stats().clone();
+            assert_eq!(
+                (rs.duplicates, rs.out_of_order, rs.malformed),
+                (0, 0, 0),
+                "{rs:?}"
+            );
+            assert!(rs.rdma_frags > 0 || proto == RndvProtocol::Put);
+        }
+        // 4 MiB in 256 KiB fragments: at least 16 fragments each way.
+        let frags = if proto == RndvProtocol::Get {
+            c.btl(3).stats().rdma_frags
+        } else {
+            c.btl(0).stats().rdma_frags
+        };
+        assert!(frags >= 2 * 16, "fragments {frags}");
+        // The sender's registrations were reused across messages.
+        let rc = c.btl(0).rcache_stats();
+        assert!(rc.misses > 0);
+        c.shutdown(LIMIT);
+    }
+}
+
+#[test]
+fn every_size_arrives_intact_over_xrc() {
+    check_both_protocols(SimDevice::ib("sim0"), false, Mode::Xrc);
+}
+
+#[test]
+fn every_size_arrives_intact_over_rc_srq() {
+    check_both_protocols(SimDevice::roce("sim0"), true, Mode::Rc { p2p: false });
+}
+
+#[test]
+fn every_size_arrives_intact_over_iwarp() {
+    check_both_protocols(SimDevice::iwarp("sim0"), false, Mode::Rc { p2p: true });
+}
+
+/// Payload of message `i` of a numbered stream: its index, then filler.
+fn numbered(i: u32, len: usize) -> Vec<u8> {
+    let mut v = pattern(i, len.max(4));
+    v[..4].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+fn index_of(g: &Got) -> u32 {
+    u32::from_le_bytes(g.data[..4].try_into().unwrap())
+}
+
+/// The indices rank `r` received from `src`, in arrival order.
+fn stream(c: &Cluster, r: u32, src: u32) -> Vec<u32> {
+    c.got(r)
+        .iter()
+        .filter(|g| g.src == src && g.tag == TAG)
+        .map(index_of)
+        .collect()
+}
+
+/// How many `TAG` messages rank `r` received from `src`.
+fn tagged(c: &Cluster, r: u32, src: u32) -> usize {
+    stream(c, r, src).len()
+}
+
+#[test]
+fn a_tiny_send_queue_queues_work_and_serves_endpoints_fairly_in_order() {
+    let mut c = Cluster::with(5, 2, 4, SimDevice::ib("sim0"), |cfg: &mut BtlConfig| {
+        cfg.sq_max = Some(2);
+        cfg.send_slots = 4;
+        cfg.max_inline = 0;
+    });
+    const N: u32 = 100;
+    // Connect first, so that the burst measures the queues, not set-up.
+    for dst in 4..8 {
+        c.btl(0).send(dst, TAG + 1, b"warm-up").unwrap();
+    }
+    c.settle(LIMIT);
+    // Everything for rank 4 first, then rank 5, 6, 7: all four share rank
+    // 0's one INI QP to node 1.
+    for dst in 4..8 {
+        for i in 0..N {
+            c.btl(0).send(dst, TAG, &numbered(i, 100)).unwrap();
+        }
+    }
+    c.run_until(LIMIT, |c| tagged(c, 4, 0) == N as usize);
+    // FIFO across endpoints would have left rank 7 with nothing yet.
+    let last = tagged(&c, 7, 0);
+    assert!(
+        last >= N as usize / 2,
+        "rank 7 got only {last} while rank 4 got all"
+    );
+    c.settle(LIMIT);
+    for dst in 4..8 {
+        assert_eq!(stream(&c, dst, 0), (0..N).collect::<Vec<_>>(), "rank {dst}");
+    }
+    let s = c.btl(0).stats().clone();
+    assert!(s.pending_max >= u64::from(3 * N), "{s:?}");
+    assert!(s.no_resource > 0, "{s:?}");
+    assert_eq!(s.inline_sent, 0);
+    let ini = c.btl(0).driver().manager().live_qps();
+    assert_eq!(ini, 1, "one INI QP to node 1");
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn an_exhausted_srq_is_refilled_and_grown_without_losing_a_message() {
+    let mut c = Cluster::with(9, 2, 2, SimDevice::ib("sim0"), |cfg: &mut BtlConfig| {
+        cfg.srq_depth = 4;
+        cfg.srq_max_depth = 64;
+        cfg.srq_refill = 2;
+    });
+    const N: u32 = 300;
+    for src in 1..4 {
+        c.btl(src).send(0, TAG + 1, b"warm-up").unwrap();
+    }
+    c.settle(LIMIT);
+    // The receiver is busy elsewhere while the senders burst: its posted
+    // receives go, the senders wait out RNR, the SRQ reports its limit.
+    c.rank(0).paused = true;
+    for i in 0..N {
+        for src in 1..4 {
+            c.btl(src).send(0, TAG, &numbered(i, 200)).unwrap();
+        }
+    }
+    c.advance(Duration::from_millis(5));
+    c.rank(0).paused = false;
+    c.settle(LIMIT);
+    for src in 1..4 {
+        assert_eq!(stream(&c, 0, src), (0..N).collect::<Vec<_>>(), "from {src}");
+    }
+    let s = c.btl(0).stats().clone();
+    assert!(s.srq_limit_events > 0, "{s:?}");
+    assert!(s.srq_grown > 0, "{s:?}");
+    assert_eq!((s.duplicates, s.out_of_order), (0, 0));
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn one_sided_put_and_get_move_registered_memory() {
+    let mut c = Cluster::new(3, 2, 2, SimDevice::ib("sim0"));
+    let mine = c.btl(0).alloc_mem(64 * 1024).unwrap();
+    let back = c.btl(0).alloc_mem(64 * 1024).unwrap();
+    let theirs = c.btl(3).alloc_mem(64 * 1024).unwrap();
+    // The target tells the origin where its memory is.
+    let adv = theirs.remote();
+    c.btl(3).send(0, TAG + 1, &adv.encode()).unwrap();
+    c.run_until(LIMIT, |c| c.got_count(0) == 1);
+    let remote = RemoteMem::decode(&c.got(0)[0].data).unwrap();
+    assert_eq!(remote, adv);
+
+    let data = pattern(42, 40_000);
+    mine.write(0, &data);
+    let put = c
+        .btl(0)
+        .put(3, &mine, 0, &remote, 1000, data.len())
+        .unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).test(put) != OpStatus::Pending);
+    assert_eq!(theirs.read(1000, data.len()), data);
+    let get = c
+        .btl(0)
+        .get(3, &back, 5, &remote, 1000, data.len())
+        .unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).test(get) != OpStatus::Pending);
+    assert_eq!(back.read(5, data.len()), data);
+
+    // Bad ranges are refused before anything is posted.
+    assert!(c
+        .btl(0)
+        .put(3, &mine, 0, &remote, 60 * 1024, 8 * 1024)
+        .is_err());
+    assert!(c
+        .btl(0)
+        .get(3, &back, 64 * 1024 - 1, &remote, 0, 2)
+        .is_err());
+    assert!(c.btl(0).put(3, &mine, 0, &remote, 0, 0).is_err());
+
+    // A key the peer never issued fails the operation, not the endpoint.
+    let forged = RemoteMem {
+        rkey: remote.rkey ^ 0x5555,
+        ..remote
+    };
+    let bad = c.btl(0).put(3, &mine, 0, &forged, 0, 64).unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).stats().send_errors > 0);
+    c.settle(LIMIT);
+    assert!(matches!(c.btl(0).test(bad), OpStatus::Failed(_)));
+    c.btl(0).send(3, TAG, b"still here").unwrap();
+    c.run_until(LIMIT, |c| c.got(3).iter().any(|g| g.data == b"still here"));
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn messages_in_flight_when_a_tgt_qp_fails_arrive_once_and_in_order() {
+    for proto in [RndvProtocol::Get, RndvProtocol::Put] {
+        let mut c = Cluster::with(21, 2, 3, SimDevice::ib("sim0"), |cfg: &mut BtlConfig| {
+            cfg.rndv_protocol = proto;
+        });
+        const N: u32 = 60;
+        let mut sent = 0;
+        for i in 0..N {
+            for src in 0..2 {
+                for dst in 3..6 {
+                    // Every tenth message is a rendezvous.
+                    let len = if i % 10 == 9 { 20_000 } else { 64 };
+                    c.btl(src).send(dst, TAG, &numbered(i, len)).unwrap();
+                    sent += 1;
+                }
+            }
+            if i == N / 3 {
+                // Let traffic flow, then break the TGT QP that node 0's
+                // first sender reaches node 1 through.
+                c.run_until(LIMIT, |c| (3..6).all(|r| c.got_count(r) > 10));
+                let victim = c
+                    .sim
+                    .node_view(1)
+                    .tgt_qps
+                    .into_iter()
+                    .find(|t| t.open_count == 3)
+                    .expect("a TGT QP held by the three receivers");
+                c.sim.force_qp_error(1, victim.qpn).unwrap();
+            }
+        }
+        c.settle(LIMIT);
+        let got: usize = (3..6).map(|r| c.got_count(r)).sum();
+        assert_eq!(got, sent, "{proto:?}");
+        for dst in 3..6 {
+            for src in 0..2 {
+                // Eager messages in order; rendezvous ones (every tenth)
+                // when their data is in; each exactly once.
+                let s = stream(&c, dst, src);
+                let eager: Vec<u32> = s.iter().copied().filter(|i| i % 10 != 9).collect();
+                let want: Vec<u32> = (0..N).filter(|i| i % 10 != 9).collect();
+                assert_eq!(eager, want, "{src}->{dst} {proto:?}");
+                let mut all = s;
+                all.sort_unstable();
+                assert_eq!(all, (0..N).collect::<Vec<_>>(), "{src}->{dst} {proto:?}");
+            }
+            assert_eq!(c.btl(dst).stats().out_of_order, 0);
+        }
+        let retrans: u64 = (0..2).map(|r| c.btl(r).stats().retransmits).sum();
+        assert!(retrans > 0, "the failure hit nothing in flight");
+        c.shutdown(LIMIT);
+    }
+}
+
+#[test]
+fn a_crashed_peer_fails_its_operations_and_calls_the_error_callback() {
+    let mut c = Cluster::new(4, 2, 2, SimDevice::ib("sim0"));
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let e = errors.clone();
+    c.btl(0)
+        .set_error_callback(3, move |r, err| e.lock().unwrap().push((r, err.clone())))
+        .unwrap();
+    c.btl(0).send(3, TAG, b"hello").unwrap();
+    c.run_until(LIMIT, |c| c.got_count(3) == 1);
+    c.crash(3);
+    let op = c.btl(0).send(3, TAG, &pattern(1, 100_000)).unwrap();
+    c.btl(0).send(3, TAG, b"lost").unwrap();
+    c.btl(0).send(2, TAG, b"unaffected").unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
+    c.settle(LIMIT);
+    assert_eq!(c.got(2).len(), 1);
+    let errs = errors.lock().unwrap().clone();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].0, 3);
+    assert!(
+        c.btl(0).send(3, TAG, b"after").is_err(),
+        "the endpoint is gone"
+    );
+    assert!(c.btl(0).send(99, TAG, b"nobody").is_err(), "unknown peer");
+    assert!(c.btl(0).stats().lost >= 1);
+}
+
+#[test]
+fn sendi_goes_inline_once_a_path_exists_and_self_sends_are_delivered() {
+    let mut c = Cluster::new(8, 2, 2, SimDevice::ib("sim0"));
+    assert!(
+        !c.btl(0).sendi(3, TAG, b"too early").unwrap(),
+        "no path yet"
+    );
+    c.btl(0).send(3, TAG, b"first").unwrap();
+    c.run_until(LIMIT, |c| c.got_count(3) == 1);
+    assert!(c.btl(0).sendi(3, TAG, b"now").unwrap());
+    let big = vec![1u8; 4096];
+    assert!(
+        !c.btl(0).sendi(3, TAG, &big).unwrap(),
+        "too large for inline"
+    );
+    c.run_until(LIMIT, |c| c.got_count(3) == 2);
+    assert_eq!(c.got(3)[1].data, b"now");
+    assert!(c.btl(0).stats().inline_sent >= 2);
+    // To itself, eager and rendezvous.
+    c.btl(0).send(0, TAG, b"me").unwrap();
+    c.btl(0).send(0, TAG, &pattern(3, 50_000)).unwrap();
+    c.run_until(LIMIT, |c| c.got_count(0) == 2);
+    assert_eq!(c.got(0)[1].data, pattern(3, 50_000));
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn a_remapped_buffer_is_registered_afresh_and_its_new_contents_arrive() {
+    let mut c = Cluster::new(12, 2, 1, SimDevice::ib("sim0"));
+    let len = 256 * 1024;
+    let mut first = memmap2::MmapMut::map_anon(len).unwrap();
+    first.fill(0xA1);
+    let addr = first.as_ptr() as usize;
+    let b = Bytes::from_owner(first.make_read_only().unwrap());
+    c.btl(0).send_bytes(1, TAG, b.clone()).unwrap();
+    c.settle(LIMIT);
+    // The same buffer again: a cache hit.
+    c.btl(0).send_bytes(1, TAG, b.clone()).unwrap();
+    c.settle(LIMIT);
+    let rc = c.btl(0).rcache_stats();
+    assert!(rc.hits >= 1, "{rc:?}");
+    drop(b);
+    // Unmapped; map until the address comes back, with other contents.
+    let mut keep = Vec::new();
+    let second = loop {
+        let m = memmap2::MmapMut::map_anon(len).unwrap();
+        if m.as_ptr() as usize == addr {
+            break m;
+        }
+        assert!(keep.len() < 64, "the address never came back");
+        keep.push(m);
+    };
+    let mut second = second;
+    second.fill(0xB2);
+    let b = Bytes::from_owner(second.make_read_only().unwrap());
+    c.btl(0).send_bytes(1, TAG, b).unwrap();
+    c.settle(LIMIT);
+    let got = c.got(1);
+    assert_eq!(got.len(), 3);
+    assert!(got[0].data.iter().all(|&x| x == 0xA1));
+    assert!(got[1].data.iter().all(|&x| x == 0xA1));
+    assert!(
+        got[2].data.iter().all(|&x| x == 0xB2),
+        "stale registration: the old pages (or none) were sent"
+    );
+    assert!(c.btl(0).rcache_stats().invalidations >= 1);
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn configuration_comes_from_the_environment_and_bad_values_are_refused() {
+    use std::collections::HashMap;
+    let base = || {
+        BtlConfig::new(
+            0,
+            0,
+            1,
+            xrcbtl_fabric::XrcdKey::new("k"),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+    };
+    let vars = |pairs: &[(&str, &str)]| {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| m.get(k).cloned()
+    };
+    let cfg = base()
+        .with_vars(vars(&[
+            ("XRCBTL_EAGER_LIMIT", "4096"),
+            ("XRCBTL_RNDV_PROTOCOL", "put"),
+            ("XRCBTL_FORCE_RC", "1"),
+            ("XRCBTL_SQ_MAX", "32"),
+        ]))
+        .unwrap();
+    assert_eq!(cfg.eager_limit, 4096);
+    assert_eq!(cfg.rndv_protocol, RndvProtocol::Put);
+    assert!(cfg.force_rc);
+    assert_eq!(cfg.sq_max, Some(32));
+    for bad in [
+        ("XRCBTL_EAGER_LIMIT", "lots"),
+        ("XRCBTL_EAGER_LIMIT", "0"),
+        ("XRCBTL_RNDV_PROTOCOL", "teleport"),
+        ("XRCBTL_FORCE_RC", "maybe"),
+        ("XRCBTL_SRQ_DEPTH", "5000"),
+        ("XRCBTL_RNDV_FRAG_SIZE", "12"),
+    ] {
+        let e = base().with_vars(vars(&[bad])).unwrap_err();
+        assert!(
+            e.to_string().contains(bad.0)
+                || e.to_string().contains("depth")
+                || e.to_string().contains("fragment")
+                || e.to_string().contains("eager"),
+            "{bad:?}: {e}"
+        );
+    }
+}
+
+#[test]
+fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
+    let mut c = Cluster::new(31, 2, 1, SimDevice::ib("sim0"));
+    const N: u32 = 400;
+    for i in 0..N {
+        c.btl(0).send(1, TAG, &numbered(i, 64)).unwrap();
+    }
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= 100);
+    // Cut while messages and their acknowledgements are on the wire; heal
+    // once the sender's QP has given up (7 retries of ~67 ms).
+    c.sim.partition(0, 1);
+    c.advance(Duration::from_millis(700));
+    c.sim.heal(0, 1);
+    c.settle(LIMIT);
+    assert_eq!(stream(&c, 1, 0), (0..N).collect::<Vec<_>>());
+    let s = c.btl(1).stats().clone();
+    assert!(s.duplicates > 0, "nothing was delivered twice: {s:?}");
+    assert_eq!(s.out_of_order, 0);
+    assert!(c.btl(0).stats().retransmits > 0);
+    c.shutdown(LIMIT);
+}

@@ -73,15 +73,23 @@ fn wc_opcode(op: &SendOp) -> WcOpcode {
 }
 
 impl World {
-    /// Wire time from device `a` to device `b` for `bytes` bytes.
-    pub(crate) fn wire_ns(&self, a: DevIdx, b: DevIdx, bytes: u64) -> u64 {
+    fn latency_ns(&self, a: DevIdx, b: DevIdx) -> u64 {
         let t = &self.cfg.timing;
-        let base = if self.devs[a].node == self.devs[b].node {
+        if self.devs[a].node == self.devs[b].node {
             t.loopback_latency_ns
         } else {
             t.wire_latency_ns
-        };
-        base + self.serialize_ns(bytes)
+        }
+    }
+
+    /// When `bytes` sent by device `a` now reach device `b`: they wait for
+    /// the link behind what `a` is already sending, are serialized, then
+    /// cross the wire.
+    fn arrival_at(&mut self, a: DevIdx, b: DevIdx, bytes: u64) -> u64 {
+        let start = self.now.max(self.devs[a].tx_free_at);
+        let end = start + self.serialize_ns(bytes);
+        self.devs[a].tx_free_at = end;
+        end + self.latency_ns(a, b)
     }
 
     fn serialize_ns(&self, bytes: u64) -> u64 {
@@ -527,11 +535,14 @@ impl World {
         } else {
             u64::from(e.len)
         };
+        let last_arrival = q.last_arrival;
         let arrival = match peer_dev {
-            Some(p) => self.now + self.wire_ns(dev, p, wire_bytes),
+            Some(p) => self.arrival_at(dev, p, wire_bytes),
             None => self.now + self.cfg.timing.wire_latency_ns,
         }
-        .max(q.last_arrival);
+        .max(last_arrival);
+        let q = self.qps.get(qp).expect("live");
+        let e = &q.sq[idx];
         let delivery = Delivery {
             src: qp,
             src_dev: dev,
@@ -735,7 +746,7 @@ impl World {
         };
         let dev = q.dev;
         let last = q.last_response;
-        let at = (self.now + self.wire_ns(dev, d.src_dev, bytes)).max(last);
+        let at = self.arrival_at(dev, d.src_dev, bytes).max(last);
         self.qps.get_mut(responder).expect("live").last_response = at;
         self.schedule(
             at,

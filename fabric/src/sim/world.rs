@@ -38,6 +38,9 @@ pub(crate) struct Dev {
     pub qps: HashMap<u32, Id<QpObj>>,
     pub xrc_srqs: HashMap<u32, Id<SrqObj>>,
     pub xrcds: BTreeMap<PathBuf, Id<XrcdObj>>,
+    /// When the port's transmitter is free again: every packet the device
+    /// sends (requests and read responses of all its QPs) shares the link.
+    pub tx_free_at: u64,
 }
 
 pub(crate) struct Proc {
@@ -382,6 +385,7 @@ impl World {
                     qps: HashMap::new(),
                     xrc_srqs: HashMap::new(),
                     xrcds: BTreeMap::new(),
+                    tx_free_at: 0,
                 });
             }
         }

@@ -1,0 +1,594 @@
+//! The four benchmarks, their options and their OSU 7.4 output.
+
+use std::cell::Cell;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+
+use xrcbtl_btl::{Btl, BtlConfig, Clock, Peer};
+use xrcbtl_fabric::sim::{SimConfig, SimDevice, SimFabric};
+use xrcbtl_fabric::{Context, Error, Fabric, Result, XrcdKey};
+
+use crate::world::{run_sim, BenchRank, Body};
+
+/// Which benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bench {
+    /// Ping-pong latency.
+    Latency,
+    /// One-way bandwidth with a window of messages.
+    Bw,
+    /// Bandwidth with both sides sending.
+    Bibw,
+    /// Aggregate bandwidth and message rate of several pairs.
+    MbwMr,
+}
+
+impl Bench {
+    /// The program name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bench::Latency => "osu_latency",
+            Bench::Bw => "osu_bw",
+            Bench::Bibw => "osu_bibw",
+            Bench::MbwMr => "osu_mbw_mr",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Bench::Latency => "# OSU MPI Latency Test v7.4",
+            Bench::Bw => "# OSU MPI Bandwidth Test v7.4",
+            Bench::Bibw => "# OSU MPI Bi-Directional Bandwidth Test v7.4",
+            Bench::MbwMr => "# OSU MPI Multiple Bandwidth / Message Rate Test v7.4",
+        }
+    }
+
+    fn min_size(self) -> usize {
+        match self {
+            Bench::Latency => 0,
+            _ => 1,
+        }
+    }
+}
+
+/// Where the ranks run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FabricKind {
+    /// All ranks in this process on the simulated fabric.
+    Sim,
+    /// One rank per process on a real device.
+    Verbs,
+}
+
+/// Command-line options (OSU's where they exist).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Fabric.
+    pub fabric: FabricKind,
+    /// Simulated device kind: `ib` (XRC), `roce` (RC + SRQ), `iwarp`.
+    pub sim_device: String,
+    /// Seed of the simulated fabric.
+    pub seed: u64,
+    /// Put the two ranks on one simulated node.
+    pub same_node: bool,
+    /// Verbs device name.
+    pub device: Option<String>,
+    /// Local address of the device's interface (verbs).
+    pub bind: Option<IpAddr>,
+    /// Server side of the exchange (verbs).
+    pub server: bool,
+    /// Server to connect to (verbs).
+    pub connect: Option<String>,
+    /// TCP port of the exchange.
+    pub port: u16,
+    /// Smallest size.
+    pub min: usize,
+    /// Largest size.
+    pub max: usize,
+    /// Timed iterations for sizes up to 8 KiB.
+    pub iters: u64,
+    /// Timed iterations above 8 KiB.
+    pub iters_large: u64,
+    /// Untimed warm-up iterations (small, large).
+    pub skip: (u64, u64),
+    /// Messages per window (bandwidth tests).
+    pub window: u64,
+    /// Pairs (osu_mbw_mr on the simulated fabric).
+    pub pairs: u32,
+    /// Print usage and exit.
+    pub help: bool,
+}
+
+/// Sizes above this use the large iteration counts (as OSU).
+const LARGE: usize = 8192;
+
+impl Options {
+    /// Parses arguments (without the program name).
+    pub fn parse(
+        bench: Bench,
+        args: impl IntoIterator<Item = String>,
+    ) -> std::result::Result<Options, String> {
+        let mut o = Options {
+            fabric: FabricKind::Sim,
+            sim_device: "ib".into(),
+            seed: 1,
+            same_node: false,
+            device: None,
+            bind: None,
+            server: false,
+            connect: None,
+            port: 18_520,
+            min: bench.min_size(),
+            max: 4 << 20,
+            iters: 0,
+            iters_large: 0,
+            skip: (0, 0),
+            window: 64,
+            pairs: 1,
+            help: false,
+        };
+        let (mut iters, mut skip) = (None, None);
+        let mut args = args.into_iter();
+        let value = |args: &mut dyn Iterator<Item = String>, flag: &str| {
+            args.next().ok_or_else(|| format!("{flag} needs a value"))
+        };
+        fn num<T: std::str::FromStr>(s: &str, flag: &str) -> std::result::Result<T, String> {
+            s.parse()
+                .map_err(|_| format!("{flag}: {s:?} is not a valid number"))
+        }
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "-h" | "--help" => o.help = true,
+                "--fabric" => {
+                    o.fabric = match value(&mut args, &a)?.as_str() {
+                        "sim" => FabricKind::Sim,
+                        "verbs" => FabricKind::Verbs,
+                        f => return Err(format!("--fabric {f}: expected sim or verbs")),
+                    }
+                }
+                "--sim-device" => {
+                    let d = value(&mut args, &a)?;
+                    if !["ib", "roce", "iwarp"].contains(&d.as_str()) {
+                        return Err(format!("--sim-device {d}: expected ib, roce or iwarp"));
+                    }
+                    o.sim_device = d;
+                }
+                "--seed" => o.seed = num(&value(&mut args, &a)?, &a)?,
+                "--same-node" => o.same_node = true,
+                "-d" | "--device" => o.device = Some(value(&mut args, &a)?),
+                "--bind" => o.bind = Some(num(&value(&mut args, &a)?, &a)?),
+                "-s" | "--server" => o.server = true,
+                "--connect" => o.connect = Some(value(&mut args, &a)?),
+                "--port" => o.port = num(&value(&mut args, &a)?, &a)?,
+                "-m" | "--message-size" => {
+                    let v = value(&mut args, &a)?;
+                    match v.split_once(':') {
+                        Some((lo, hi)) => {
+                            o.min = num(lo, &a)?;
+                            o.max = num(hi, &a)?;
+                        }
+                        None => o.max = num(&v, &a)?,
+                    }
+                }
+                "-i" | "--iterations" => iters = Some(num::<u64>(&value(&mut args, &a)?, &a)?),
+                "-x" | "--warmup" => skip = Some(num::<u64>(&value(&mut args, &a)?, &a)?),
+                "-W" | "--window-size" => o.window = num(&value(&mut args, &a)?, &a)?,
+                "-p" | "--pairs" => o.pairs = num(&value(&mut args, &a)?, &a)?,
+                other => return Err(format!("unknown option {other}")),
+            }
+        }
+        if o.min > o.max || o.max > 1 << 30 {
+            return Err(format!(
+                "-m {}:{}: sizes must satisfy min <= max <= 1 GiB",
+                o.min, o.max
+            ));
+        }
+        if o.window == 0 || o.pairs == 0 {
+            return Err("window and pairs must be at least 1".into());
+        }
+        if o.fabric == FabricKind::Verbs && o.pairs != 1 {
+            return Err("--pairs: one pair per process pair on verbs".into());
+        }
+        // OSU's defaults on hardware; far fewer in virtual time, where every
+        // run gives the same numbers.
+        let (small, large, sk, skl) = match (bench, &o.fabric) {
+            (Bench::Latency, FabricKind::Verbs) => (10_000, 1_000, 100, 10),
+            (_, FabricKind::Verbs) => (100, 20, 10, 2),
+            (Bench::Latency, FabricKind::Sim) => (100, 20, 10, 2),
+            (_, FabricKind::Sim) => (10, 4, 2, 1),
+        };
+        o.iters = iters.unwrap_or(small);
+        o.iters_large = iters.unwrap_or(large);
+        o.skip = skip.map_or((sk, skl), |s| (s, s));
+        if o.iters == 0 {
+            return Err("-i: at least one iteration".into());
+        }
+        Ok(o)
+    }
+
+    /// The sizes measured: `min` (0 only if asked), then powers of two up
+    /// to `max`.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        if self.min == 0 {
+            v.push(0);
+        }
+        let mut s = self.min.max(1).next_power_of_two();
+        while s <= self.max {
+            v.push(s);
+            s *= 2;
+        }
+        v
+    }
+
+    fn iters_for(&self, size: usize) -> (u64, u64) {
+        if size > LARGE {
+            (self.iters_large, self.skip.1)
+        } else {
+            (self.iters, self.skip.0)
+        }
+    }
+}
+
+/// Usage text.
+pub fn usage(bench: Bench) -> String {
+    format!(
+        "usage: {} [options]\n\
+         \n\
+         --fabric sim|verbs     where the ranks run (default sim: in this process, virtual time)\n\
+         --sim-device ib|roce|iwarp   simulated device (ib: XRC; roce: RC + SRQ; iwarp)\n\
+         --seed N               seed of the simulated fabric\n\
+         --same-node            both ranks on one simulated node\n\
+         -d, --device NAME      verbs device (with --fabric verbs)\n\
+         --bind IP              address of the device's interface (verbs)\n\
+         -s, --server           wait for the other side (verbs)\n\
+         --connect HOST         connect to the server (verbs)\n\
+         --port N               TCP port of the out-of-band exchange (default 18520)\n\
+         -m [MIN:]MAX           message sizes (default up to 4194304)\n\
+         -i N                   timed iterations\n\
+         -x N                   warm-up iterations\n\
+         -W N                   window size (bandwidth tests, default 64)\n\
+         -p N                   pairs (osu_mbw_mr on the simulated fabric)\n\
+         \n\
+         BTL settings come from the XRCBTL_* environment variables (see btl/src/config.rs).",
+        bench.name()
+    )
+}
+
+/// One size's measurement by one rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Row {
+    /// Message size.
+    pub size: usize,
+    /// Timed iterations.
+    pub iters: u64,
+    /// Time they took.
+    pub elapsed: Duration,
+}
+
+/// What one rank of `bench` does; returns its timings (meaningful on rank
+/// 0, and on every sender of osu_mbw_mr).
+pub async fn body<C: Context>(
+    r: &mut BenchRank<C>,
+    bench: Bench,
+    o: &Options,
+    pairs: u32,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let me = r.rank;
+    // Connect everything first (rank 0 talks to everyone in the barrier).
+    r.barrier().await?;
+    let (sender, peer) = match bench {
+        Bench::MbwMr => (me < pairs, if me < pairs { me + pairs } else { me - pairs }),
+        _ => (me == 0, 1 - me),
+    };
+    for size in o.sizes() {
+        if bench == Bench::Latency && size > 0 && size < o.min {
+            continue;
+        }
+        let (iters, skip) = o.iters_for(size);
+        r.barrier().await?;
+        let mut start = r.now();
+        for i in 0..iters + skip {
+            if i == skip {
+                start = r.now();
+            }
+            match bench {
+                Bench::Latency => {
+                    if sender {
+                        r.send(peer, size)?;
+                        r.wait(1).await;
+                    } else {
+                        r.wait(1).await;
+                        r.send(peer, size)?;
+                    }
+                }
+                Bench::Bw | Bench::MbwMr => {
+                    if sender {
+                        for _ in 0..o.window {
+                            r.send(peer, size)?;
+                        }
+                        r.wait(1).await;
+                    } else {
+                        r.wait(o.window).await;
+                        r.send(peer, 4)?;
+                    }
+                }
+                Bench::Bibw => {
+                    for _ in 0..o.window {
+                        r.send(peer, size)?;
+                    }
+                    r.wait(o.window).await;
+                }
+            }
+        }
+        let elapsed = r.now() - start;
+        r.flush().await;
+        rows.push(Row {
+            size,
+            iters,
+            elapsed,
+        });
+    }
+    r.barrier().await?;
+    Ok(rows)
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The OSU report: header lines and one row per size, from the rows of
+/// the measuring ranks (rank 0; for osu_mbw_mr every sender, the slowest
+/// one counting, as OSU reduces with the maximum).
+pub fn report(bench: Bench, o: &Options, about: &str, measured: &[Vec<Row>], pairs: u32) -> String {
+    let mut out = String::new();
+    out += bench.title();
+    out += "\n";
+    out += &format!("# xrcbtl: {about}\n");
+    match bench {
+        Bench::MbwMr => {
+            out += &format!("# [ pairs: {pairs} ] [ window size: {} ]\n", o.window);
+            out += &format!("{:<10}{:>20}{:>20}\n", "# Size", "MB/s", "Messages/s");
+        }
+        Bench::Latency => {
+            out += "# Datatype: MPI_CHAR.\n";
+            out += &format!("{:<10}{:>20}\n", "# Size", "Avg Latency(us)");
+        }
+        _ => {
+            out += "# Datatype: MPI_CHAR.\n";
+            out += &format!("{:<10}{:>20}\n", "# Size", "Bandwidth (MB/s)");
+        }
+    }
+    let first = &measured[0];
+    for (i, row) in first.iter().enumerate() {
+        let slowest = measured
+            .iter()
+            .map(|m| m[i].elapsed)
+            .max()
+            .unwrap_or(row.elapsed)
+            .max(Duration::from_nanos(1));
+        let t = us(slowest);
+        let n = row.iters as f64;
+        let w = o.window as f64;
+        let size = row.size as f64;
+        match bench {
+            Bench::Latency => out += &format!("{:<10}{:>20.2}\n", row.size, t / (2.0 * n)),
+            Bench::Bw => out += &format!("{:<10}{:>20.2}\n", row.size, size * n * w / t),
+            Bench::Bibw => out += &format!("{:<10}{:>20.2}\n", row.size, 2.0 * size * n * w / t),
+            Bench::MbwMr => {
+                let p = f64::from(pairs);
+                let mbs = p * size * n * w / t;
+                let rate = p * n * w / t * 1e6;
+                out += &format!("{:<10}{:>20.2}{:>20.2}\n", row.size, mbs, rate);
+            }
+        }
+    }
+    out
+}
+
+/// Runs `bench` with every rank on the simulated fabric; returns the report.
+pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
+    let device = match o.sim_device.as_str() {
+        "roce" => SimDevice::roce("sim0"),
+        "iwarp" => SimDevice::iwarp("sim0"),
+        _ => SimDevice::ib("sim0"),
+    };
+    let pairs = if bench == Bench::MbwMr { o.pairs } else { 1 };
+    let nodes = if o.same_node { 1 } else { 2 };
+    let sim = SimFabric::new(SimConfig::new(o.seed, nodes).with_devices(vec![device.clone()]))?;
+    sim.set_auto_advance(false);
+    let work = Rc::new(Cell::new(0));
+    let n = 2 * pairs;
+    let mut ranks = Vec::new();
+    let mut peers = Vec::new();
+    let mut procs = Vec::new();
+    for rank in 0..n {
+        // Senders on node 0, their peers on node 1.
+        let node = if o.same_node || rank < pairs { 0 } else { 1 };
+        let proc = sim.spawn(node)?;
+        let ctx = proc.open(&device.name)?;
+        let listen = SocketAddr::new(ctx.ip(), 0);
+        let mut cfg =
+            BtlConfig::new(rank, node as u32, 1, XrcdKey::new("osu"), listen).from_env()?;
+        let s = sim.clone();
+        cfg.clock = Clock::from_fn(move || s.now());
+        let btl = Btl::new(ctx, cfg)?;
+        peers.push(Peer {
+            rank,
+            node: node as u32,
+            addr: btl
+                .listen_addr()
+                .ok_or_else(|| Error::state("no listener"))?,
+        });
+        ranks.push(btl);
+        procs.push(proc);
+    }
+    let mut ranks: Vec<BenchRank<_>> = ranks
+        .into_iter()
+        .map(|mut b| {
+            b.add_procs(&peers);
+            BenchRank::new(b, n, o.max, work.clone())
+        })
+        .collect();
+    let mode = ranks[0].btl.mode();
+    let bodies: Vec<Body<'_, Result<Vec<Row>>>> = ranks
+        .iter_mut()
+        .map(|r| Box::pin(body(r, bench, o, pairs)) as Body<'_, _>)
+        .collect();
+    let results = run_sim(&sim, &work, bodies);
+    let mut rows = Vec::new();
+    for (rank, res) in results.into_iter().enumerate() {
+        let res = res?;
+        if rank == 0 || (bench == Bench::MbwMr && (rank as u32) < pairs) {
+            rows.push(res);
+        }
+    }
+    let about = format!(
+        "fabric sim ({} {}, {:?}, {}), seed {}, virtual time",
+        device.name,
+        device.caps.transport,
+        mode,
+        if o.same_node { "one node" } else { "two nodes" },
+        o.seed
+    );
+    drop(procs);
+    Ok(report(bench, o, &about, &rows, pairs))
+}
+
+/// Runs one rank of `bench` on a verbs device; rank 0 (the client) returns
+/// the report.
+#[cfg(feature = "verbs")]
+pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
+    use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
+    let device = o
+        .device
+        .clone()
+        .ok_or_else(|| Error::invalid("--fabric verbs needs --device NAME"))?;
+    let bind = o.bind.ok_or_else(|| {
+        Error::invalid("--fabric verbs needs --bind IP (the device's interface address)")
+    })?;
+    if !o.server && o.connect.is_none() {
+        return Err(Error::invalid(
+            "--fabric verbs needs -s (server) or --connect HOST",
+        ));
+    }
+    let ctx = VerbsFabric::new()?.open(&device)?;
+    let rank = if o.server { 1 } else { 0 };
+    let key = job_xrcd_key(&format!("osu-{}", o.port), &device)?;
+    let cfg = BtlConfig::new(rank, rank, 1, key, SocketAddr::new(bind, 0)).from_env()?;
+    let mut btl = Btl::new(ctx, cfg)?;
+    let me = Peer {
+        rank,
+        node: rank,
+        addr: btl
+            .listen_addr()
+            .ok_or_else(|| Error::state("no listener"))?,
+    };
+    let host = o.connect.clone().unwrap_or_default();
+    let other = crate::world::exchange_tcp(me, o.server, &host, o.port, Duration::from_secs(60))?;
+    btl.add_procs(&[me, other]);
+    let mode = btl.mode();
+    let work = Rc::new(Cell::new(0));
+    let mut r = BenchRank::new(btl, 2, o.max, work);
+    let rows = crate::world::block_on(body(&mut r, bench, o, 1))?;
+    // Leave cleanly: the peer sees a disconnect, not a failure.
+    r.btl.shutdown();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !r.btl.is_drained() && std::time::Instant::now() < end {
+        r.btl.progress();
+    }
+    if rank != 0 {
+        return Ok(None);
+    }
+    let about = format!("fabric verbs ({device}, {mode:?}), wall-clock time");
+    Ok(Some(report(bench, o, &about, &[rows], 1)))
+}
+
+/// The entry point of every benchmark binary.
+pub fn main(bench: Bench) {
+    let o = match Options::parse(bench, std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{}: {e}\n\n{}", bench.name(), usage(bench));
+            std::process::exit(2);
+        }
+    };
+    if o.help {
+        println!("{}", usage(bench));
+        return;
+    }
+    let res = match o.fabric {
+        FabricKind::Sim => run_sim_bench(bench, &o).map(Some),
+        FabricKind::Verbs => run_verbs(bench, &o),
+    };
+    match res {
+        Ok(Some(report)) => print!("{report}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("{}: {e}", bench.name());
+            std::process::exit(1);
+        }
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn run_verbs(bench: Bench, o: &Options) -> Result<Option<String>> {
+    run_verbs_bench(bench, o)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn run_verbs(_: Bench, _: &Options) -> Result<Option<String>> {
+    Err(Error::Unsupported(
+        "built without the verbs provider: build with --features verbs",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(b: Bench, a: &[&str]) -> std::result::Result<Options, String> {
+        Options::parse(b, a.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn options_and_sizes() {
+        let o = parse(Bench::Latency, &[]).unwrap();
+        assert_eq!(o.sizes()[..4], [0, 1, 2, 4]);
+        assert_eq!(*o.sizes().last().unwrap(), 4 << 20);
+        assert_eq!(o.sizes().len(), 24);
+        let o = parse(Bench::Bw, &["-m", "8:64", "-i", "3", "-W", "8"]).unwrap();
+        assert_eq!(o.sizes(), vec![8, 16, 32, 64]);
+        assert_eq!((o.iters, o.window), (3, 8));
+        assert!(parse(Bench::Bw, &["-m", "9:8"]).is_err());
+        assert!(parse(Bench::Bw, &["--fabric", "tcp"]).is_err());
+        assert!(parse(Bench::Bw, &["-i"]).is_err());
+        assert!(parse(Bench::Bw, &["--bogus"]).is_err());
+        assert!(parse(Bench::Bw, &["-i", "0"]).is_err());
+    }
+
+    #[test]
+    fn reports_have_the_osu_layout() {
+        let o = parse(Bench::Latency, &["-m", "0:2"]).unwrap();
+        let rows = vec![
+            Row {
+                size: 0,
+                iters: 10,
+                elapsed: Duration::from_micros(40),
+            },
+            Row {
+                size: 1,
+                iters: 10,
+                elapsed: Duration::from_micros(50),
+            },
+        ];
+        let r = report(Bench::Latency, &o, "test", &[rows], 1);
+        let lines: Vec<&str> = r.lines().collect();
+        assert_eq!(lines[0], "# OSU MPI Latency Test v7.4");
+        assert_eq!(lines[3], "# Size         Avg Latency(us)");
+        assert_eq!(lines[4], "0                         2.00");
+        assert_eq!(lines[5], "1                         2.50");
+    }
+}

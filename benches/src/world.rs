@@ -1,0 +1,268 @@
+//! Where benchmark ranks live: one rank's view ([`BenchRank`]), the
+//! executors that drive rank bodies (all ranks in virtual time on the
+//! simulated fabric, or one rank against a wall clock), and the
+//! out-of-band exchanges that introduce the ranks of separate processes.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use xrcbtl_btl::{Btl, Bytes, Peer, Tag};
+use xrcbtl_fabric::sim::SimFabric;
+use xrcbtl_fabric::{Context, Error, Result};
+
+/// Tag of benchmark payloads.
+pub const DATA: Tag = 1;
+/// Tag of barrier messages.
+pub const BARRIER: Tag = 2;
+
+/// A future that is pending once (lets the executor run the other ranks).
+#[derive(Default)]
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, _: &mut TaskContext<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            Poll::Pending
+        }
+    }
+}
+
+/// One rank of a benchmark: its BTL, what it has received, a payload
+/// buffer.
+pub struct BenchRank<C: Context> {
+    /// The BTL.
+    pub btl: Btl<C>,
+    /// This rank.
+    pub rank: u32,
+    /// Ranks in the world.
+    pub size: u32,
+    data: Arc<AtomicU64>,
+    data_seen: u64,
+    barrier: Arc<AtomicU64>,
+    barrier_seen: u64,
+    work: Rc<Cell<u64>>,
+    buf: Bytes,
+}
+
+impl<C: Context> BenchRank<C> {
+    /// Wraps a BTL whose peers are added; `max` is the largest payload.
+    pub fn new(mut btl: Btl<C>, size: u32, max: usize, work: Rc<Cell<u64>>) -> Self {
+        let rank = btl.rank();
+        let data = Arc::new(AtomicU64::new(0));
+        let barrier = Arc::new(AtomicU64::new(0));
+        let d = data.clone();
+        btl.register_am(DATA, move |_| {
+            d.fetch_add(1, Ordering::Relaxed);
+        });
+        let b = barrier.clone();
+        btl.register_am(BARRIER, move |_| {
+            b.fetch_add(1, Ordering::Relaxed);
+        });
+        // The payload: every byte set, so that nothing is sent from a
+        // page the kernel has not populated.
+        let buf = Bytes::from(vec![0x5a; max.max(1)]);
+        BenchRank {
+            btl,
+            rank,
+            size,
+            data,
+            data_seen: 0,
+            barrier,
+            barrier_seen: 0,
+            work,
+            buf,
+        }
+    }
+
+    /// The BTL's clock (virtual on the simulated fabric).
+    pub fn now(&self) -> Duration {
+        self.btl.config().clock.now()
+    }
+
+    /// Sends `len` bytes of the payload to `dst`.
+    pub fn send(&mut self, dst: u32, len: usize) -> Result<()> {
+        self.btl.send_bytes(dst, DATA, self.buf.slice(..len))?;
+        Ok(())
+    }
+
+    async fn poll(&mut self) {
+        let w = self.btl.progress() as u64;
+        self.work.set(self.work.get() + w);
+        if w == 0 {
+            YieldNow::default().await;
+        }
+    }
+
+    /// Waits for `n` more payload messages.
+    pub async fn wait(&mut self, n: u64) {
+        while self.data.load(Ordering::Relaxed) - self.data_seen < n {
+            self.poll().await;
+        }
+        self.data_seen += n;
+    }
+
+    /// Waits until nothing is outstanding.
+    pub async fn flush(&mut self) {
+        while !self.btl.is_idle() {
+            self.poll().await;
+        }
+    }
+
+    /// Every rank arrives before any leaves (through rank 0).
+    pub async fn barrier(&mut self) -> Result<()> {
+        if self.rank == 0 {
+            let others = u64::from(self.size - 1);
+            while self.barrier.load(Ordering::Relaxed) - self.barrier_seen < others {
+                self.poll().await;
+            }
+            self.barrier_seen += others;
+            for r in 1..self.size {
+                self.btl.send(r, BARRIER, &[])?;
+            }
+        } else {
+            self.btl.send(0, BARRIER, &[])?;
+            while self.barrier.load(Ordering::Relaxed) - self.barrier_seen < 1 {
+                self.poll().await;
+            }
+            self.barrier_seen += 1;
+        }
+        self.flush().await;
+        Ok(())
+    }
+}
+
+/// A rank's body, boxed for an executor.
+pub type Body<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Runs every rank's body on the simulated fabric, in virtual time: each
+/// round polls every unfinished body; a round in which no rank found work
+/// moves the clock to the next scheduled event.
+pub fn run_sim<'a, T>(
+    sim: &SimFabric,
+    work: &Rc<Cell<u64>>,
+    mut bodies: Vec<Body<'a, T>>,
+) -> Vec<T> {
+    let mut cx = TaskContext::from_waker(Waker::noop());
+    let mut out: Vec<Option<T>> = bodies.iter().map(|_| None).collect();
+    let mut idle_rounds = 0u64;
+    loop {
+        let before = work.get();
+        let mut finished = false;
+        for (i, b) in bodies.iter_mut().enumerate() {
+            if out[i].is_some() {
+                continue;
+            }
+            if let Poll::Ready(v) = b.as_mut().poll(&mut cx) {
+                out[i] = Some(v);
+                finished = true;
+            }
+        }
+        if out.iter().all(Option::is_some) {
+            return out.into_iter().map(|v| v.expect("finished")).collect();
+        }
+        if work.get() == before && !finished {
+            let now = sim.now();
+            match sim.next_event_at() {
+                Some(t) if t > now => sim.advance(t - now),
+                Some(_) => {
+                    sim.step();
+                }
+                // Nothing scheduled: only a connection manager timer can
+                // be waiting; let a millisecond pass.
+                None => sim.advance(Duration::from_millis(1)),
+            }
+            idle_rounds += 1;
+            assert!(
+                idle_rounds < 50_000_000,
+                "the simulated benchmark stopped making progress"
+            );
+        }
+    }
+}
+
+/// Runs one rank's body to completion, polling as fast as it can (a real
+/// fabric: the body progresses the BTL at every poll).
+pub fn block_on<T>(body: impl Future<Output = T>) -> T {
+    let mut cx = TaskContext::from_waker(Waker::noop());
+    let mut body = std::pin::pin!(body);
+    loop {
+        if let Poll::Ready(v) = body.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+/// The perftest-style exchange between two processes: the server (`-s`,
+/// rank 1) listens on `port`, the client (rank 0) connects to
+/// `host:port`; each sends its rank, node and BTL address and reads the
+/// other's.
+pub fn exchange_tcp(
+    me: Peer,
+    server: bool,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<Peer> {
+    let io = |e: std::io::Error| Error::Verbs {
+        verb: "out-of-band exchange",
+        source: e,
+    };
+    let stream = if server {
+        let l = TcpListener::bind(("0.0.0.0", port)).map_err(io)?;
+        l.accept().map_err(io)?.0
+    } else {
+        let end = Instant::now() + timeout;
+        loop {
+            match TcpStream::connect((host, port)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() >= end => return Err(io(e)),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    let mut w = stream.try_clone().map_err(io)?;
+    writeln!(w, "xrcbtl-osu 1 {} {} {}", me.rank, me.node, me.addr).map_err(io)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).map_err(io)?;
+    parse_peer(&line)
+        .ok_or_else(|| Error::invalid(format!("out-of-band exchange: bad line {line:?}")))
+}
+
+fn parse_peer(line: &str) -> Option<Peer> {
+    let mut f = line.split_whitespace();
+    if f.next()? != "xrcbtl-osu" || f.next()? != "1" {
+        return None;
+    }
+    let rank = f.next()?.parse().ok()?;
+    let node = f.next()?.parse().ok()?;
+    let addr: SocketAddr = f.next()?.parse().ok()?;
+    Some(Peer { rank, node, addr })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_lines_parse_strictly() {
+        let p = parse_peer("xrcbtl-osu 1 0 1 10.0.0.1:4000\n").unwrap();
+        assert_eq!((p.rank, p.node), (0, 1));
+        assert_eq!(p.addr, "10.0.0.1:4000".parse().unwrap());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000").is_none());
+        assert!(parse_peer("hello").is_none());
+        assert!(parse_peer("xrcbtl-osu 1 0 1 nowhere").is_none());
+    }
+}

@@ -254,7 +254,7 @@ impl MemMonitor {
     }
 
     /// A new subscriber: it receives every invalidation from now on.
-    /// `None` when [`MAX_SUBSCRIBERS`] are alive.
+    /// `None` when `MAX_SUBSCRIBERS` (128) are alive.
     pub fn subscribe(&'static self) -> Option<Subscriber> {
         // Allocated before the lock is taken (see `Ring`).
         let ring = Box::new(Ring {

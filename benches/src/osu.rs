@@ -457,11 +457,9 @@ pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
     Ok(report(bench, o, &about, &rows, pairs))
 }
 
-/// Runs one rank of `bench` on a verbs device; rank 0 (the client) returns
-/// the report.
+/// The verbs device and interface address that `--fabric verbs` needs.
 #[cfg(feature = "verbs")]
-pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
-    use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
+fn verbs_target(o: &Options) -> Result<(String, IpAddr)> {
     let device = o
         .device
         .clone()
@@ -469,16 +467,49 @@ pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     let bind = o.bind.ok_or_else(|| {
         Error::invalid("--fabric verbs needs --bind IP (the device's interface address)")
     })?;
+    Ok((device, bind))
+}
+
+/// Runs this process's rank once every peer is known: connects on demand,
+/// measures, leaves cleanly (the peers see a disconnect, not a failure).
+#[cfg(feature = "verbs")]
+fn run_verbs_rank<C: Context>(
+    mut btl: Btl<C>,
+    peers: &[Peer],
+    bench: Bench,
+    o: &Options,
+    pairs: u32,
+) -> Result<Vec<Row>> {
+    btl.add_procs(peers);
+    let work = Rc::new(Cell::new(0));
+    let mut r = BenchRank::new(btl, peers.len() as u32, o.max, work);
+    let rows = crate::world::block_on(body(&mut r, bench, o, pairs));
+    r.btl.shutdown();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !r.btl.is_drained() && std::time::Instant::now() < end {
+        r.btl.progress();
+    }
+    rows
+}
+
+/// Runs one rank of `bench` on a verbs device, introduced to the other
+/// side over TCP; rank 0 (the client) returns the report.
+#[cfg(feature = "verbs")]
+pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
+    use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
+    let (device, bind) = verbs_target(o)?;
     if !o.server && o.connect.is_none() {
-        return Err(Error::invalid(
-            "--fabric verbs needs -s (server) or --connect HOST",
-        ));
+        return Err(Error::invalid(if cfg!(feature = "mpi") {
+            "--fabric verbs needs -s (server) or --connect HOST, or mpirun"
+        } else {
+            "--fabric verbs needs -s (server) or --connect HOST"
+        }));
     }
     let ctx = VerbsFabric::new()?.open(&device)?;
     let rank = if o.server { 1 } else { 0 };
     let key = job_xrcd_key(&format!("osu-{}", o.port), &device)?;
     let cfg = BtlConfig::new(rank, rank, 1, key, SocketAddr::new(bind, 0)).from_env()?;
-    let mut btl = Btl::new(ctx, cfg)?;
+    let btl = Btl::new(ctx, cfg)?;
     let me = Peer {
         rank,
         node: rank,
@@ -488,22 +519,127 @@ pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     };
     let host = o.connect.clone().unwrap_or_default();
     let other = crate::world::exchange_tcp(me, o.server, &host, o.port, Duration::from_secs(60))?;
-    btl.add_procs(&[me, other]);
     let mode = btl.mode();
-    let work = Rc::new(Cell::new(0));
-    let mut r = BenchRank::new(btl, 2, o.max, work);
-    let rows = crate::world::block_on(body(&mut r, bench, o, 1))?;
-    // Leave cleanly: the peer sees a disconnect, not a failure.
-    r.btl.shutdown();
-    let end = std::time::Instant::now() + Duration::from_secs(10);
-    while !r.btl.is_drained() && std::time::Instant::now() < end {
-        r.btl.progress();
-    }
+    let mut peers = [me, other];
+    peers.sort_by_key(|p| p.rank);
+    let rows = run_verbs_rank(btl, &peers, bench, o, 1)?;
     if rank != 0 {
         return Ok(None);
     }
     let about = format!("fabric verbs ({device}, {mode:?}), wall-clock time");
     Ok(Some(report(bench, o, &about, &[rows], 1)))
+}
+
+/// Runs one rank of `bench` on a verbs device under `mpirun`: MPI only
+/// introduces the ranks (host names, BTL addresses) and gathers the
+/// timings; every byte measured moves through the BTL. Ranks on one host
+/// share a node (and its XRC domain). Rank 0 returns the report.
+#[cfg(feature = "mpi")]
+pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
+    use crate::world::{record, record_text, RECORD};
+    use mpi::traits::*;
+    use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
+    let (device, bind) = verbs_target(o)?;
+    let universe = mpi::initialize().ok_or_else(|| Error::state("MPI was initialised already"))?;
+    let world = universe.world();
+    let (rank, size) = (world.rank() as u32, world.size() as u32);
+    let pairs = match bench {
+        Bench::MbwMr if size >= 2 && size % 2 == 0 => size / 2,
+        _ if size == 2 => 1,
+        _ => {
+            return Err(Error::invalid(format!(
+                "{} needs {} ranks, mpirun started {size}",
+                bench.name(),
+                if bench == Bench::MbwMr {
+                    "an even number of"
+                } else {
+                    "2"
+                }
+            )))
+        }
+    };
+    // Who shares a host (a node), and rank 0's process id, which names
+    // the job's XRC domain file.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let mine = record(&format!("{host} {}", std::process::id()))?;
+    let mut all = vec![0u8; RECORD * size as usize];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let hosts: Vec<(String, String)> = all
+        .chunks(RECORD)
+        .map(|r| {
+            let t = record_text(r);
+            let mut f = t.split_whitespace();
+            (
+                f.next().unwrap_or("").to_string(),
+                f.next().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let node = hosts
+        .iter()
+        .position(|(h, _)| *h == hosts[rank as usize].0)
+        .expect("this rank's own record") as u32;
+    let key = job_xrcd_key(&format!("osu-mpi-{}", hosts[0].1), &device)?;
+    let ctx = VerbsFabric::new()?.open(&device)?;
+    let cfg = BtlConfig::new(rank, node, 1, key, SocketAddr::new(bind, 0)).from_env()?;
+    let btl = Btl::new(ctx, cfg)?;
+    let addr = btl
+        .listen_addr()
+        .ok_or_else(|| Error::state("no listener"))?;
+    let mine = record(&format!("{node} {addr}"))?;
+    world.all_gather_into(&mine[..], &mut all[..]);
+    let peers = all
+        .chunks(RECORD)
+        .enumerate()
+        .map(|(r, rec)| {
+            let t = record_text(rec);
+            let mut f = t.split_whitespace();
+            let node = f.next().and_then(|n| n.parse().ok());
+            let addr = f.next().and_then(|a| a.parse().ok());
+            match (node, addr) {
+                (Some(node), Some(addr)) => Ok(Peer {
+                    rank: r as u32,
+                    node,
+                    addr,
+                }),
+                _ => Err(Error::invalid(format!("rank {r} sent {t:?}"))),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mode = btl.mode();
+    let rows = run_verbs_rank(btl, &peers, bench, o, pairs)?;
+    // Every rank's timings reach rank 0 (osu_mbw_mr counts the slowest
+    // sender).
+    let nanos: Vec<u64> = rows.iter().map(|r| r.elapsed.as_nanos() as u64).collect();
+    let mut every = vec![0u64; nanos.len() * size as usize];
+    world.all_gather_into(&nanos[..], &mut every[..]);
+    world.barrier();
+    if rank != 0 {
+        return Ok(None);
+    }
+    let measured: Vec<Vec<Row>> = (0..pairs as usize)
+        .map(|r| {
+            rows.iter()
+                .enumerate()
+                .map(|(i, row)| Row {
+                    elapsed: Duration::from_nanos(every[r * nanos.len() + i]),
+                    ..*row
+                })
+                .collect()
+        })
+        .collect();
+    let nodes = hosts
+        .iter()
+        .map(|(h, _)| h)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let about = format!(
+        "fabric verbs ({device}, {mode:?}), {size} ranks on {nodes} node(s) under mpirun, wall-clock time"
+    );
+    Ok(Some(report(bench, o, &about, &measured, pairs)))
 }
 
 /// The entry point of every benchmark binary.
@@ -535,6 +671,10 @@ pub fn main(bench: Bench) {
 
 #[cfg(feature = "verbs")]
 fn run_verbs(bench: Bench, o: &Options) -> Result<Option<String>> {
+    #[cfg(feature = "mpi")]
+    if !o.server && o.connect.is_none() {
+        return run_mpi_bench(bench, o);
+    }
     run_verbs_bench(bench, o)
 }
 

@@ -241,6 +241,26 @@ pub fn exchange_tcp(
         .ok_or_else(|| Error::invalid(format!("out-of-band exchange: bad line {line:?}")))
 }
 
+/// Bytes in a fixed-size text record, for exchanges (MPI's all-gather)
+/// that need every rank's contribution to have one size.
+pub const RECORD: usize = 160;
+
+/// `text` as a NUL-padded record; an error if it does not fit.
+pub fn record(text: &str) -> Result<[u8; RECORD]> {
+    let mut r = [0; RECORD];
+    if text.len() >= RECORD {
+        return Err(Error::invalid(format!("record too long: {text:?}")));
+    }
+    r[..text.len()].copy_from_slice(text.as_bytes());
+    Ok(r)
+}
+
+/// The text of a record, up to its first NUL.
+pub fn record_text(r: &[u8]) -> String {
+    let end = r.iter().position(|&b| b == 0).unwrap_or(r.len());
+    String::from_utf8_lossy(&r[..end]).into_owned()
+}
+
 fn parse_peer(line: &str) -> Option<Peer> {
     let mut f = line.split_whitespace();
     if f.next()? != "xrcbtl-osu" || f.next()? != "1" {
@@ -264,5 +284,13 @@ mod tests {
         assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000").is_none());
         assert!(parse_peer("hello").is_none());
         assert!(parse_peer("xrcbtl-osu 1 0 1 nowhere").is_none());
+    }
+
+    #[test]
+    fn records_pad_and_refuse_overflow() {
+        let r = record("host 42").unwrap();
+        assert_eq!(record_text(&r), "host 42");
+        assert!(record(&"x".repeat(RECORD)).is_err());
+        assert_eq!(record_text(&[b'a'; 3]), "aaa");
     }
 }

@@ -260,6 +260,14 @@ pub struct BtlStats {
     pub pending_max: u64,
     /// SRQ limit events.
     pub srq_limit_events: u64,
+    /// Times a message waited for credits (devices without RNR).
+    pub credit_stalls: u64,
+    /// Credit-only messages sent.
+    pub credits_returned: u64,
+    /// Receives short of what credit flow control needs (the SRQ's
+    /// capacity is smaller than peers × (credits + 1) + refill): a burst
+    /// from every peer at once could still break a connection.
+    pub overcommitted: u64,
     /// Receive buffers added to a class beyond its start depth.
     pub srq_grown: u64,
     /// Messages to peers that failed for good.
@@ -275,6 +283,9 @@ const MAX_TRIES: u32 = 64;
 const SINKS_KEPT: usize = 4;
 
 enum Work<C: Context> {
+    /// Returns credits (flow control): header only, outside the sequence,
+    /// always at the front of its queue.
+    Credit,
     /// A message (eager or control).
     Msg {
         seq: u32,
@@ -342,6 +353,30 @@ struct Endpoint<C: Context> {
     in_flight: u32,
     flight_qpn: Option<u32>,
     on_error: Option<ErrorCallback>,
+    /// Credit flow control, per connection (by local QP number): a new
+    /// connection starts afresh on both sides.
+    credit: HashMap<u32, Credit>,
+}
+
+/// One connection's credits (devices without RNR).
+#[derive(Debug, Clone, Copy)]
+struct Credit {
+    /// Messages this rank may still send to the peer's SRQ.
+    credits: u32,
+    /// Messages received from the peer and not yet returned as credits.
+    to_return: u32,
+    /// A [`Work::Credit`] is queued.
+    returning: bool,
+}
+
+impl Credit {
+    fn new(credits: u32) -> Credit {
+        Credit {
+            credits,
+            to_return: 0,
+            returning: false,
+        }
+    }
 }
 
 struct RndvOut {
@@ -407,6 +442,9 @@ struct Inner<C: Context> {
     scratch: Vec<u8>,
     pending_now: u64,
     stats: BtlStats,
+    /// Credit flow control: the device has no RNR (iWARP), so a send that
+    /// finds no receive would break the connection.
+    fc: bool,
     notices: Vec<Notice>,
     drained: bool,
 }
@@ -461,11 +499,10 @@ impl<C: Context> Btl<C> {
         let drv = ConnDriver::new(ctx.clone(), dc)?;
         let pd = drv.pd().clone();
         let mut rclasses = Vec::new();
-        for (i, (size, capacity)) in drv.classes().into_iter().enumerate() {
+        for (size, capacity) in drv.classes() {
             let depth = cfg.srq_depth.min(capacity);
             let buf = DmaBuf::new(&ctx, &pd, (size * depth) as usize, Access::LOCAL_WRITE)?;
             let limit = (depth / 4).max(1);
-            drv.srq(i).arm_limit(limit)?;
             rclasses.push(RecvClass {
                 size,
                 chunks: vec![buf],
@@ -487,6 +524,7 @@ impl<C: Context> Btl<C> {
         let cache = MemCache::new(ctx, pd, cfg.rcache);
         let submit = SubmitQueue::new();
         let tx = submit.submitter();
+        let fc = matches!(drv.mode(), Mode::Rc { p2p: true });
         let mut inner = Inner {
             send_batch: Batch::new(cfg.cq_batch),
             recv_batch: Batch::new(cfg.cq_batch),
@@ -516,11 +554,16 @@ impl<C: Context> Btl<C> {
             scratch: Vec::new(),
             pending_now: 0,
             stats: BtlStats::default(),
+            fc,
             notices: Vec::new(),
             drained: false,
         };
+        // Arm the low-watermark only once the SRQ holds more than it: some
+        // devices (rdma_rxe) never report a limit armed on an empty SRQ.
         for c in 0..inner.classes.len() {
             inner.repost(c)?;
+            let limit = inner.classes[c].limit;
+            inner.drv.srq(c).arm_limit(limit)?;
         }
         let mut callbacks = Callbacks::new();
         callbacks.register(|s: &mut Inner<C>| Keep::Yes(s.control()));
@@ -588,8 +631,10 @@ impl<C: Context> Btl<C> {
                 in_flight: 0,
                 flight_qpn: None,
                 on_error: None,
+                credit: HashMap::new(),
             });
         }
+        self.inner.provision();
     }
 
     /// Drops endpoints: their outstanding operations fail with `Closed`.
@@ -810,6 +855,10 @@ impl<C: Context> Inner<C> {
 
     /// Puts work that failed back into its endpoint's queue, in order.
     fn requeue(&mut self, rank: Rank, mut item: Item<C>) {
+        if matches!(item.work, Work::Credit) {
+            // Credits belong to the connection that failed.
+            return;
+        }
         item.tries += 1;
         let Some(ep) = self.eps.get_mut(&rank) else {
             return self.drop_item(rank, item, BtlError::Closed(rank));
@@ -919,6 +968,16 @@ impl<C: Context> Inner<C> {
         {
             return Ok(false);
         }
+        let mut returned = 0u16;
+        if self.fc {
+            let cap = self.cfg.credits;
+            let ep = self.eps.get_mut(&dst).expect("checked");
+            let cr = ep.credit.entry(qpn).or_insert_with(|| Credit::new(cap));
+            if cr.credits < 2 {
+                return Ok(false);
+            }
+            returned = cr.to_return.min(u32::from(u16::MAX)) as u16;
+        }
         let class = self.class_for(total);
         let srqn = srqns.get(class).copied();
         let seq = self.eps[&dst].seq_out;
@@ -928,6 +987,7 @@ impl<C: Context> Inner<C> {
             seq,
             kind: Kind::Eager,
             tag,
+            credits: returned,
             len: data.len() as u32,
         }
         .encode(&mut msg);
@@ -959,6 +1019,10 @@ impl<C: Context> Inner<C> {
                 ep.seq_out = seq.wrapping_add(1);
                 ep.in_flight += 1;
                 ep.flight_qpn = Some(qpn);
+                if let Some(cr) = ep.credit.get_mut(&qpn) {
+                    cr.credits -= 1;
+                    cr.to_return -= u32::from(returned);
+                }
                 self.stats.eager_sent += 1;
                 self.stats.inline_sent += 1;
                 Ok(true)
@@ -1057,30 +1121,67 @@ impl<C: Context> Inner<C> {
             return Post::Blocked;
         }
         let item = ep.pending.front().expect("non-empty");
+        // Credit flow control: a message takes a credit and leaves the last
+        // one for returning credits, so that returns are never stuck.
+        let mut returned = 0u16;
+        if self.fc && matches!(item.work, Work::Msg { .. } | Work::Credit) {
+            let cap = self.cfg.credits;
+            let cr = ep.credit.entry(qpn).or_insert_with(|| Credit::new(cap));
+            let is_credit = matches!(item.work, Work::Credit);
+            if is_credit && cr.to_return == 0 {
+                // A message already carried them.
+                cr.returning = false;
+                ep.pending.pop_front();
+                self.pending_now -= 1;
+                return Post::Started;
+            }
+            if cr.credits < if is_credit { 1 } else { 2 } {
+                self.stats.credit_stalls += 1;
+                return Post::Blocked;
+            }
+            returned = cr.to_return.min(u32::from(u16::MAX)) as u16;
+        }
         let srqn0 = srqns.first().copied();
         let mut slot = None;
         let mut inline = Vec::new();
         let sge: Sge;
         let (op, srqn) = match &item.work {
-            Work::Msg {
-                seq,
-                kind,
-                tag,
-                body,
-            } => {
+            Work::Msg { .. } | Work::Credit => {
+                let (h, body): (Header, &[u8]) = match &item.work {
+                    Work::Msg {
+                        seq,
+                        kind,
+                        tag,
+                        body,
+                    } => (
+                        Header {
+                            src: self.cfg.rank,
+                            seq: *seq,
+                            kind: *kind,
+                            tag: *tag,
+                            credits: returned,
+                            len: body.len() as u32,
+                        },
+                        body,
+                    ),
+                    _ => (
+                        Header {
+                            src: self.cfg.rank,
+                            seq: 0,
+                            kind: Kind::Credit,
+                            tag: 0,
+                            credits: returned,
+                            len: 0,
+                        },
+                        &[],
+                    ),
+                };
                 let total = HEADER + body.len();
                 let class = self
                     .classes
                     .iter()
                     .position(|c| c.size as usize >= total)
                     .unwrap_or(self.classes.len() - 1);
-                let h = Header {
-                    src: self.cfg.rank,
-                    seq: *seq,
-                    kind: *kind,
-                    tag: *tag,
-                    len: body.len() as u32,
-                };
                 if total <= caps.max_inline as usize {
                     inline.resize(total, 0);
                     h.encode(&mut inline);
@@ -1163,6 +1264,7 @@ impl<C: Context> Inner<C> {
         let item = ep.pending.pop_front().expect("non-empty");
         let first = item.tries == 0;
         let is_msg = matches!(item.work, Work::Msg { .. });
+        let is_credit = matches!(item.work, Work::Credit);
         let wr_id = self.slab.insert(Posted {
             rank,
             qpn,
@@ -1179,6 +1281,15 @@ impl<C: Context> Inner<C> {
                 self.pending_now -= 1;
                 if first && is_msg && !inline.is_empty() {
                     self.stats.inline_sent += 1;
+                }
+                if self.fc && (is_msg || is_credit) {
+                    let cr = ep.credit.get_mut(&qpn).expect("checked above");
+                    cr.credits -= 1;
+                    cr.to_return -= u32::from(returned);
+                    if is_credit {
+                        cr.returning = false;
+                        self.stats.credits_returned += 1;
+                    }
                 }
                 Post::Started
             }
@@ -1310,6 +1421,9 @@ impl<C: Context> Inner<C> {
         for qpn in self.drv.take_destroyed() {
             work += 1;
             self.sq_used.remove(&qpn);
+            for ep in self.eps.values_mut() {
+                ep.credit.remove(&qpn);
+            }
             // Work on a destroyed QP never completes: post it again.
             for (_, p) in self.slab.extract(|p| p.qpn == qpn) {
                 self.release_posted(&p);
@@ -1395,6 +1509,7 @@ impl<C: Context> Inner<C> {
     /// Work that will never be done: fail what it belongs to.
     fn drop_item(&mut self, rank: Rank, item: Item<C>, e: BtlError) {
         match item.work {
+            Work::Credit => {}
             Work::Msg { kind, body, .. } => {
                 self.stats.lost += 1;
                 if kind == Kind::Rts {
@@ -1488,6 +1603,7 @@ impl<C: Context> Inner<C> {
     /// A work request completed successfully.
     fn on_sent(&mut self, p: Posted<C>) {
         match p.item.work {
+            Work::Credit => {}
             Work::Msg { kind, body, .. } => {
                 if kind == Kind::Fin {
                     if let Some(m) = wire::decode_msg_id(&body) {
@@ -1595,7 +1711,7 @@ impl<C: Context> Inner<C> {
             let size = c.size as usize;
             let mut msg = std::mem::take(&mut self.scratch);
             c.chunks[chunk as usize].read_into(idx as usize * size, wc.byte_len as usize, &mut msg);
-            self.on_message(&msg);
+            self.on_message(&msg, wc.qp_num);
             self.scratch = msg;
         }
         for class in 0..self.classes.len() {
@@ -1609,7 +1725,8 @@ impl<C: Context> Inner<C> {
         wcs.len()
     }
 
-    fn on_message(&mut self, msg: &[u8]) {
+    /// A message arrived on local QP `qpn`.
+    fn on_message(&mut self, msg: &[u8], qpn: u32) {
         let Some(h) = Header::decode(msg) else {
             self.stats.malformed += 1;
             return;
@@ -1618,6 +1735,29 @@ impl<C: Context> Inner<C> {
             self.stats.malformed += 1;
             return;
         };
+        if self.fc {
+            // Every message took one of our receives (duplicates too): it
+            // is owed back once reposted. Returns to us ride on it.
+            let cap = self.cfg.credits;
+            let cr = ep.credit.entry(qpn).or_insert_with(|| Credit::new(cap));
+            cr.credits = cr.credits.saturating_add(u32::from(h.credits));
+            cr.to_return += 1;
+            if cr.to_return >= (cap / 2).max(1) && !cr.returning {
+                cr.returning = true;
+                ep.pending.push_front(Item {
+                    order: 0,
+                    tries: 0,
+                    work: Work::Credit,
+                });
+                self.pending_now += 1;
+                if self.queued.insert(h.src) {
+                    self.ready.push_back(h.src);
+                }
+            }
+        }
+        if h.kind == Kind::Credit {
+            return;
+        }
         let ahead = h.seq.wrapping_sub(ep.next_in) as i32;
         if ahead < 0 {
             self.stats.duplicates += 1;
@@ -1669,6 +1809,7 @@ impl<C: Context> Inner<C> {
                 }
                 None => self.stats.malformed += 1,
             },
+            Kind::Credit => {}
         }
     }
 
@@ -1748,24 +1889,52 @@ impl<C: Context> Inner<C> {
     /// come again), and arm the limit again.
     fn refill(&mut self, class: usize) -> Result<()> {
         self.repost(class)?;
-        let c = &mut self.classes[class];
-        let room = c.capacity - c.total;
-        if room > 0 {
-            let n = c.per_chunk.min(room);
-            let buf = DmaBuf::new(
-                self.drv.context(),
-                self.drv.pd(),
-                (c.size * n) as usize,
-                Access::LOCAL_WRITE,
-            )?;
-            let chunk = c.chunks.len() as u32;
-            c.chunks.push(buf);
-            c.repost.extend((0..n).map(|i| (chunk, i)));
-            c.total += n;
-            self.stats.srq_grown += u64::from(n);
-            self.repost(class)?;
-        }
+        let c = &self.classes[class];
+        let n = c.per_chunk.min(c.capacity - c.total);
+        self.grow(class, n)?;
         let limit = self.classes[class].limit;
         self.drv.srq(class).arm_limit(limit)
+    }
+
+    /// Adds `n` receive buffers to `class` (one new chunk) and posts them.
+    fn grow(&mut self, class: usize, n: u32) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let c = &mut self.classes[class];
+        let buf = DmaBuf::new(
+            self.drv.context(),
+            self.drv.pd(),
+            (c.size * n) as usize,
+            Access::LOCAL_WRITE,
+        )?;
+        let chunk = c.chunks.len() as u32;
+        c.chunks.push(buf);
+        c.repost.extend((0..n).map(|i| (chunk, i)));
+        c.total += n;
+        self.stats.srq_grown += u64::from(n);
+        self.repost(class)
+    }
+
+    /// With credit flow control, every peer may fill its credits at once
+    /// (plus the zero-length first message of a connection), while up to a
+    /// refill batch of consumed receives waits to be reposted: keep that
+    /// many buffers in the (one, RC) class, as far as its SRQ allows.
+    fn provision(&mut self) {
+        if !self.fc {
+            return;
+        }
+        let peers = self.eps.len().saturating_sub(1) as u32;
+        let need = peers
+            .saturating_mul(self.cfg.credits + 1)
+            .saturating_add(self.cfg.srq_refill);
+        let c = &self.classes[0];
+        let n = need.min(c.capacity).saturating_sub(c.total);
+        if need > c.capacity {
+            self.stats.overcommitted = u64::from(need - c.capacity);
+        }
+        if let Err(e) = self.grow(0, n) {
+            debug_assert!(false, "provisioning receives failed: {e}");
+        }
     }
 }

@@ -13,6 +13,7 @@
 //! | `XRCBTL_SRQ_DEPTH` | 256 | Receives posted per class at start. |
 //! | `XRCBTL_SRQ_MAX_DEPTH` | 1024 | Receives a class may grow to when its SRQ runs low. |
 //! | `XRCBTL_SRQ_REFILL` | 16 | Consumed receives reposted together. |
+//! | `XRCBTL_CREDITS` | 16 | iWARP (no RNR) only: messages a rank may have outstanding in one peer's SRQ; the receiver keeps peers × (credits + 1) + refill receives posted and returns credits as it reposts. At least 2. |
 //! | `XRCBTL_CQ_BATCH` | 32 | Completions taken per CQ poll. |
 //! | `XRCBTL_SQ_MAX` | 0 | Deepest send queue of a QP (0: the device's maximum); a shared XRC INI QP grows up to it as endpoints join. |
 //! | `XRCBTL_FORCE_RC` | 0 | 1: RC + SRQ even where the device has XRC. |
@@ -99,6 +100,8 @@ pub struct BtlConfig {
     pub srq_max_depth: u32,
     /// Consumed receives reposted together.
     pub srq_refill: u32,
+    /// Credits per peer where the device has no RNR (iWARP).
+    pub credits: u32,
     /// Completions per CQ poll.
     pub cq_batch: usize,
     /// Deepest send queue of a QP (`None`: the device's maximum).
@@ -132,6 +135,7 @@ impl BtlConfig {
             srq_depth: 256,
             srq_max_depth: 1024,
             srq_refill: 16,
+            credits: 16,
             cq_batch: 32,
             sq_max: None,
             force_rc: false,
@@ -171,6 +175,7 @@ impl BtlConfig {
         num(g, "XRCBTL_SRQ_DEPTH", &mut self.srq_depth)?;
         num(g, "XRCBTL_SRQ_MAX_DEPTH", &mut self.srq_max_depth)?;
         num(g, "XRCBTL_SRQ_REFILL", &mut self.srq_refill)?;
+        num(g, "XRCBTL_CREDITS", &mut self.credits)?;
         num(g, "XRCBTL_CQ_BATCH", &mut self.cq_batch)?;
         num(g, "XRCBTL_RCACHE_MAX_REGIONS", &mut self.rcache.max_regions)?;
         num(g, "XRCBTL_RCACHE_MAX_BYTES", &mut self.rcache.max_bytes)?;
@@ -230,6 +235,9 @@ impl BtlConfig {
             return bad(
                 "pipeline, send slots, CQ batch and refill batch must be at least 1".into(),
             );
+        }
+        if !(2..=u32::from(u16::MAX)).contains(&self.credits) {
+            return bad(format!("credits {} outside 2..=65535", self.credits));
         }
         if self.srq_depth == 0 || self.srq_max_depth < self.srq_depth {
             return bad(format!(

@@ -25,3 +25,4 @@ pub use crate::btl::{
 };
 pub use crate::config::{BtlConfig, Clock, RndvProtocol};
 pub use bytes::Bytes;
+pub use xrcbtl_xrc_conn::Mode;

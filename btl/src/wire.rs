@@ -3,8 +3,9 @@
 //! strictly on receipt.
 //!
 //! Header (16 bytes): source rank (u32), sequence number (u32, one sequence
-//! per source and destination, shared by every kind), kind (u8), tag (u8),
-//! reserved (u16, zero), payload length (u32).
+//! per source and destination, shared by every kind but [`Kind::Credit`]),
+//! kind (u8), tag (u8), credits returned (u16; zero unless the connection
+//! runs credit flow control), payload length (u32).
 
 /// Bytes of the header.
 pub const HEADER: usize = 16;
@@ -22,6 +23,8 @@ pub enum Kind {
     Ats,
     /// Finished: the sender has written everything (put).
     Fin,
+    /// Only returns credits (header only, outside the sequence).
+    Credit,
 }
 
 impl Kind {
@@ -32,6 +35,7 @@ impl Kind {
             Kind::Rtr => 3,
             Kind::Ats => 4,
             Kind::Fin => 5,
+            Kind::Credit => 6,
         }
     }
 
@@ -42,6 +46,7 @@ impl Kind {
             3 => Kind::Rtr,
             4 => Kind::Ats,
             5 => Kind::Fin,
+            6 => Kind::Credit,
             _ => return None,
         })
     }
@@ -58,6 +63,9 @@ pub struct Header {
     pub kind: Kind,
     /// Active-message tag (eager and RTS).
     pub tag: u8,
+    /// Receives the sender has reposted for this destination since it last
+    /// said so (credit flow control).
+    pub credits: u16,
     /// Payload bytes after the header.
     pub len: u32,
 }
@@ -69,14 +77,14 @@ impl Header {
         out[4..8].copy_from_slice(&self.seq.to_le_bytes());
         out[8] = self.kind.code();
         out[9] = self.tag;
-        out[10..12].copy_from_slice(&[0, 0]);
+        out[10..12].copy_from_slice(&self.credits.to_le_bytes());
         out[12..16].copy_from_slice(&self.len.to_le_bytes());
     }
 
     /// Reads a header from a received message of `msg.len()` bytes; `None`
     /// when it is short, of an unknown kind, or its length disagrees.
     pub fn decode(msg: &[u8]) -> Option<Header> {
-        if msg.len() < HEADER || msg[10..12] != [0, 0] {
+        if msg.len() < HEADER {
             return None;
         }
         let u = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
@@ -85,9 +93,11 @@ impl Header {
             seq: u(4),
             kind: Kind::from_code(msg[8])?,
             tag: msg[9],
+            credits: u16::from_le_bytes([msg[10], msg[11]]),
             len: u(12),
         };
-        (h.len as usize == msg.len() - HEADER).then_some(h)
+        let credit_only = h.kind != Kind::Credit || (h.len == 0 && h.tag == 0);
+        (h.len as usize == msg.len() - HEADER && credit_only).then_some(h)
     }
 }
 
@@ -199,6 +209,7 @@ mod tests {
             seq: u32::MAX,
             kind: Kind::Rts,
             tag: 9,
+            credits: 513,
             len: 3,
         };
         let mut m = vec![0u8; HEADER + 3];
@@ -209,8 +220,21 @@ mod tests {
         m[8] = 99;
         assert_eq!(Header::decode(&m), None, "unknown kind");
         m[8] = 2;
-        m[11] = 1;
-        assert_eq!(Header::decode(&m), None, "reserved bits set");
+        assert_eq!(Header::decode(&m), Some(h));
+        let c = Header {
+            kind: Kind::Credit,
+            tag: 0,
+            len: 0,
+            ..h
+        };
+        let mut m = vec![0u8; HEADER];
+        c.encode(&mut m);
+        assert_eq!(Header::decode(&m), Some(c));
+        m[9] = 1;
+        assert_eq!(Header::decode(&m), None, "a credit message has no tag");
+        let mut m = vec![0u8; HEADER + 1];
+        Header { len: 1, ..c }.encode(&mut m);
+        assert_eq!(Header::decode(&m), None, "nor a payload");
 
         let r = Rts {
             msg: 1 << 40,

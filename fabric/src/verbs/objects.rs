@@ -407,12 +407,17 @@ impl VerbsCq {
     }
 
     fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let mut raw = [sys::ibv_wc::default(); 32];
+        // Left uninitialised: this runs on every spin of a progress loop,
+        // and the provider writes each entry it returns.
+        let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; 32];
         let mut done = 0;
         while done < out.len() {
             let want = (out.len() - done).min(raw.len());
-            // SAFETY: the CQ is live; `raw` has room for `want` entries.
-            let n = unsafe { sys::ibv_poll_cq(self.0.cq, want as i32, raw.as_mut_ptr()) };
+            // SAFETY: the CQ is live; `raw` has room for `want` entries
+            // (MaybeUninit<ibv_wc> has ibv_wc's layout).
+            let n = unsafe {
+                sys::ibv_poll_cq(self.0.cq, want as i32, raw.as_mut_ptr().cast::<sys::ibv_wc>())
+            };
             if n < 0 {
                 if self.0.overrun.load(Ordering::Acquire) {
                     return Err(Error::CqOverrun);
@@ -420,7 +425,8 @@ impl VerbsCq {
                 return Err(errno_error("ibv_poll_cq", -n));
             }
             for (slot, w) in out[done..].iter_mut().zip(&raw[..n as usize]) {
-                *slot = convert_wc(w);
+                // SAFETY: ibv_poll_cq wrote the first `n` entries.
+                *slot = convert_wc(unsafe { w.assume_init_ref() });
             }
             done += n as usize;
             if (n as usize) < want {

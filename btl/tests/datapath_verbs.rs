@@ -234,7 +234,10 @@ fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_loses_nothing() {
         // rdma_rxe (6.12) was seen never to raise the SRQ limit event
         // here although the SRQ ran dry, so growth on the event is shown
         // on the simulated fabric; what a device does report is checked.
-        assert!(dry >= 2 + 8, "only {dry} arrived while the receiver was away");
+        assert!(
+            dry >= 2 + 8,
+            "only {dry} arrived while the receiver was away"
+        );
         if s.srq_limit_events > 0 {
             assert!(s.srq_grown > 0, "{s:?}");
         } else {

@@ -416,7 +416,11 @@ impl VerbsCq {
             // SAFETY: the CQ is live; `raw` has room for `want` entries
             // (MaybeUninit<ibv_wc> has ibv_wc's layout).
             let n = unsafe {
-                sys::ibv_poll_cq(self.0.cq, want as i32, raw.as_mut_ptr().cast::<sys::ibv_wc>())
+                sys::ibv_poll_cq(
+                    self.0.cq,
+                    want as i32,
+                    raw.as_mut_ptr().cast::<sys::ibv_wc>(),
+                )
             };
             if n < 0 {
                 if self.0.overrun.load(Ordering::Acquire) {

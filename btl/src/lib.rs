@@ -17,6 +17,7 @@
 pub mod btl;
 pub mod config;
 pub mod conn;
+pub mod threaded;
 pub mod wire;
 
 pub use crate::btl::{
@@ -24,5 +25,7 @@ pub use crate::btl::{
     RemoteMem, Request, Tag,
 };
 pub use crate::config::{BtlConfig, Clock, RndvProtocol};
+pub use crate::threaded::Threaded;
 pub use bytes::Bytes;
+pub use xrcbtl_progress::ThreadConfig;
 pub use xrcbtl_xrc_conn::Mode;

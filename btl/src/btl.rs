@@ -571,8 +571,8 @@ impl<C: Context> Btl<C> {
             notices: Vec::new(),
             drained: false,
         };
-        // Arm the low-watermark only once the SRQ holds more than it: some
-        // devices (rdma_rxe) never report a limit armed on an empty SRQ.
+        // Arm the low-watermark once the SRQ holds its receives, so that it
+        // fires when they run low, not at once.
         for c in 0..inner.classes.len() {
             inner.repost(c)?;
             let limit = inner.classes[c].limit;

@@ -357,7 +357,7 @@ struct Endpoint<C: Context> {
     on_error: Option<ErrorCallback>,
     /// Credit flow control, per connection (by local QP number): a new
     /// connection starts afresh on both sides.
-    credit: HashMap<u32, Credit>,
+    credit: Credits,
 }
 
 /// One connection's credits (devices without RNR).
@@ -371,6 +371,12 @@ struct Credit {
     returning: bool,
 }
 
+/// Credits a message needs to go: it leaves the last one for returning
+/// credits, so that returns are never stuck.
+const MSG_CREDITS: u32 = 2;
+/// Credits a credit-only message needs.
+const RETURN_CREDITS: u32 = 1;
+
 impl Credit {
     fn new(credits: u32) -> Credit {
         Credit {
@@ -378,6 +384,29 @@ impl Credit {
             to_return: 0,
             returning: false,
         }
+    }
+
+    /// The credits a message sent now returns, or `None` when fewer than
+    /// `need` are left.
+    fn offer(&self, need: u32) -> Option<u16> {
+        (self.credits >= need).then(|| self.to_return.min(u32::from(u16::MAX)) as u16)
+    }
+
+    /// A message went: it took a credit and returned `returned`.
+    fn spend(&mut self, returned: u16) {
+        self.credits -= 1;
+        self.to_return -= u32::from(returned);
+    }
+}
+
+/// An endpoint's credits, by local QP number.
+#[derive(Debug, Default)]
+struct Credits(HashMap<u32, Credit>);
+
+impl Credits {
+    /// The credits of the connection on local QP `qpn`, `cap` if new.
+    fn of(&mut self, qpn: u32, cap: u32) -> &mut Credit {
+        self.0.entry(qpn).or_insert_with(|| Credit::new(cap))
     }
 }
 
@@ -644,7 +673,7 @@ impl<C: Context> Btl<C> {
                 in_flight: 0,
                 flight_qpn: None,
                 on_error: None,
-                credit: HashMap::new(),
+                credit: Credits::default(),
             });
         }
         self.inner.provision();
@@ -985,11 +1014,10 @@ impl<C: Context> Inner<C> {
         if self.fc {
             let cap = self.cfg.credits;
             let ep = self.eps.get_mut(&dst).expect("checked");
-            let cr = ep.credit.entry(qpn).or_insert_with(|| Credit::new(cap));
-            if cr.credits < 2 {
-                return Ok(false);
+            match ep.credit.of(qpn, cap).offer(MSG_CREDITS) {
+                Some(r) => returned = r,
+                None => return Ok(false),
             }
-            returned = cr.to_return.min(u32::from(u16::MAX)) as u16;
         }
         let class = self.class_for(total);
         let srqn = srqns.get(class).copied();
@@ -1032,9 +1060,8 @@ impl<C: Context> Inner<C> {
                 ep.seq_out = seq.wrapping_add(1);
                 ep.in_flight += 1;
                 ep.flight_qpn = Some(qpn);
-                if let Some(cr) = ep.credit.get_mut(&qpn) {
-                    cr.credits -= 1;
-                    cr.to_return -= u32::from(returned);
+                if let Some(cr) = ep.credit.0.get_mut(&qpn) {
+                    cr.spend(returned);
                 }
                 self.stats.eager_sent += 1;
                 self.stats.inline_sent += 1;
@@ -1134,12 +1161,10 @@ impl<C: Context> Inner<C> {
             return Post::Blocked;
         }
         let item = ep.pending.front().expect("non-empty");
-        // Credit flow control: a message takes a credit and leaves the last
-        // one for returning credits, so that returns are never stuck.
+        // Credit flow control (see MSG_CREDITS).
         let mut returned = 0u16;
         if self.fc && matches!(item.work, Work::Msg { .. } | Work::Credit) {
-            let cap = self.cfg.credits;
-            let cr = ep.credit.entry(qpn).or_insert_with(|| Credit::new(cap));
+            let cr = ep.credit.of(qpn, self.cfg.credits);
             let is_credit = matches!(item.work, Work::Credit);
             if is_credit && cr.to_return == 0 {
                 // A message already carried them.
@@ -1148,11 +1173,18 @@ impl<C: Context> Inner<C> {
                 self.pending_now -= 1;
                 return Post::Started;
             }
-            if cr.credits < if is_credit { 1 } else { 2 } {
-                self.stats.credit_stalls += 1;
-                return Post::Blocked;
+            let need = if is_credit {
+                RETURN_CREDITS
+            } else {
+                MSG_CREDITS
+            };
+            match cr.offer(need) {
+                Some(r) => returned = r,
+                None => {
+                    self.stats.credit_stalls += 1;
+                    return Post::Blocked;
+                }
             }
-            returned = cr.to_return.min(u32::from(u16::MAX)) as u16;
         }
         let srqn0 = srqns.first().copied();
         let mut slot = None;
@@ -1296,9 +1328,8 @@ impl<C: Context> Inner<C> {
                     self.stats.inline_sent += 1;
                 }
                 if self.fc && (is_msg || is_credit) {
-                    let cr = ep.credit.get_mut(&qpn).expect("checked above");
-                    cr.credits -= 1;
-                    cr.to_return -= u32::from(returned);
+                    let cr = ep.credit.0.get_mut(&qpn).expect("checked above");
+                    cr.spend(returned);
                     if is_credit {
                         cr.returning = false;
                         self.stats.credits_returned += 1;
@@ -1408,8 +1439,9 @@ impl<C: Context> Inner<C> {
         // Connection and async events cost system calls (the CM's and the
         // device's event descriptors); completions do not. A progress loop
         // spinning on a CQ looks at them every CONTROL_EVERY calls only.
+        let due = self.control_tick % self.control_every == 0;
         self.control_tick = self.control_tick.wrapping_add(1);
-        if self.control_every > 1 && self.control_tick % self.control_every != 1 {
+        if !due {
             return 0;
         }
         let now = self.now();
@@ -1442,7 +1474,7 @@ impl<C: Context> Inner<C> {
             work += 1;
             self.sq_used.remove(&qpn);
             for ep in self.eps.values_mut() {
-                ep.credit.remove(&qpn);
+                ep.credit.0.remove(&qpn);
             }
             // Work on a destroyed QP never completes: post it again.
             for (_, p) in self.slab.extract(|p| p.qpn == qpn) {
@@ -1759,7 +1791,7 @@ impl<C: Context> Inner<C> {
             // Every message took one of our receives (duplicates too): it
             // is owed back once reposted. Returns to us ride on it.
             let cap = self.cfg.credits;
-            let cr = ep.credit.entry(qpn).or_insert_with(|| Credit::new(cap));
+            let cr = ep.credit.of(qpn, cap);
             cr.credits = cr.credits.saturating_add(u32::from(h.credits));
             cr.to_return += 1;
             if cr.to_return >= (cap / 2).max(1) && !cr.returning {

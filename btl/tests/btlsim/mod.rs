@@ -5,7 +5,9 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeSet, HashMap};
+#[path = "../sched/mod.rs"]
+mod sched;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,6 +15,8 @@ use std::time::Duration;
 use xrcbtl_btl::{Btl, BtlConfig, Clock, Peer};
 use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
 use xrcbtl_fabric::{Fabric, XrcdKey};
+
+use sched::Sched;
 
 pub const JOB: u32 = 0xb71;
 /// The tag every rank records.
@@ -34,14 +38,12 @@ pub struct Rank {
     /// Not progressed while set (a busy or descheduled process).
     pub paused: bool,
     dirty: bool,
-    timer: Option<Duration>,
 }
 
 pub struct Cluster {
     pub sim: SimFabric,
     pub ranks: Vec<Option<Rank>>,
-    rank_of_pid: HashMap<u32, u32>,
-    timers: BTreeSet<(Duration, u32)>,
+    sched: Sched,
 }
 
 impl Cluster {
@@ -89,7 +91,6 @@ impl Cluster {
                     got,
                     paused: false,
                     dirty: true,
-                    timer: None,
                 }));
             }
         }
@@ -115,8 +116,7 @@ impl Cluster {
         Cluster {
             sim,
             ranks,
-            rank_of_pid,
-            timers: BTreeSet::new(),
+            sched: Sched::new(rank_of_pid),
         }
     }
 
@@ -174,9 +174,7 @@ impl Cluster {
     pub fn crash(&mut self, r: u32) {
         let p = self.ranks[r as usize].take().expect("live rank");
         self.sim.crash(&p.proc);
-        if let Some(t) = p.timer {
-            self.timers.remove(&(t, r));
-        }
+        self.sched.set_timer(r, None);
     }
 
     /// One round: ranks with something to do progress; if none found work,
@@ -184,26 +182,11 @@ impl Cluster {
     /// nothing at all is scheduled.
     pub fn step(&mut self) -> usize {
         let now = self.sim.now();
-        let mut todo: BTreeSet<u32> = self
-            .sim
-            .take_touched()
-            .iter()
-            .filter_map(|pid| self.rank_of_pid.get(pid).copied())
+        let marked: Vec<u32> = (0..self.ranks.len() as u32)
+            .filter(|&r| self.ranks[r as usize].as_ref().is_some_and(|p| p.dirty))
             .collect();
-        for (r, p) in self.ranks.iter().enumerate() {
-            if p.as_ref().is_some_and(|p| p.dirty) {
-                todo.insert(r as u32);
-            }
-        }
-        while let Some(&(t, r)) = self.timers.first() {
-            if t > now {
-                break;
-            }
-            self.timers.pop_first();
-            todo.insert(r);
-        }
         let mut work = 0;
-        for r in todo {
+        for r in self.sched.due(&self.sim, now, marked) {
             let Some(p) = self.ranks[r as usize].as_mut() else {
                 continue;
             };
@@ -215,27 +198,11 @@ impl Cluster {
             // A rank that did something may have more to do at once
             // (pending work freed by its own completions).
             p.dirty = n > 0;
-            if let Some(old) = p.timer.take() {
-                self.timers.remove(&(old, r));
-            }
-            p.timer = p.btl.driver().manager().poll_timeout();
-            if let Some(t) = p.timer {
-                self.timers.insert((t.max(now), r));
-            }
+            let t = p.btl.driver().manager().poll_timeout();
+            self.sched.set_timer(r, t.map(|t| t.max(now)));
         }
-        if work == 0 {
-            let timer = self.timers.first().map(|(t, _)| *t);
-            let next = match (self.sim.next_event_at(), timer) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            match next {
-                Some(t) if t > now => self.sim.advance(t - now),
-                Some(_) => {
-                    self.sim.step();
-                }
-                None => return usize::MAX,
-            }
+        if work == 0 && !self.sched.idle(&self.sim, now) {
+            return usize::MAX;
         }
         work
     }

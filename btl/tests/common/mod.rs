@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -12,6 +12,10 @@ use xrcbtl_btl::conn::{ConnDriver, DriverConfig, Received};
 use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
 use xrcbtl_fabric::{Fabric, XrcdKey};
 use xrcbtl_xrc_conn::Notice;
+
+#[path = "../sched/mod.rs"]
+mod sched;
+use sched::Sched;
 
 pub const JOB: u32 = 0x5eed;
 
@@ -21,8 +25,6 @@ pub struct RankProc {
     pub node: usize,
     /// The test called into it: it must make progress.
     pub dirty: bool,
-    /// Its next timer, as last seen.
-    pub timer: Option<Duration>,
     /// Messages received, by source: sequence numbers in arrival order.
     pub got: BTreeMap<u32, Vec<u32>>,
     pub notices: Vec<Notice>,
@@ -35,8 +37,7 @@ pub struct Cluster {
     pub per_node: usize,
     /// Highest number of sending QPs any process held at once.
     pub max_qps: usize,
-    rank_of_pid: HashMap<u32, u32>,
-    timers: BTreeSet<(Duration, u32)>,
+    sched: Sched,
 }
 
 impl Cluster {
@@ -74,7 +75,6 @@ impl Cluster {
                     proc,
                     node,
                     dirty: true,
-                    timer: None,
                     got: BTreeMap::new(),
                     notices: Vec::new(),
                 }));
@@ -104,8 +104,7 @@ impl Cluster {
             nodes,
             per_node,
             max_qps: 0,
-            rank_of_pid,
-            timers: BTreeSet::new(),
+            sched: Sched::new(rank_of_pid),
         }
     }
 
@@ -137,26 +136,11 @@ impl Cluster {
     /// next scheduled event.
     pub fn step(&mut self) -> usize {
         let now = self.sim.now();
-        let mut todo: BTreeSet<u32> = self
-            .sim
-            .take_touched()
-            .iter()
-            .filter_map(|pid| self.rank_of_pid.get(pid).copied())
+        let marked: Vec<u32> = (0..self.ranks.len() as u32)
+            .filter(|&r| self.ranks[r as usize].as_ref().is_some_and(|p| p.dirty))
             .collect();
-        for (r, p) in self.ranks.iter().enumerate() {
-            if p.as_ref().is_some_and(|p| p.dirty) {
-                todo.insert(r as u32);
-            }
-        }
-        while let Some(&(t, r)) = self.timers.first() {
-            if t > now {
-                break;
-            }
-            self.timers.pop_first();
-            todo.insert(r);
-        }
         let mut work = 0;
-        for r in todo {
+        for r in self.sched.due(&self.sim, now, marked) {
             let Some(p) = self.ranks[r as usize].as_mut() else {
                 continue;
             };
@@ -170,29 +154,12 @@ impl Cluster {
                 p.notices.push(n);
             }
             self.max_qps = self.max_qps.max(p.drv.manager().live_qps());
-            if let Some(old) = p.timer.take() {
-                self.timers.remove(&(old, r));
-            }
-            p.timer = p.drv.manager().poll_timeout();
-            if let Some(t) = p.timer {
-                self.timers.insert((t, r));
-            }
+            self.sched.set_timer(r, p.drv.manager().poll_timeout());
         }
-        if work == 0 {
-            // Everyone is idle: time moves to the next event or timer.
-            let timer = self.timers.first().map(|(t, _)| *t);
-            let next = match (self.sim.next_event_at(), timer) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            match next {
-                Some(t) if t > now => self.sim.advance(t - now),
-                Some(_) => {
-                    self.sim.step();
-                }
-                // Nothing is scheduled anywhere: nothing can happen.
-                None => return usize::MAX,
-            }
+        // Everyone idle: time moves to the next event or timer; if nothing
+        // is scheduled anywhere, nothing can happen.
+        if work == 0 && !self.sched.idle(&self.sim, now) {
+            return usize::MAX;
         }
         work
     }

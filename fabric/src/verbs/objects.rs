@@ -596,15 +596,48 @@ impl Drop for SrqInner {
 #[derive(Clone)]
 pub struct VerbsSrq(pub(crate) Arc<SrqInner>);
 
-/// Builds the SGE list of a work request on the stack (or the heap past 16).
-fn sges(sgl: &[Sge]) -> Vec<sys::ibv_sge> {
-    sgl.iter()
-        .map(|s| sys::ibv_sge {
+/// SGEs a work request carries without a heap allocation.
+const SGE_STACK: usize = 4;
+
+/// A work request's SGE list in verbs layout: on the stack up to
+/// [`SGE_STACK`] entries (every post of the BTL has one), on the heap past
+/// that. Posting is on the data path's hot path.
+enum SgeList {
+    Stack([sys::ibv_sge; SGE_STACK], usize),
+    Heap(Vec<sys::ibv_sge>),
+}
+
+impl SgeList {
+    fn new(sgl: &[Sge]) -> SgeList {
+        let raw = |s: &Sge| sys::ibv_sge {
             addr: s.addr,
             length: s.length,
             lkey: s.lkey,
-        })
-        .collect()
+        };
+        if sgl.len() <= SGE_STACK {
+            let mut a = [sys::ibv_sge::default(); SGE_STACK];
+            for (d, s) in a.iter_mut().zip(sgl) {
+                *d = raw(s);
+            }
+            SgeList::Stack(a, sgl.len())
+        } else {
+            SgeList::Heap(sgl.iter().map(raw).collect())
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut sys::ibv_sge {
+        match self {
+            SgeList::Stack(a, _) => a.as_mut_ptr(),
+            SgeList::Heap(v) => v.as_mut_ptr(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            SgeList::Stack(_, n) => *n,
+            SgeList::Heap(v) => v.len(),
+        }
+    }
 }
 
 impl VerbsSrq {
@@ -681,7 +714,7 @@ impl Srq for VerbsSrq {
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        let mut list = sges(wr.sgl);
+        let mut list = SgeList::new(wr.sgl);
         let mut raw = sys::ibv_recv_wr {
             wr_id: wr.wr_id,
             next: null_mut(),
@@ -1006,7 +1039,7 @@ impl Qp for VerbsQp {
         }
         let mut flags = 0;
         let mut list = match wr.payload {
-            Payload::Sgl(sgl) => sges(sgl),
+            Payload::Sgl(sgl) => SgeList::new(sgl),
             Payload::Inline(data) => {
                 if matches!(wr.op, SendOp::Read(_)) {
                     return Err(Error::invalid("an RDMA read cannot be inline"));
@@ -1019,11 +1052,11 @@ impl Qp for VerbsQp {
                     )));
                 }
                 flags |= sys::IBV_SEND_INLINE;
-                vec![sys::ibv_sge {
+                SgeList::new(&[Sge {
                     addr: data.as_ptr() as u64,
                     length: data.len() as u32,
                     lkey: 0,
-                }]
+                }])
             }
         };
         let mut raw = sys::ibv_send_wr {
@@ -1118,7 +1151,7 @@ impl Qp for VerbsQp {
         if self.0.srq.is_some() {
             return Err(Error::invalid("the QP receives through its SRQ"));
         }
-        let mut list = sges(wr.sgl);
+        let mut list = SgeList::new(wr.sgl);
         let mut raw = sys::ibv_recv_wr {
             wr_id: wr.wr_id,
             next: null_mut(),

@@ -12,6 +12,22 @@ SIM = pathlib.Path("fabric/src/sim")
 
 # (rule broken, file, original snippet, broken snippet, tests that must fail)
 MUTATIONS = [
+    ("retransmitted atomics run again", "transport.rs",
+     "        if duplicate && d.op.is_atomic() {",
+     "        if duplicate && d.op.is_atomic() && false {",
+     ["atomics_retransmitted_run_once"]),
+    ("atomics need no remote-atomic right", "transport.rs",
+     "                let allowed = qp_access.contains(Access::REMOTE_ATOMIC)\n                    && self.remote_ok(dst_dev, pd, &r, 8, Access::REMOTE_ATOMIC);",
+     "                let allowed = self.remote_ok(dst_dev, pd, &r, 8, Access::NONE);",
+     ["atomics_need_remote_atomic_access"]),
+    ("misaligned atomics accepted", "transport.rs",
+     "                if r.addr % 8 != 0 {",
+     "                if r.addr % 8 == 9 {",
+     ["atomics_misaligned_is_refused"]),
+    ("atomics on devices without them", "transport.rs",
+     "            if !caps.atomics {\n                return Err(Error::Unsupported(\"the device has no atomics\"));",
+     "            if !caps.atomics && false {\n                return Err(Error::Unsupported(\"the device has no atomics\"));",
+     ["atomics_unsupported_without_caps"]),
     ("unknown rkey accepted", "transport.rs",
      "        else {\n            return false;\n        };\n        Some(mr.pd) == pd\n            && mr.access.contains(need)\n            && r.addr >= mr.addr",
      "        else {\n            return true;\n        };\n        Some(mr.pd) == pd\n            && mr.access.contains(need)\n            && r.addr >= mr.addr",

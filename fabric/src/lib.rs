@@ -25,6 +25,7 @@ mod memmon;
 mod reg;
 pub mod sim;
 mod types;
+mod usermem;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
@@ -36,6 +37,7 @@ pub use error::{Error, Result};
 pub use memmon::{Invalidation, MemMonitor, Subscriber};
 pub use reg::{memlock_limit, MemCache, Registration};
 pub use types::*;
+pub use usermem::{MappedBuf, UserMem};
 pub use xrcbtl_rcache as rcache;
 
 use std::net::SocketAddr;

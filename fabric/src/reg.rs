@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use xrcbtl_rcache::{Config, Handle, Monitor, RegCache, Registrar, Stats};
 
-use crate::{Access, Context, Error, MemMonitor, Mr, RemoteAddr, Result, Sge, Subscriber};
+use crate::{Access, Context, Error, MemMonitor, Mr, RemoteAddr, Result, Sge, Subscriber, UserMem};
 
 /// Registers with a device for the cache.
 struct MrRegistrar<C: Context> {
@@ -30,10 +30,10 @@ impl<C: Context> Registrar for MrRegistrar<C> {
     fn register(&mut self, start: usize, len: usize, access: u32) -> Result<C::Mr> {
         // SAFETY: the cache registers whole pages of ranges that callers of
         // `MemCache::register*` borrowed (readable, and writable when a
-        // write access was asked for through a mutable borrow), possibly
-        // merged with ranges registered before and not reported unmapped
-        // since; the kernel (or the simulator) checks that the pages are
-        // mapped. Work requests name a region only for memory their poster
+        // write access was asked for through a mutable borrow) or lent as
+        // `UserMem` (under its contract), possibly merged with ranges
+        // registered before and not reported unmapped since; the kernel (or
+        // the simulator) checks that the pages are mapped. Work requests name a region only for memory their poster
         // holds while they run; a region that outlives its memory reaches
         // the old pinned pages or, on the simulator, nothing.
         unsafe {
@@ -134,6 +134,11 @@ impl<C: Context> MemCache<C> {
     /// A registration of `data` with `access` (which may include writes).
     pub fn register_mut(&mut self, data: &mut [u8], access: Access) -> Result<Registration> {
         self.get(data.as_ptr() as usize, data.len(), access)
+    }
+
+    /// A registration of user memory with `access`.
+    pub fn register_user(&mut self, mem: &UserMem, access: Access) -> Result<Registration> {
+        self.get(mem.addr(), mem.len(), access)
     }
 
     fn get(&mut self, addr: usize, len: usize, access: Access) -> Result<Registration> {

@@ -73,6 +73,10 @@ pub struct DeviceCaps {
     pub max_mr_size: u64,
     /// Most RDMA reads a QP may have outstanding as initiator or responder.
     pub max_qp_rd_atom: u32,
+    /// 64-bit fetch-and-add and compare-and-swap are available, atomic with
+    /// respect to other atomics through this device (`atomic_cap` of
+    /// `IBV_ATOMIC_HCA` or `IBV_ATOMIC_GLOB`; iWARP devices have none).
+    pub atomics: bool,
 }
 
 /// A device as listed by [`crate::Fabric::devices`].
@@ -397,6 +401,43 @@ pub enum SendOp {
     WriteWithImm(RemoteAddr, u32),
     /// RDMA read from the peer's memory into the local SGEs.
     Read(RemoteAddr),
+    /// 64-bit fetch-and-add at an 8-byte aligned remote address: the
+    /// responder adds `add` and returns the value it found, which lands in
+    /// the local SGEs (8 bytes, host order). Needs [`DeviceCaps::atomics`],
+    /// and `REMOTE_ATOMIC` on the remote region and the responder QP.
+    FetchAdd {
+        /// The remote 64-bit word.
+        remote: RemoteAddr,
+        /// What to add (wrapping).
+        add: u64,
+    },
+    /// 64-bit compare-and-swap at an 8-byte aligned remote address: the
+    /// responder stores `swap` if it finds `compare`, and returns the value
+    /// it found either way (into the local SGEs, 8 bytes, host order).
+    CompareSwap {
+        /// The remote 64-bit word.
+        remote: RemoteAddr,
+        /// The value expected there.
+        compare: u64,
+        /// The value stored when it matches.
+        swap: u64,
+    },
+}
+
+impl SendOp {
+    /// Whether the responder answers with data that lands in the local
+    /// SGEs (a read or an atomic), rather than taking data from them.
+    pub fn fetches(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }
+        )
+    }
+
+    /// Whether this is a 64-bit atomic.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. })
+    }
 }
 
 /// Where the bytes of a send come from.
@@ -527,6 +568,10 @@ pub enum WcOpcode {
     RdmaWrite,
     /// An RDMA read.
     RdmaRead,
+    /// A fetch-and-add.
+    FetchAdd,
+    /// A compare-and-swap.
+    CompareSwap,
     /// A receive of a send.
     Recv,
     /// A receive consumed by an RDMA write with immediate.

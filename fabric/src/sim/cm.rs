@@ -552,15 +552,16 @@ impl World {
                 "XRC over the RDMA CM needs the IB port space",
             ));
         }
+        // The kernel's CM grants remote writes, and reads and atomics when
+        // the connection offers responder resources (rdma_cm always does).
+        let mut access = Access::REMOTE_WRITE | Access::REMOTE_READ;
+        if self.devs[dev].caps.atomics {
+            access |= Access::REMOTE_ATOMIC;
+        }
         match q.state {
-            QpState::Reset => self.modify_qp(
-                qp,
-                &QpTransition::Init(InitAttr {
-                    port: 1,
-                    access: Access::REMOTE_WRITE | Access::REMOTE_READ,
-                }),
-                true,
-            )?,
+            QpState::Reset => {
+                self.modify_qp(qp, &QpTransition::Init(InitAttr { port: 1, access }), true)?
+            }
             QpState::Init => {}
             s => {
                 return Err(Error::state(format!(

@@ -72,6 +72,7 @@ impl SimDevice {
                 max_inline: 220,
                 max_mr_size: u64::MAX,
                 max_qp_rd_atom: 16,
+                atomics: true,
             },
         }
     }
@@ -89,8 +90,8 @@ impl SimDevice {
         d
     }
 
-    /// An iWARP device, shaped like siw: no XRC, no immediate data, few
-    /// SGEs, a single SGE for reads.
+    /// An iWARP device, shaped like siw: no XRC, no immediate data, no
+    /// atomics, few SGEs, a single SGE for reads.
     pub fn iwarp(name: &str) -> Self {
         SimDevice {
             name: name.into(),
@@ -109,6 +110,8 @@ impl SimDevice {
                 max_inline: 96,
                 max_mr_size: u64::MAX,
                 max_qp_rd_atom: 32,
+                // RDMAP (RFC 5040) has no atomics; siw offers none.
+                atomics: false,
             },
         }
     }

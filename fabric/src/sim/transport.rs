@@ -43,11 +43,16 @@ pub(crate) enum Resp {
     Nak(WcStatus),
 }
 
-/// The IB RNR timer encoding (IBA table 45), in microseconds.
 /// What a detached region transfers in place of memory it no longer
 /// reaches (a real device would move the old, still pinned pages).
 pub(crate) const DETACHED: u8 = 0xDB;
 
+/// Atomic results a responder keeps for retransmitted requests (a real
+/// responder keeps one per outstanding read or atomic it accepts; this is
+/// more than any requester here has outstanding).
+const ATOMIC_REPLIES: usize = 1024;
+
+/// The IB RNR timer encoding (IBA table 45), in microseconds.
 const RNR_TIMER_US: [u64; 32] = [
     655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
     5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
@@ -69,6 +74,8 @@ fn wc_opcode(op: &SendOp) -> WcOpcode {
         SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
         SendOp::Write(_) | SendOp::WriteWithImm(..) => WcOpcode::RdmaWrite,
         SendOp::Read(_) => WcOpcode::RdmaRead,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
     }
 }
 
@@ -217,9 +224,19 @@ impl World {
         if matches!(wr.op, SendOp::SendWithImm(_) | SendOp::WriteWithImm(..)) && !caps.imm_data {
             return Err(Error::invalid("the device has no immediate data"));
         }
+        if wr.op.is_atomic() {
+            if !caps.atomics {
+                return Err(Error::Unsupported("the device has no atomics"));
+            }
+            if !matches!(wr.payload, Payload::Sgl(_)) || wr.payload.len() != 8 {
+                return Err(Error::invalid(
+                    "an atomic returns its 8 bytes into an SGE list of 8 bytes",
+                ));
+            }
+        }
         let sgl: &[Sge] = match wr.payload {
             Payload::Sgl(sgl) => {
-                let max = if matches!(wr.op, SendOp::Read(_)) {
+                let max = if wr.op.fetches() {
                     q.caps.max_send_sge.min(caps.max_sge_rd)
                 } else {
                     q.caps.max_send_sge
@@ -233,7 +250,7 @@ impl World {
                 sgl
             }
             Payload::Inline(data) => {
-                if matches!(wr.op, SendOp::Read(_)) {
+                if wr.op.fetches() {
                     return Err(Error::invalid("an RDMA read cannot be inline"));
                 }
                 if data.len() as u64 > u64::from(q.caps.max_inline) {
@@ -499,7 +516,7 @@ impl World {
         let (dev, pd, transport) = (q.dev, q.pd, self.devs[q.dev].caps.transport);
         let e = &q.sq[idx];
         // The device reads the request's memory when it first processes it.
-        if !matches!(e.op, SendOp::Read(_)) && e.data.is_none() {
+        if !e.op.fetches() && e.data.is_none() {
             if !e
                 .sgl
                 .iter()
@@ -514,10 +531,10 @@ impl World {
             }
             let data: Arc<[u8]> = Arc::from(buf);
             self.qps.get_mut(qp).expect("live").sq[idx].data = Some(data);
-        } else if matches!(e.op, SendOp::Read(_)) {
+        } else if e.op.fetches() {
             // iWARP writes read responses into the sink through its STag,
             // which therefore needs remote write access.
-            let need = if transport == Transport::Iwarp {
+            let need = if transport == Transport::Iwarp && !e.op.is_atomic() {
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE
             } else {
                 Access::LOCAL_WRITE
@@ -530,11 +547,7 @@ impl World {
         let q = self.qps.get(qp).expect("live");
         let e = &q.sq[idx];
         let (peer_dev, peer_qpn) = q.peer.unwrap_or((None, 0));
-        let wire_bytes = if matches!(e.op, SendOp::Read(_)) {
-            0
-        } else {
-            u64::from(e.len)
-        };
+        let wire_bytes = if e.op.fetches() { 0 } else { u64::from(e.len) };
         let last_arrival = q.last_arrival;
         let arrival = match peer_dev {
             Some(p) => self.arrival_at(dev, p, wire_bytes),
@@ -566,7 +579,7 @@ impl World {
         // it is on the wire (in order: not before an earlier read).
         let local = transport == Transport::Iwarp
             && !q.sq[idx].done
-            && !matches!(q.sq[idx].op, SendOp::Read(_))
+            && !q.sq[idx].op.fetches()
             && q.sq.iter().take(idx).all(|e| e.done);
         if local {
             q.sq[idx].done = true;
@@ -660,8 +673,9 @@ impl World {
                     if front.psn > psn {
                         break;
                     }
-                    if let SendOp::Read(_) = front.op {
-                        // A read completes only with its own response.
+                    if front.op.fetches() {
+                        // A read or an atomic completes only with its own
+                        // response.
                         let Some(d) = data.as_ref().filter(|_| front.psn == psn) else {
                             break;
                         };
@@ -807,8 +821,25 @@ impl World {
         if duplicate {
             self.stats.duplicates += 1;
         }
-        if duplicate && !matches!(d.op, SendOp::Read(_)) {
+        if duplicate && !d.op.fetches() {
             self.respond(dst, &d, Resp::Ack);
+            return;
+        }
+        if duplicate && d.op.is_atomic() {
+            // Executed once already: answer with what it returned then.
+            let q = self.qps.get(dst).expect("indexed");
+            match q.atomic_replies.iter().find(|(p, _)| *p == d.psn) {
+                Some((_, old)) => {
+                    let old: Arc<[u8]> = Arc::from(&old[..]);
+                    self.respond(dst, &d, Resp::ReadData(old));
+                }
+                None => self.responder_error(
+                    dst,
+                    &d,
+                    WcStatus::RemoteInvalidRequest,
+                    QpErrorEvent::Request,
+                ),
+            }
             return;
         }
         let (ty, qp_access, xrcd) = (q.ty, q.access, q.xrcd);
@@ -908,6 +939,42 @@ impl World {
                     self.qps.get_mut(dst).expect("indexed").expected_psn += 1;
                 }
                 self.respond(dst, &d, Resp::ReadData(data));
+                return;
+            }
+            SendOp::FetchAdd { remote: r, .. } | SendOp::CompareSwap { remote: r, .. } => {
+                if r.addr % 8 != 0 {
+                    self.responder_error(
+                        dst,
+                        &d,
+                        WcStatus::RemoteInvalidRequest,
+                        QpErrorEvent::Request,
+                    );
+                    return;
+                }
+                let allowed = qp_access.contains(Access::REMOTE_ATOMIC)
+                    && self.remote_ok(dst_dev, pd, &r, 8, Access::REMOTE_ATOMIC);
+                if !allowed {
+                    self.responder_error(dst, &d, WcStatus::RemoteAccess, QpErrorEvent::Access);
+                    return;
+                }
+                let found = self.read_remote(dst_dev, &r, 8);
+                let old: [u8; 8] = found[..8].try_into().expect("8 bytes");
+                let value = u64::from_le_bytes(old);
+                let new = match d.op {
+                    SendOp::FetchAdd { add, .. } => Some(value.wrapping_add(add)),
+                    SendOp::CompareSwap { compare, swap, .. } => (value == compare).then_some(swap),
+                    _ => None,
+                };
+                if let Some(v) = new {
+                    self.write_remote(dst_dev, &r, &v.to_le_bytes());
+                }
+                let q = self.qps.get_mut(dst).expect("indexed");
+                q.expected_psn += 1;
+                if q.atomic_replies.len() >= ATOMIC_REPLIES {
+                    q.atomic_replies.pop_front();
+                }
+                q.atomic_replies.push_back((d.psn, old));
+                self.respond(dst, &d, Resp::ReadData(Arc::from(&old[..])));
                 return;
             }
         }

@@ -184,6 +184,9 @@ pub(crate) struct QpObj {
     // Responder.
     pub expected_psn: u64,
     pub last_response: u64,
+    /// What the latest atomics returned, by PSN: a retransmitted atomic is
+    /// answered from here, never executed twice.
+    pub atomic_replies: VecDeque<(u64, [u8; 8])>,
     // iWARP peer-to-peer bookkeeping.
     pub iwarp_responder: bool,
     pub heard: bool,
@@ -1012,6 +1015,7 @@ impl World {
             last_arrival: 0,
             expected_psn: 0,
             last_response: 0,
+            atomic_replies: VecDeque::new(),
             iwarp_responder: false,
             heard: false,
             cm_id: None,

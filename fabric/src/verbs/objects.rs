@@ -53,6 +53,7 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)
         max_inline: probe_max_inline(ctx)?,
         max_mr_size: a.max_mr_size,
         max_qp_rd_atom: pos(a.max_qp_rd_atom),
+        atomics: a.atomic_cap != sys::IBV_ATOMIC_NONE,
     };
     Ok((caps, a.vendor_id))
 }
@@ -345,6 +346,8 @@ fn wc_opcode(o: sys::ibv_wc_opcode) -> WcOpcode {
     match o {
         sys::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
         sys::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+        sys::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
+        sys::IBV_WC_COMP_SWAP => WcOpcode::CompareSwap,
         sys::IBV_WC_RECV => WcOpcode::Recv,
         sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
         _ => WcOpcode::Send,
@@ -1041,7 +1044,7 @@ impl Qp for VerbsQp {
         let mut list = match wr.payload {
             Payload::Sgl(sgl) => SgeList::new(sgl),
             Payload::Inline(data) => {
-                if matches!(wr.op, SendOp::Read(_)) {
+                if wr.op.fetches() {
                     return Err(Error::invalid("an RDMA read cannot be inline"));
                 }
                 if data.len() > self.0.caps.max_inline as usize {
@@ -1099,6 +1102,36 @@ impl Qp for VerbsQp {
             SendOp::Read(r) => {
                 raw.opcode = sys::IBV_WR_RDMA_READ;
                 remote(&mut raw, r);
+            }
+            SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. } if !caps.atomics => {
+                return Err(Error::Unsupported("the device has no atomics"));
+            }
+            SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. } if wr.payload.len() != 8 => {
+                return Err(Error::invalid(
+                    "an atomic returns its 8 bytes into an SGE list of 8 bytes",
+                ));
+            }
+            SendOp::FetchAdd { remote: r, add } => {
+                raw.opcode = sys::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: r.addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: r.rkey,
+                };
+            }
+            SendOp::CompareSwap {
+                remote: r,
+                compare,
+                swap,
+            } => {
+                raw.opcode = sys::IBV_WR_ATOMIC_CMP_AND_SWP;
+                raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: r.addr,
+                    compare_add: compare,
+                    swap,
+                    rkey: r.rkey,
+                };
             }
         }
         if let Some(srqn) = wr.remote_srqn {

@@ -30,6 +30,10 @@ pub enum Need {
     Srq,
     /// Immediate data (device caps).
     ImmData,
+    /// 64-bit atomics (device caps).
+    Atomics,
+    /// A device without atomics (device caps).
+    NoAtomics,
     /// InfiniBand transport semantics: RNR, QPs connected by hand.
     IbFamily,
     /// An iWARP device.
@@ -92,6 +96,12 @@ pub fn caps_gap(device: &str, caps: &DeviceCaps, need: Need) -> Option<String> {
         Need::ImmData if !caps.imm_data => Some(format!(
             "{device} ({t}): no immediate data on this transport"
         )),
+        Need::Atomics if !caps.atomics => {
+            Some(format!("{device} ({t}): device caps report no atomics"))
+        }
+        Need::NoAtomics if caps.atomics => {
+            Some(format!("{device} ({t}): device caps report atomics"))
+        }
         Need::IbFamily if t == Transport::Iwarp => Some(format!(
             "{device} ({t}): iWARP has no RNR and its QPs are connected only by the CM"
         )),
@@ -241,17 +251,21 @@ macro_rules! ensure {
 /// Fails the rule unless two values are equal.
 #[macro_export]
 macro_rules! ensure_eq {
-    ($a:expr, $b:expr $(,)?) => {{
+    ($a:expr, $b:expr $(,)?) => {
+        $crate::ensure_eq!($a, $b, "")
+    };
+    ($a:expr, $b:expr, $why:expr $(,)?) => {{
         let (a, b) = (&$a, &$b);
         if a != b {
             return Err($crate::conformance::harness::Failure(format!(
-                "{}:{}: {} = {:?}, expected {} = {:?}",
+                "{}:{}: {} = {:?}, expected {} = {:?} {}",
                 file!(),
                 line!(),
                 stringify!($a),
                 a,
                 stringify!($b),
-                b
+                b,
+                $why
             )));
         }
     }};

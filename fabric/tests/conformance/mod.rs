@@ -9,6 +9,7 @@
 pub mod harness;
 pub mod util;
 
+mod atomics;
 mod cm;
 mod data;
 mod faults;
@@ -39,6 +40,7 @@ pub fn rule<H>(name: &'static str, needs: &'static [Need], run: fn(&H) -> Outcom
 pub fn rules<H: Harness>() -> Vec<Rule<H>> {
     let mut v = Vec::new();
     v.extend(data::rules());
+    v.extend(atomics::rules());
     v.extend(cm::rules());
     v.extend(xrc::rules());
     v.extend(iwarp::rules());

@@ -222,6 +222,8 @@ pub struct Opts {
     pub rnr_retry: u8,
     /// Transport retries the connection uses.
     pub retry: u8,
+    /// What the QP lets remote peers do as responder (set at INIT).
+    pub access: Access,
 }
 
 impl Default for Opts {
@@ -235,6 +237,7 @@ impl Default for Opts {
             cqe: 256,
             rnr_retry: 7,
             retry: 7,
+            access: InitAttr::default().access,
         }
     }
 }
@@ -302,7 +305,10 @@ impl<C: Context> Ep<C> {
             },
         )?;
         // Receives can be posted from INIT on; the CM takes it from here.
-        qp.modify(&QpTransition::Init(InitAttr::default()))?;
+        qp.modify(&QpTransition::Init(InitAttr {
+            access: o.access,
+            ..InitAttr::default()
+        }))?;
         let ep = Ep {
             qp,
             id: None,

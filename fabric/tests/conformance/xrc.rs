@@ -20,6 +20,11 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
             xrc_ini_reaches_any_srq::<H>,
         ),
         rule(
+            "xrc_rdma_and_atomics_in_the_srq_pd",
+            &[Need::Xrc, Need::Atomics],
+            xrc_rdma_in_srq_pd::<H>,
+        ),
+        rule(
             "xrc_unknown_srqn_fails",
             &[Need::Xrc],
             xrc_unknown_srqn_fails::<H>,
@@ -312,6 +317,42 @@ fn xrc_ini_reaches_any_srq<H: Harness>(h: &H) -> Outcome {
     sc.deliver(h, 0, 1, b"to rank one")?;
     sc.deliver(h, 1, 2, b"to rank two")?;
     sc.deliver(h, 0, 3, b"and back to one")
+}
+
+/// One-sided operations through an INI QP reach memory in the protection
+/// domain of the SRQ they name, and only there.
+fn xrc_rdma_in_srq_pd<H: Harness>(h: &H) -> Outcome {
+    let mut sc = Scene::new(h, &["a", "a"])?;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let r1 = sc.rank(1);
+    let mem = DmaBuf::new(&r1.ctx, &r1.pd, 4096, access)?;
+    mem.write(64, &7u64.to_le_bytes());
+    let (srqn0, srqn1) = (sc.rank(0).srqn(), sc.rank(1).srqn());
+    let post = |wr_id: u64, op: SendOp, srqn: u32| -> Outcome {
+        let sge = [sc.ini.sbuf.sge(0, 8)];
+        sc.ini
+            .qp
+            .post_send(&SendWr::new(wr_id, op, Payload::Sgl(&sge)).to_srq(srqn))?;
+        Ok(())
+    };
+    post(1, SendOp::Read(mem.remote(64)), srqn1)?;
+    check_wc(&wait_cq(h, &sc.ini.cq, 1)?[0], 1, WcStatus::Success)?;
+    ensure_eq!(sc.ini.sbuf.read(0, 8), 7u64.to_le_bytes().to_vec());
+    let add = SendOp::FetchAdd {
+        remote: mem.remote(64),
+        add: 3,
+    };
+    post(2, add, srqn1)?;
+    let wc = wait_cq(h, &sc.ini.cq, 1)?[0];
+    check_wc(&wc, 2, WcStatus::Success)?;
+    ensure_eq!(wc.opcode, WcOpcode::FetchAdd);
+    ensure_eq!(mem.read(64, 8), 10u64.to_le_bytes().to_vec());
+    // Rank 0's SRQ lives in another PD: its rkeys do not reach rank 1's
+    // memory.
+    post(3, add, srqn0)?;
+    check_wc(&wait_cq(h, &sc.ini.cq, 1)?[0], 3, WcStatus::RemoteAccess)?;
+    ensure_eq!(mem.read(64, 8), 10u64.to_le_bytes().to_vec());
+    Ok(())
 }
 
 fn xrc_unknown_srqn_fails<H: Harness>(h: &H) -> Outcome {

@@ -13,7 +13,7 @@
 //! | `XRCBTL_SRQ_DEPTH` | 256 | Receives posted per class at start. |
 //! | `XRCBTL_SRQ_MAX_DEPTH` | 1024 | Receives a class may grow to when its SRQ runs low. |
 //! | `XRCBTL_SRQ_REFILL` | 16 | Consumed receives reposted together. |
-//! | `XRCBTL_CREDITS` | 16 | iWARP (no RNR) only: messages a rank may have outstanding in one peer's SRQ; the receiver keeps peers × (credits + 1) + refill receives posted and returns credits as it reposts. At least 2. |
+//! | `XRCBTL_CREDITS` | 16 | iWARP (no RNR) only: messages a rank may have outstanding in one peer's SRQ; the receiver keeps peers × (credits + 1) + refill receives posted and returns credits as it reposts. At least 4. |
 //! | `XRCBTL_CQ_BATCH` | 32 | Completions taken per CQ poll. |
 //! | `XRCBTL_SQ_MAX` | 0 | Deepest send queue of a QP (0: the device's maximum); a shared XRC INI QP grows up to it as endpoints join. |
 //! | `XRCBTL_FORCE_RC` | 0 | 1: RC + SRQ even where the device has XRC. |
@@ -236,8 +236,8 @@ impl BtlConfig {
                 "pipeline, send slots, CQ batch and refill batch must be at least 1".into(),
             );
         }
-        if !(2..=u32::from(u16::MAX)).contains(&self.credits) {
-            return bad(format!("credits {} outside 2..=65535", self.credits));
+        if !(4..=u32::from(u16::MAX)).contains(&self.credits) {
+            return bad(format!("credits {} outside 4..=65535", self.credits));
         }
         if self.srq_depth == 0 || self.srq_max_depth < self.srq_depth {
             return bad(format!(

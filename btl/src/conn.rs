@@ -1,133 +1,85 @@
-//! The connection driver: runs [`ConnManager`] against a fabric.
+//! The connection driver: runs [`ConnManager`] against a fabric. It only
+//! makes connections.
 //!
-//! The driver owns every verbs object the manager names by reference, does
-//! what the manager asks (one action at a time, synchronously), and turns
-//! what the fabric reports into the manager's events: CM events, async events
-//! (a TGT QP error reaches every process holding it), failed send
-//! completions (an INI QP that lost its TGT QP), and the first receive on an
-//! iWARP responder's QP.
+//! It owns every CM id and QP the manager names by reference (creating
+//! them on the interface's PD and CQs, RC QPs on its SRQ), does what the
+//! manager asks (one action at a time, synchronously), and turns what the
+//! fabric reports into the manager's events: CM events, async events (a TGT
+//! QP error reaches every process holding it), and what the data path
+//! reports back (a failed send completion, the first receive on an iWARP
+//! responder's QP).
 //!
-//! Receives are posted to one SRQ per size class (XRC SRQs in the node's
-//! domain, whose numbers reach the peers in the connection reply; a plain
-//! SRQ in RC mode, where a QP can draw from only one, so only the largest
-//! class is used there).
-//!
-//! It also carries a minimal message path, enough to show that traffic flows
-//! and keeps flowing through failures: each message is a header (source rank,
-//! sequence number) and a payload, sent from a bounce buffer to the smallest
-//! class of the peer that fits it. A send to a peer without a path starts
-//! the connection (on demand). The BTL's eager and rendezvous protocols
-//! replace this path.
+//! The data path reaches a connected QP through its slot
+//! ([`ConnDriver::qp`]): an index, found without a search, that stays
+//! valid until the driver reports the QP destroyed
+//! ([`ConnEvent::Destroyed`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use xrcbtl_fabric::{
-    Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, Cq, DmaBuf,
-    Error, PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RecvWr, RejectReason, Result,
-    SendWr, Srq, SrqAttr, Transport, WcOpcode, WcStatus, WorkCompletion, XrcdKey,
+    Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, InitAttr,
+    PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RejectReason, Result, SendWr,
 };
 use xrcbtl_xrc_conn::{
-    Action, CmFailure, CmRef, ConnManager, Event, Mode, Node, Notice, Path, QpKind, QpRef, Rank,
-    RouteRef, TgtRef,
+    Action, CmFailure, CmRef, ConnManager, Event, FailReason, Mode, Node, Notice, QpKind, QpRef,
+    Rank, RouteRef, TgtRef,
 };
 
-pub use xrcbtl_xrc_conn::Config as ConnConfig;
+use crate::config::BtlConfig;
+use crate::iface::Iface;
+use crate::wr_id;
 
 /// The CM id type of a context.
 pub type CmIdOf<C> = <<C as Context>::CmChannel as CmChannel>::Id;
 
-/// Bytes of the message header: source rank and sequence number.
-pub const HEADER: usize = 8;
-
-/// How a driver is set up.
-#[derive(Debug, Clone)]
-pub struct DriverConfig {
-    /// This process's rank.
-    pub rank: Rank,
-    /// Its node.
-    pub node: Node,
-    /// Job id.
-    pub job: u32,
-    /// The node's XRC domain key (shared by the node's ranks of the job).
-    pub xrcd_key: XrcdKey,
-    /// Where to listen for connection requests (port 0: any free one).
-    pub listen: SocketAddr,
-    /// Receive size classes, smallest first; the same on every rank of the
-    /// job.
-    pub classes: Vec<SrqClass>,
-    /// Use RC + SRQ even where the device has XRC.
-    pub force_rc: bool,
-    /// Connection manager tuning (rank, node, job and mode are filled in).
-    pub retries: u32,
-    /// Largest inline payload asked of send QPs (bounded by the device).
-    pub max_inline: u32,
-    /// Deepest send queue of a QP (bounded by the device).
-    pub sq_max: Option<u32>,
-    /// The data path is someone else's (the BTL): the driver creates the
-    /// SRQs but no receive buffers, posts nothing, and leaves the CQs to
-    /// the owner, who reports failures and first receives back through
-    /// [`ConnDriver::handle_send_failure`] and
-    /// [`ConnDriver::handle_first_receive`].
-    pub external_data: bool,
-}
-
-impl DriverConfig {
-    /// A configuration with the usual values.
-    pub fn new(rank: Rank, node: Node, job: u32, xrcd_key: XrcdKey, listen: SocketAddr) -> Self {
-        DriverConfig {
-            rank,
-            node,
-            job,
-            xrcd_key,
-            listen,
-            classes: vec![
-                SrqClass {
-                    size: 256,
-                    depth: 256,
-                },
-                SrqClass {
-                    size: 4096,
-                    depth: 64,
-                },
-            ],
-            force_rc: false,
-            retries: 5,
-            max_inline: 0,
-            sq_max: None,
-            external_data: false,
-        }
-    }
-}
-
-/// A receive size class: an SRQ kept full of `depth` buffers of `size`
-/// bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SrqClass {
-    /// Buffer size in bytes.
-    pub size: u32,
-    /// Buffers kept posted.
-    pub depth: u32,
-}
-
-/// One class's SRQ and buffers (no buffers with an external data path).
-struct Class<C: Context> {
-    srq: C::Srq,
-    buf: Option<DmaBuf<C>>,
-    size: u32,
-    depth: u32,
-}
-
-/// A message received.
+/// What the driver tells the data path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Received {
-    /// Sending rank.
-    pub src: Rank,
-    /// The sender's sequence number for this destination.
-    pub seq: u32,
-    /// Payload.
-    pub data: Vec<u8>,
+pub enum ConnEvent {
+    /// Messages to `rank` may be posted on the QP in `slot`, addressed to
+    /// the peer's SRQ numbers `srqns` (XRC; empty with RC).
+    Ready {
+        /// The peer.
+        rank: Rank,
+        /// The QP's slot.
+        slot: u32,
+        /// The QP's number.
+        qpn: u32,
+        /// The peer's SRQ numbers by class.
+        srqns: Vec<u32>,
+    },
+    /// The path to `rank` broke; it is rebuilt when next wanted.
+    Lost {
+        /// The peer.
+        rank: Rank,
+    },
+    /// `rank` left cleanly.
+    Closed {
+        /// The peer.
+        rank: Rank,
+    },
+    /// `rank` cannot be reached.
+    Failed {
+        /// The peer.
+        rank: Rank,
+        /// Why.
+        reason: FailReason,
+    },
+    /// The clean exit is complete.
+    Drained,
+    /// The QP in `slot` is gone: work posted on it will never complete.
+    Destroyed {
+        /// Its slot (free for reuse from now on).
+        slot: u32,
+        /// Its number.
+        qpn: u32,
+    },
+    /// An SRQ fell below its armed limit.
+    SrqLimit {
+        /// The SRQ's id.
+        srq: u64,
+    },
 }
 
 /// What the driver counted.
@@ -135,218 +87,109 @@ pub struct Received {
 pub struct DriverStats {
     /// Send-queue growths the device refused.
     pub resize_unsupported: u64,
-    /// Messages sent.
-    pub sent: u64,
-    /// Messages received.
-    pub received: u64,
-    /// Messages received, by size class.
-    pub received_by_class: Vec<u64>,
-    /// Sends that completed with an error.
+    /// Send failures reported by the data path.
     pub send_errors: u64,
 }
 
-/// Where a CM id is in resolution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    Addr,
-    Route,
+/// A QP the manager made, in its slot.
+struct Slot<C: Context> {
+    qp: C::Qp,
+    r: QpRef,
+    caps: QpCaps,
 }
 
-const HELLO_WR: u64 = u64::MAX;
-const SEND_SLOTS: usize = 256;
+/// References the driver makes for CM ids of incoming requests start here,
+/// far above those the manager makes, so that the two never meet.
+const DRIVER_REFS: u64 = 1 << 62;
 
-/// Runs the connection manager of one process against a fabric context.
+/// Runs the connection manager of one rank against a fabric context.
 pub struct ConnDriver<C: Context> {
     mgr: ConnManager,
     mode: Mode,
     // Connection objects; dropped before the queues they use.
     cms: HashMap<CmRef, CmIdOf<C>>,
     cm_of_key: HashMap<u64, CmRef>,
-    stages: HashMap<CmRef, Stage>,
+    /// The rank each outgoing CM id resolves towards.
+    cm_rank: HashMap<CmRef, Rank>,
     listener: CmIdOf<C>,
     ch: C::CmChannel,
-    qps: HashMap<QpRef, C::Qp>,
-    qp_of_num: HashMap<u32, QpRef>,
+    slots: Vec<Option<Slot<C>>>,
+    free_slots: Vec<u32>,
+    slot_of_ref: HashMap<QpRef, u32>,
+    slot_of_num: HashMap<u32, u32>,
     tgts: HashMap<TgtRef, C::Qp>,
     tgt_of_num: HashMap<u32, Vec<TgtRef>>,
-    classes: Vec<Class<C>>,
-    xrcd: Option<C::Xrcd>,
-    sbuf: Option<DmaBuf<C>>,
-    slot_size: u32,
-    free_slots: Vec<usize>,
+    // Lent by the interface.
+    ctx: C,
+    pd: C::Pd,
     send_cq: C::Cq,
     recv_cq: C::Cq,
-    pd: C::Pd,
-    ctx: C,
-    cfg: DriverConfig,
+    rc_srq: C::Srq,
+    xrcd: Option<C::Xrcd>,
+    init_access: Access,
+    max_inline: u32,
     routes: HashMap<RouteRef, CmRoute>,
     route_of_node: HashMap<Node, RouteRef>,
     node_of: HashMap<Rank, Node>,
     directory: HashMap<Rank, SocketAddr>,
     next_ref: u64,
-    paths: BTreeMap<Rank, Path>,
-    seq_out: HashMap<Rank, u32>,
-    /// The time of the last progress (for connections a send starts).
-    last_now: Duration,
-    notices: VecDeque<Notice>,
-    inbox: VecDeque<Received>,
+    events: VecDeque<ConnEvent>,
+    notices: Vec<Notice>,
     stats: DriverStats,
-    /// Numbers of QPs destroyed since the last `take_destroyed`.
-    destroyed: Vec<u32>,
-    /// Classes whose SRQ reported its limit since the last
-    /// `take_srq_limits`.
-    srq_limits: Vec<usize>,
 }
 
 impl<C: Context> ConnDriver<C> {
-    /// Sets up the rank: queues, the SRQ (XRC in the node's domain where the
-    /// device has XRC, else a plain SRQ for RC QPs), receive buffers, and the
-    /// listener.
-    pub fn new(ctx: C, cfg: DriverConfig) -> Result<Self> {
-        let caps = ctx.caps().clone();
-        let mode = if caps.xrc && !cfg.force_rc {
-            Mode::Xrc
-        } else {
-            Mode::Rc {
-                p2p: caps.transport == Transport::Iwarp,
-            }
-        };
-        let pd = ctx.alloc_pd()?;
-        let send_cq = ctx.create_cq(4096.min(caps.max_cqe))?;
-        let recv_cq = ctx.create_cq(4096.min(caps.max_cqe))?;
-        if cfg.classes.is_empty() || cfg.classes.len() > xrcbtl_xrc_conn::wire::MAX_SRQS {
-            return Err(Error::invalid(format!(
-                "1 to {} receive classes",
-                xrcbtl_xrc_conn::wire::MAX_SRQS
-            )));
-        }
-        if cfg
-            .classes
-            .iter()
-            .any(|c| c.size as usize <= HEADER || c.depth == 0)
-        {
-            return Err(Error::invalid(
-                "a class needs room for the header and a buffer",
-            ));
-        }
-        // An RC QP draws from one SRQ: RC mode keeps the largest class.
-        let wanted: Vec<SrqClass> = match mode {
-            Mode::Xrc => cfg.classes.clone(),
-            Mode::Rc { .. } => vec![*cfg
-                .classes
-                .iter()
-                .max_by_key(|c| c.size)
-                .expect("non-empty")],
-        };
-        let xrcd = match mode {
-            Mode::Xrc => Some(ctx.open_xrcd(&cfg.xrcd_key)?),
-            Mode::Rc { .. } => None,
-        };
-        let mut classes = Vec::new();
-        for c in &wanted {
-            let attr = SrqAttr {
-                max_wr: c.depth.min(caps.max_srq_wr),
-                max_sge: 1,
-                srq_limit: 0,
-            };
-            let srq = match &xrcd {
-                Some(x) => ctx.create_xrc_srq(&pd, x, &recv_cq, attr)?,
-                None => ctx.create_srq(&pd, attr)?,
-            };
-            let buf = if cfg.external_data {
-                None
-            } else {
-                Some(DmaBuf::new(
-                    &ctx,
-                    &pd,
-                    (c.size * attr.max_wr) as usize,
-                    Access::LOCAL_WRITE,
-                )?)
-            };
-            classes.push((
-                Class {
-                    srq,
-                    buf,
-                    size: c.size,
-                    depth: attr.max_wr,
-                },
-                attr.max_wr,
-            ));
-        }
-        let slot_size = wanted.iter().map(|c| c.size).max().expect("non-empty");
-        let sbuf = if cfg.external_data {
-            None
-        } else {
-            Some(DmaBuf::new(
-                &ctx,
-                &pd,
-                SEND_SLOTS * slot_size as usize,
-                Access::LOCAL_WRITE,
-            )?)
-        };
+    /// Sets up the rank's connection side on the interface's resources:
+    /// the manager and the listener.
+    pub(crate) fn new(iface: &Iface<C>, cfg: &BtlConfig) -> Result<Self> {
+        let ctx = iface.ctx.clone();
+        let caps = &iface.caps;
+        let mode = iface.mode;
         let ch = ctx.create_cm_channel()?;
-        let ps = match mode {
-            Mode::Xrc => PortSpace::Ib,
-            Mode::Rc { .. } => PortSpace::Tcp,
-        };
-        let listener = ch.create_id(ps)?;
+        let listener = ch.create_id(port_space(mode))?;
         listener.listen(cfg.listen, 1024)?;
-        let srqns: Vec<u32> = classes
-            .iter()
-            .filter_map(|(c, _)| c.srq.srq_num())
-            .collect();
-        let depths: Vec<u32> = classes.iter().map(|(_, d)| *d).collect();
-        let classes: Vec<Class<C>> = classes.into_iter().map(|(c, _)| c).collect();
-        let mut cc = ConnConfig::new(cfg.rank, cfg.node, cfg.job, mode, srqns);
+        let mut cc =
+            xrcbtl_xrc_conn::Config::new(cfg.rank, cfg.node, cfg.job, mode, iface.srq_nums());
         cc.max_retries = cfg.retries;
         cc.sq_max = cfg
             .sq_max
             .map_or(caps.max_qp_wr, |m| m.clamp(1, caps.max_qp_wr));
         let mgr = ConnManager::new(cc, [(cfg.rank, cfg.node)]);
-        let d = ConnDriver {
+        let mut init_access = Access::REMOTE_WRITE | Access::REMOTE_READ;
+        if caps.atomics {
+            init_access |= Access::REMOTE_ATOMIC;
+        }
+        Ok(ConnDriver {
             mgr,
             mode,
             cms: HashMap::new(),
             cm_of_key: HashMap::new(),
-            stages: HashMap::new(),
+            cm_rank: HashMap::new(),
             listener,
             ch,
-            qps: HashMap::new(),
-            qp_of_num: HashMap::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            slot_of_ref: HashMap::new(),
+            slot_of_num: HashMap::new(),
             tgts: HashMap::new(),
             tgt_of_num: HashMap::new(),
-            classes,
-            xrcd,
-            sbuf,
-            slot_size,
-            free_slots: (0..SEND_SLOTS).rev().collect(),
-            send_cq,
-            recv_cq,
-            pd,
+            pd: iface.pd.clone(),
+            send_cq: iface.send_cq.clone(),
+            recv_cq: iface.recv_cq.clone(),
+            rc_srq: iface.rc_srq().clone(),
+            xrcd: iface.xrcd.clone(),
+            init_access,
+            max_inline: cfg.max_inline.min(caps.max_inline),
             ctx,
-            cfg,
             routes: HashMap::new(),
             route_of_node: HashMap::new(),
             node_of: HashMap::new(),
             directory: HashMap::new(),
-            next_ref: 1 << 62,
-            paths: BTreeMap::new(),
-            seq_out: HashMap::new(),
-            last_now: Duration::ZERO,
-            notices: VecDeque::new(),
-            inbox: VecDeque::new(),
+            next_ref: DRIVER_REFS,
+            events: VecDeque::new(),
+            notices: Vec::new(),
             stats: DriverStats::default(),
-            destroyed: Vec::new(),
-            srq_limits: Vec::new(),
-        };
-        if !d.cfg.external_data {
-            for (class, depth) in depths.into_iter().enumerate() {
-                for slot in 0..depth {
-                    d.post_recv(class, slot)?;
-                }
-            }
-        }
-        Ok(d)
+        })
     }
 
     /// The address peers connect to.
@@ -376,158 +219,68 @@ impl<C: Context> ConnDriver<C> {
         &self.stats
     }
 
-    /// Whether messages to `rank` can be sent now.
-    pub fn is_ready(&self, rank: Rank) -> bool {
-        self.paths.contains_key(&rank)
-    }
-
     /// Asks for a connection to `rank` (made on demand; a ready one is
     /// reported again).
     pub fn connect(&mut self, now: Duration, rank: Rank) {
         self.mgr.connect(now, rank);
     }
 
-    /// Starts a clean exit; progress until [`Notice::Drained`].
+    /// Starts a clean exit; progress until [`ConnEvent::Drained`].
     pub fn shutdown(&mut self, now: Duration) {
         self.mgr.shutdown(now);
     }
 
-    /// The next notice for the user.
-    pub fn poll_notice(&mut self) -> Option<Notice> {
-        self.notices.pop_front()
+    /// The next event for the data path.
+    pub fn poll_event(&mut self) -> Option<ConnEvent> {
+        self.events.pop_front()
     }
 
-    /// The next message received.
-    pub fn recv(&mut self) -> Option<Received> {
-        self.inbox.pop_front()
+    /// The manager's notices since the last call (for tests and tools).
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        std::mem::take(&mut self.notices)
     }
 
-    /// The device context.
-    pub fn context(&self) -> &C {
-        &self.ctx
+    /// When the manager next needs [`ConnDriver::progress`] for a timer.
+    pub fn next_timeout(&self) -> Option<Duration> {
+        self.mgr.poll_timeout()
     }
 
-    /// The protection domain every object of the rank lives in.
-    pub fn pd(&self) -> &C::Pd {
-        &self.pd
+    /// The QP in `slot` and its granted sizes.
+    pub fn qp(&self, slot: u32) -> Option<(&C::Qp, QpCaps)> {
+        self.slots
+            .get(slot as usize)
+            .and_then(|s| s.as_ref())
+            .map(|s| (&s.qp, s.caps))
     }
 
-    /// The CQ every send queue completes on.
-    pub fn send_cq(&self) -> &C::Cq {
-        &self.send_cq
-    }
-
-    /// The CQ every receive completes on.
-    pub fn recv_cq(&self) -> &C::Cq {
-        &self.recv_cq
-    }
-
-    /// The receive classes in use: (buffer size, SRQ depth), smallest
-    /// first (RC mode keeps only the largest).
-    pub fn classes(&self) -> Vec<(u32, u32)> {
-        self.classes.iter().map(|c| (c.size, c.depth)).collect()
-    }
-
-    /// The SRQ of class `class`.
-    pub fn srq(&self, class: usize) -> &C::Srq {
-        &self.classes[class].srq
-    }
-
-    /// The path to `rank`, when messages may be posted to it: the QP and the
-    /// peer's SRQ numbers (XRC).
-    pub fn path(&self, rank: Rank) -> Option<(&C::Qp, &[u32])> {
-        let p = self.paths.get(&rank)?;
-        Some((self.qps.get(&p.qp)?, &p.srqns))
-    }
-
-    /// The numbers of the QPs destroyed since the last call: work posted on
-    /// them will never complete.
-    pub fn take_destroyed(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.destroyed)
-    }
-
-    /// The classes whose SRQ fell below its armed limit since the last call.
-    pub fn take_srq_limits(&mut self) -> Vec<usize> {
-        std::mem::take(&mut self.srq_limits)
-    }
-
-    /// The time of the last progress.
-    pub fn last_now(&self) -> Duration {
-        self.last_now
-    }
-
-    /// Posts receive buffer `slot` of `class` (wr_id: class << 32 | slot).
-    fn post_recv(&self, class: usize, slot: u32) -> Result<()> {
-        let c = &self.classes[class];
-        let Some(buf) = &c.buf else {
-            return Err(Error::state("the data path is external"));
-        };
-        let sge = [buf.sge((slot * c.size) as usize, c.size)];
-        c.srq.post_recv(&RecvWr {
-            wr_id: ((class as u64) << 32) | u64::from(slot),
-            sgl: &sge,
-        })
-    }
-
-    /// Sends `payload` to `rank` if a path is ready; a peer without one is
-    /// connected to (on demand). `Ok(false)`: not ready yet, or no send
-    /// resources right now; call again after progress.
-    pub fn send(&mut self, rank: Rank, payload: &[u8]) -> Result<bool> {
-        let need = (HEADER + payload.len()) as u32;
-        if need > self.slot_size {
-            return Err(Error::invalid(format!(
-                "payload of {} bytes exceeds the largest class ({} bytes with the header)",
-                payload.len(),
-                self.slot_size
-            )));
+    /// A send on the QP in `slot` completed with an error: the path through
+    /// it is broken.
+    pub fn handle_send_failure(&mut self, now: Duration, slot: u32) {
+        self.stats.send_errors += 1;
+        if let Some(Some(s)) = self.slots.get(slot as usize) {
+            let qp = s.r;
+            self.mgr.handle(now, Event::QpFailed { qp });
         }
-        let Some(path) = self.paths.get(&rank) else {
-            self.mgr.connect(self.last_now, rank);
-            return Ok(false);
-        };
-        // The smallest class of the peer that fits (the classes are the
-        // same on every rank of the job).
-        let class = self
-            .classes
-            .iter()
-            .position(|c| c.size >= need)
-            .expect("the largest class fits");
-        let srqn = path.srqns.get(class).copied();
-        let Some(qp) = self.qps.get(&path.qp) else {
-            return Ok(false);
-        };
-        let Some(sbuf) = &self.sbuf else {
-            return Err(Error::state("the data path is external"));
-        };
-        let Some(slot) = self.free_slots.pop() else {
-            return Ok(false);
-        };
-        let seq = self.seq_out.get(&rank).copied().unwrap_or(0);
-        let off = slot * self.slot_size as usize;
-        let mut msg = Vec::with_capacity(need as usize);
-        msg.extend_from_slice(&self.cfg.rank.to_le_bytes());
-        msg.extend_from_slice(&seq.to_le_bytes());
-        msg.extend_from_slice(payload);
-        sbuf.write(off, &msg);
-        let sge = [sbuf.sge(off, msg.len() as u32)];
-        let mut wr = SendWr::send(slot as u64, &sge);
-        if let Some(n) = srqn {
-            wr = wr.to_srq(n);
+    }
+
+    /// A send on QP number `qpn` completed with an error (a completion
+    /// whose work the data path no longer knows).
+    pub fn handle_send_failure_qpn(&mut self, now: Duration, qpn: u32) {
+        if let Some(&slot) = self.slot_of_num.get(&qpn) {
+            self.handle_send_failure(now, slot);
         }
-        match qp.post_send(&wr) {
-            Ok(()) => {
-                self.seq_out.insert(rank, seq.wrapping_add(1));
-                self.stats.sent += 1;
-                Ok(true)
-            }
-            Err(Error::NoResource(_)) => {
-                self.free_slots.push(slot);
-                Ok(false)
-            }
-            Err(e) => {
-                self.free_slots.push(slot);
-                Err(e)
-            }
+    }
+
+    /// A zero-length message (the iWARP initiator's hello) arrived on QP
+    /// number `qpn`: the responder may speak now.
+    pub fn handle_first_receive(&mut self, now: Duration, qpn: u32) {
+        if let Some(s) = self
+            .slot_of_num
+            .get(&qpn)
+            .and_then(|&i| self.slots[i as usize].as_ref())
+        {
+            let qp = s.r;
+            self.mgr.handle(now, Event::FirstReceive { qp });
         }
     }
 
@@ -536,10 +289,9 @@ impl<C: Context> ConnDriver<C> {
         self.next_ref
     }
 
-    /// Does whatever is pending: CM and async events, completions, timers,
-    /// the manager's actions. Returns how much work it found.
+    /// Does whatever is pending: CM and async events, timers, the manager's
+    /// actions. Returns how much work it found.
     pub fn progress(&mut self, now: Duration) -> usize {
-        self.last_now = now;
         let mut total = 0;
         loop {
             let mut work = 0;
@@ -551,10 +303,6 @@ impl<C: Context> ConnDriver<C> {
                 work += 1;
                 self.on_async(now, ev);
             }
-            if !self.cfg.external_data {
-                work += self.poll_send(now);
-                work += self.poll_recv(now);
-            }
             if self.mgr.poll_timeout().is_some_and(|t| t <= now) {
                 work += 1;
                 self.mgr.handle_timeout(now);
@@ -565,18 +313,7 @@ impl<C: Context> ConnDriver<C> {
             }
             while let Some(n) = self.mgr.poll_notice() {
                 work += 1;
-                match &n {
-                    Notice::Ready { rank, path } => {
-                        self.paths.insert(*rank, path.clone());
-                    }
-                    Notice::Lost { rank }
-                    | Notice::Closed { rank }
-                    | Notice::Failed { rank, .. } => {
-                        self.paths.remove(rank);
-                    }
-                    Notice::Drained => {}
-                }
-                self.notices.push_back(n);
+                self.on_notice(n);
             }
             if work == 0 {
                 return total;
@@ -585,82 +322,39 @@ impl<C: Context> ConnDriver<C> {
         }
     }
 
-    fn poll_send(&mut self, now: Duration) -> usize {
-        let mut wcs = [WorkCompletion::default(); 32];
-        let Ok(n) = self.send_cq.poll(&mut wcs) else {
-            return 0;
-        };
-        for wc in &wcs[..n] {
-            if wc.wr_id != HELLO_WR {
-                self.free_slots.push(wc.wr_id as usize);
-            }
-            if wc.status != WcStatus::Success {
-                self.handle_send_failure(now, wc.qp_num);
-            }
-        }
-        n
-    }
-
-    /// A send on QP `qpn` completed with an error: the path through it is
-    /// broken.
-    pub fn handle_send_failure(&mut self, now: Duration, qpn: u32) {
-        self.stats.send_errors += 1;
-        if let Some(&qp) = self.qp_of_num.get(&qpn) {
-            self.mgr.handle(now, Event::QpFailed { qp });
-        }
-    }
-
-    /// A zero-length message (the iWARP initiator's hello) arrived on QP
-    /// `qpn`: the responder may speak now.
-    pub fn handle_first_receive(&mut self, now: Duration, qpn: u32) {
-        if let Some(&qp) = self.qp_of_num.get(&qpn) {
-            self.mgr.handle(now, Event::FirstReceive { qp });
-        }
-    }
-
-    fn poll_recv(&mut self, now: Duration) -> usize {
-        let mut wcs = [WorkCompletion::default(); 32];
-        let Ok(n) = self.recv_cq.poll(&mut wcs) else {
-            return 0;
-        };
-        for wc in &wcs[..n] {
-            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
-                continue;
-            }
-            let (class, slot) = ((wc.wr_id >> 32) as usize, wc.wr_id as u32);
-            let len = wc.byte_len as usize;
-            if len == 0 {
-                // The iWARP initiator's first message: the responder may
-                // speak now.
-                self.handle_first_receive(now, wc.qp_num);
-            } else if len >= HEADER {
-                let c = &self.classes[class];
-                let Some(buf) = &c.buf else { continue };
-                let bytes = buf.read((slot * c.size) as usize, len);
-                let src = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-                let seq = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-                self.inbox.push_back(Received {
-                    src,
-                    seq,
-                    data: bytes[HEADER..].to_vec(),
-                });
-                self.stats.received += 1;
-                if self.stats.received_by_class.len() <= class {
-                    self.stats.received_by_class.resize(class + 1, 0);
+    fn on_notice(&mut self, n: Notice) {
+        let ev = match &n {
+            Notice::Ready { rank, path } => match self.slot_of_ref.get(&path.qp) {
+                Some(&slot) => {
+                    let qpn = self.slots[slot as usize]
+                        .as_ref()
+                        .expect("live")
+                        .qp
+                        .qp_num();
+                    ConnEvent::Ready {
+                        rank: *rank,
+                        slot,
+                        qpn,
+                        srqns: path.srqns.clone(),
+                    }
                 }
-                self.stats.received_by_class[class] += 1;
-            }
-            // Keep the receive posted; a failure here is a broken SRQ.
-            let _ = self.post_recv(class, slot);
-        }
-        n
+                None => ConnEvent::Lost { rank: *rank },
+            },
+            Notice::Lost { rank } => ConnEvent::Lost { rank: *rank },
+            Notice::Closed { rank } => ConnEvent::Closed { rank: *rank },
+            Notice::Failed { rank, reason } => ConnEvent::Failed {
+                rank: *rank,
+                reason: *reason,
+            },
+            Notice::Drained => ConnEvent::Drained,
+        };
+        self.events.push_back(ev);
+        self.notices.push(n);
     }
 
     fn on_async(&mut self, now: Duration, ev: AsyncEvent) {
         if let AsyncEvent::SrqLimitReached { srq } = ev {
-            if let Some(class) = self.classes.iter().position(|c| c.srq.id() == srq) {
-                self.srq_limits.push(class);
-            }
+            self.events.push_back(ConnEvent::SrqLimit { srq });
             return;
         }
         let qpn = match ev {
@@ -674,8 +368,13 @@ impl<C: Context> ConnDriver<C> {
             for tgt in tgts {
                 self.mgr.handle(now, Event::TgtFailed { tgt });
             }
-        } else if let Some(&qp) = self.qp_of_num.get(&qpn) {
+        } else if let Some(s) = self
+            .slot_of_num
+            .get(&qpn)
+            .and_then(|&i| self.slots[i as usize].as_ref())
+        {
             if !matches!(ev, AsyncEvent::QpLastWqeReached { .. }) {
+                let qp = s.r;
                 self.mgr.handle(now, Event::QpFailed { qp });
             }
         }
@@ -706,7 +405,6 @@ impl<C: Context> ConnDriver<C> {
         };
         let out = match ev.kind {
             CmEventKind::AddrResolved => {
-                self.stages.insert(cm, Stage::Route);
                 let r = self.cms.get(&cm).map(|id| id.resolve_route(2_000));
                 match r {
                     Some(Ok(())) => return,
@@ -714,19 +412,13 @@ impl<C: Context> ConnDriver<C> {
                 }
             }
             CmEventKind::RouteResolved => {
-                self.stages.remove(&cm);
                 let route = self.cms.get(&cm).and_then(|id| id.route());
-                let peer_node = self
-                    .cms
+                let node = self
+                    .cm_rank
                     .get(&cm)
-                    .and_then(|id| id.peer_addr())
-                    .and_then(|a| {
-                        self.directory
-                            .iter()
-                            .find(|(_, d)| d.ip() == a.ip())
-                            .and_then(|(r, _)| self.node_of.get(r).copied())
-                    });
-                let rref = match (route, peer_node) {
+                    .and_then(|r| self.node_of.get(r))
+                    .copied();
+                let rref = match (route, node) {
                     (Some(route), Some(node)) => {
                         *self.route_of_node.entry(node).or_insert_with(|| {
                             self.next_ref += 1;
@@ -768,11 +460,11 @@ impl<C: Context> ConnDriver<C> {
                     max_recv_wr: 0,
                     max_send_sge: 1,
                     max_recv_sge: 0,
-                    max_inline: self.cfg.max_inline.min(caps.max_inline),
+                    max_inline: self.max_inline,
                 };
                 let (qp_type, srq) = match kind {
                     QpKind::Ini => (QpType::XrcIni, None),
-                    QpKind::Rc => (QpType::Rc, Some(&self.classes[0].srq)),
+                    QpKind::Rc => (QpType::Rc, Some(&self.rc_srq)),
                 };
                 let init = QpInit {
                     qp_type,
@@ -781,28 +473,49 @@ impl<C: Context> ConnDriver<C> {
                     srq,
                     caps: qcaps,
                 };
-                match self.ctx.create_qp(&self.pd, &init) {
+                let made = self.ctx.create_qp(&self.pd, &init).and_then(|q| {
+                    // Receives go to the SRQ: INIT now, the CM does the rest.
+                    q.modify(&QpTransition::Init(InitAttr {
+                        access: self.init_access,
+                        ..InitAttr::default()
+                    }))?;
+                    Ok(q)
+                });
+                match made {
                     Ok(q) => {
-                        // Receives go to the SRQ: INIT now, the CM does the
-                        // rest.
-                        let _ = q.modify(&QpTransition::Init(Default::default()));
-                        self.qp_of_num.insert(q.qp_num(), qp);
-                        self.qps.insert(qp, q);
+                        let caps = q.caps();
+                        let num = q.qp_num();
+                        let slot = match self.free_slots.pop() {
+                            Some(s) => s,
+                            None => {
+                                self.slots.push(None);
+                                (self.slots.len() - 1) as u32
+                            }
+                        };
+                        self.slots[slot as usize] = Some(Slot { qp: q, r: qp, caps });
+                        self.slot_of_ref.insert(qp, slot);
+                        self.slot_of_num.insert(num, slot);
                     }
                     Err(_) => self.mgr.handle(now, Event::QpCreateFailed { qp }),
                 }
             }
             Action::ResizeQp { qp, sq_depth } => {
-                if let Some(q) = self.qps.get(&qp) {
-                    if q.resize_send_queue(sq_depth).is_err() {
+                if let Some(&slot) = self.slot_of_ref.get(&qp) {
+                    let s = self.slots[slot as usize].as_mut().expect("live");
+                    if s.qp.resize_send_queue(sq_depth).is_err() {
                         self.stats.resize_unsupported += 1;
                     }
+                    // Only what the device says now is believed.
+                    s.caps = s.qp.caps();
                 }
             }
             Action::DestroyQp { qp } => {
-                if let Some(q) = self.qps.remove(&qp) {
-                    self.qp_of_num.remove(&q.qp_num());
-                    self.destroyed.push(q.qp_num());
+                if let Some(slot) = self.slot_of_ref.remove(&qp) {
+                    let s = self.slots[slot as usize].take().expect("live");
+                    let qpn = s.qp.qp_num();
+                    self.slot_of_num.remove(&qpn);
+                    self.free_slots.push(slot);
+                    self.events.push_back(ConnEvent::Destroyed { slot, qpn });
                 }
             }
             Action::CreateTgt { tgt } => {
@@ -842,18 +555,16 @@ impl<C: Context> ConnDriver<C> {
             }
             Action::BreakTgt { tgt } => {
                 if let Some(q) = self.tgts.get(&tgt) {
+                    // A TGT QP that cannot be moved to the error state is
+                    // already broken or gone: nothing more to do.
                     let _ = q.modify(&QpTransition::Error);
                 }
             }
             Action::Resolve { cm, rank, route } => {
-                let ps = match self.mode {
-                    Mode::Xrc => PortSpace::Ib,
-                    Mode::Rc { .. } => PortSpace::Tcp,
-                };
                 let Some(&addr) = self.directory.get(&rank) else {
                     return self.mgr.handle(now, Event::ResolveFailed { cm });
                 };
-                let id = match self.ch.create_id(ps) {
+                let id = match self.ch.create_id(port_space(self.mode)) {
                     Ok(id) => id,
                     Err(_) => return self.mgr.handle(now, Event::ResolveFailed { cm }),
                 };
@@ -864,24 +575,35 @@ impl<C: Context> ConnDriver<C> {
                 };
                 self.cm_of_key.insert(id.key(), cm);
                 self.cms.insert(cm, id);
-                self.stages.insert(cm, Stage::Addr);
+                self.cm_rank.insert(cm, rank);
                 if started.is_err() {
                     self.mgr.handle(now, Event::ResolveFailed { cm });
                 }
             }
             Action::Connect { cm, qp, data } => {
-                let q = qp.and_then(|q| self.qps.get(&q));
+                let q = qp
+                    .and_then(|q| self.slot_of_ref.get(&q))
+                    .and_then(|&s| self.slots[s as usize].as_ref());
                 let r = self
                     .cms
                     .get(&cm)
-                    .map(|id| id.connect(q, &ConnParam::with_data(&data)));
+                    .map(|id| id.connect(q.map(|s| &s.qp), &ConnParam::with_data(&data)));
                 if !matches!(r, Some(Ok(()))) {
-                    self.mgr.handle(now, fail_event(cm));
+                    self.mgr.handle(
+                        now,
+                        Event::Failed {
+                            cm,
+                            how: CmFailure::Unreachable,
+                            data: Vec::new(),
+                        },
+                    );
                 }
             }
             Action::Accept { cm, qp, tgt, data } => {
                 let q = qp
-                    .and_then(|q| self.qps.get(&q))
+                    .and_then(|q| self.slot_of_ref.get(&q))
+                    .and_then(|&s| self.slots[s as usize].as_ref())
+                    .map(|s| &s.qp)
                     .or_else(|| tgt.and_then(|t| self.tgts.get(&t)));
                 let r = self
                     .cms
@@ -893,6 +615,7 @@ impl<C: Context> ConnDriver<C> {
             }
             Action::Reject { cm, data } => {
                 if let Some(id) = self.cms.get(&cm) {
+                    // A request whose id is gone needs no answer.
                     let _ = id.reject(&data);
                 }
             }
@@ -900,21 +623,27 @@ impl<C: Context> ConnDriver<C> {
                 if let Some(id) = self.cms.remove(&cm) {
                     self.cm_of_key.remove(&id.key());
                 }
-                self.stages.remove(&cm);
+                self.cm_rank.remove(&cm);
             }
             Action::SendHello { qp } => {
-                if let Some(q) = self.qps.get(&qp) {
-                    let _ = q.post_send(&SendWr::send(HELLO_WR, &[]));
+                let q = self
+                    .slot_of_ref
+                    .get(&qp)
+                    .and_then(|&s| self.slots[s as usize].as_ref());
+                if let Some(s) = q {
+                    if s.qp.post_send(&SendWr::send(wr_id::HELLO, &[])).is_err() {
+                        let r = s.r;
+                        self.mgr.handle(now, Event::QpFailed { qp: r });
+                    }
                 }
             }
         }
     }
 }
 
-fn fail_event(cm: CmRef) -> Event {
-    Event::Failed {
-        cm,
-        how: CmFailure::Unreachable,
-        data: Vec::new(),
+fn port_space(mode: Mode) -> PortSpace {
+    match mode {
+        Mode::Xrc => PortSpace::Ib,
+        Mode::Rc { .. } => PortSpace::Tcp,
     }
 }

@@ -1,31 +1,51 @@
 //! The xrcbtl byte transfer layer: puts the fabric, the connection manager,
-//! the registration cache and the progress engine together.
+//! the registration cache and the progress pieces together.
 //!
-//! - [`btl::Btl`]: the BTL API (endpoints, active messages, eager and
-//!   rendezvous sends, one-sided put and get, flush), shaped like Open MPI's
-//!   BTL;
-//! - [`config::BtlConfig`]: its settings, and the `XRCBTL_*` environment
-//!   variables;
-//! - [`conn::ConnDriver`]: runs the XRC connection manager against a
-//!   fabric: it owns the verbs objects (INI, RC and TGT QPs, SRQs, CM ids)
-//!   the manager names by reference, executes the manager's actions, and
-//!   feeds it the fabric's CM events, async events and failed completions;
-//! - [`wire`]: the message header and rendezvous control messages.
+//! A newcomer finds each concept in one file:
+//!
+//! | file | concept |
+//! |---|---|
+//! | [`btl`] | the API ([`Btl`]), and how it is safe from any thread |
+//! | `types.rs` | the API's vocabulary: operations, callbacks, registered memory, counters |
+//! | `core.rs` | the state behind the lock, and what progress does with it |
+//! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
+//! | [`conn`] | the connection driver: runs the XRC connection manager on the fabric (connections only) |
+//! | `ep.rs` | endpoints, their pending queues and ordering rules |
+//! | `credits.rs` | credit flow control where the device has no RNR |
+//! | `wr_id.rs` | the wr_id space |
+//! | `post.rs` | the one place that turns work into a posted work request |
+//! | `proto/` | eager order, rendezvous, one-sided, atomics, operations: state machines without I/O |
+//! | [`wire`] | the message header and the rendezvous control payloads |
+//! | [`config`] | settings and their `XRCBTL_*` variables |
+//! | [`threaded`] | a BTL progressed by its own thread |
+//! | [`sim`] | a simulated job (N nodes × M ranks) for tests, benches and examples |
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod btl;
 pub mod config;
 pub mod conn;
+mod core;
+mod credits;
+mod ep;
+mod iface;
+mod post;
+mod proto;
+pub mod sim;
 pub mod threaded;
+mod types;
 pub mod wire;
+mod wr_id;
 
-pub use crate::btl::{
-    AmCallback, Btl, BtlError, BtlStats, ErrorCallback, Incoming, OpId, OpStatus, Peer, RegMem,
-    RemoteMem, Request, Tag,
-};
+pub use crate::btl::Btl;
 pub use crate::config::{BtlConfig, Clock, RndvProtocol};
 pub use crate::threaded::Threaded;
+pub use crate::types::{
+    AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,
+    OpResult, OpStatus, Peer, RegMem, RemoteMem, RemotePtr, Tag,
+};
 pub use bytes::Bytes;
+pub use xrcbtl_fabric::{Access, MappedBuf, UserMem};
 pub use xrcbtl_progress::ThreadConfig;
-pub use xrcbtl_xrc_conn::Mode;
+pub use xrcbtl_xrc_conn::{Mode, Notice};

@@ -1,10 +1,10 @@
 //! A BTL progressed by its own thread: it spins on the CQs while there is
 //! work and, once idle, blocks on the receive CQ's completion channel (up to
 //! a bounded time, so that work submitted meanwhile is not left waiting).
-//! The application sends through [`Threaded::lock`] or, without taking the
-//! lock, through the BTL's lock-free submitter ([`Btl::submitter`]).
+//! The application keeps calling the BTL (it takes `&self`) from its own
+//! threads meanwhile, and may progress it too.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use xrcbtl_fabric::{Context, Cq, Result};
 use xrcbtl_progress::{ProgressThread, ThreadConfig};
@@ -13,7 +13,7 @@ use crate::btl::Btl;
 
 /// A BTL and the thread that progresses it.
 pub struct Threaded<C: Context> {
-    btl: Arc<Mutex<Btl<C>>>,
+    btl: Arc<Btl<C>>,
     thread: ProgressThread,
 }
 
@@ -23,37 +23,30 @@ impl<C: Context> std::fmt::Debug for Threaded<C> {
     }
 }
 
-impl<C> Threaded<C>
-where
-    C: Context + 'static,
-    Btl<C>: Send,
-    C::Cq: Send + 'static,
-{
-    /// Moves `btl` under a progress thread named `name`.
-    pub fn spawn(btl: Btl<C>, name: &str, cfg: ThreadConfig) -> Result<Threaded<C>> {
+impl<C: Context> Threaded<C> {
+    /// Starts a progress thread named `name` for `btl`.
+    pub fn spawn(btl: Arc<Btl<C>>, name: &str, cfg: ThreadConfig) -> Result<Threaded<C>> {
         let cq = btl.recv_cq();
-        let btl = Arc::new(Mutex::new(btl));
         let b = btl.clone();
         let thread = ProgressThread::spawn(
             name,
             cfg,
-            move || b.lock().unwrap_or_else(|e| e.into_inner()).progress(),
-            // Outside the lock: the application may send meanwhile.
+            move || b.progress(),
             move |d| {
+                // A failed wait only means the thread polls again sooner.
                 let _ = cq.wait(d);
             },
         )
         .map_err(|e| xrcbtl_fabric::Error::Verbs {
-            verb: "spawn progress thread",
+            verb: "spawn a progress thread",
             source: e,
         })?;
         Ok(Threaded { btl, thread })
     }
 
-    /// The BTL, for calls from the application (the progress thread waits
-    /// meanwhile).
-    pub fn lock(&self) -> MutexGuard<'_, Btl<C>> {
-        self.btl.lock().unwrap_or_else(|e| e.into_inner())
+    /// The BTL.
+    pub fn btl(&self) -> &Arc<Btl<C>> {
+        &self.btl
     }
 
     /// Progress calls the thread made.
@@ -66,13 +59,9 @@ where
         self.thread.blocks()
     }
 
-    /// Stops the thread and hands the BTL back.
-    pub fn stop(mut self) -> Btl<C> {
+    /// Stops the thread (waiting for it) and hands the BTL back.
+    pub fn stop(mut self) -> Arc<Btl<C>> {
         self.thread.stop();
-        drop(self.thread);
-        match Arc::try_unwrap(self.btl) {
-            Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
-            Err(_) => unreachable!("the stopped thread held the only other reference"),
-        }
+        self.btl
     }
 }

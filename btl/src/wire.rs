@@ -129,14 +129,14 @@ impl Rts {
     pub const LEN: usize = 29;
 
     /// Encodes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::LEN);
-        v.extend_from_slice(&self.msg.to_le_bytes());
-        v.extend_from_slice(&self.len.to_le_bytes());
-        v.extend_from_slice(&self.addr.to_le_bytes());
-        v.extend_from_slice(&self.rkey.to_le_bytes());
-        v.push(u8::from(self.put));
-        v
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.msg.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        b[24..28].copy_from_slice(&self.rkey.to_le_bytes());
+        b[28] = u8::from(self.put);
+        b
     }
 
     /// Decodes; `None` unless exactly [`Rts::LEN`] well-formed bytes.
@@ -170,12 +170,12 @@ impl Rtr {
     pub const LEN: usize = 20;
 
     /// Encodes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::LEN);
-        v.extend_from_slice(&self.msg.to_le_bytes());
-        v.extend_from_slice(&self.addr.to_le_bytes());
-        v.extend_from_slice(&self.rkey.to_le_bytes());
-        v
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.msg.to_le_bytes());
+        b[8..16].copy_from_slice(&self.addr.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_le_bytes());
+        b
     }
 
     /// Decodes; `None` unless exactly [`Rtr::LEN`] bytes.
@@ -189,14 +189,17 @@ impl Rtr {
 }
 
 /// The message id carried by ATS and FIN.
-pub fn encode_msg_id(msg: u64) -> Vec<u8> {
-    msg.to_le_bytes().to_vec()
+pub fn encode_msg_id(msg: u64) -> [u8; 8] {
+    msg.to_le_bytes()
 }
 
 /// Decodes an ATS or FIN payload.
 pub fn decode_msg_id(b: &[u8]) -> Option<u64> {
     (b.len() == 8).then(|| u64_at(b, 0))
 }
+
+/// The longest control payload ([`Rts::LEN`]).
+pub const CONTROL_MAX: usize = Rts::LEN;
 
 #[cfg(test)]
 mod tests {

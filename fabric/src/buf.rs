@@ -109,6 +109,20 @@ impl<C: Context> DmaBuf<C> {
         out
     }
 
+    /// Fills `out` with the bytes at `offset`.
+    pub fn read_to(&self, offset: usize, out: &mut [u8]) {
+        self.check(offset, out.len());
+        // SAFETY: the range is inside the allocation (checked); `out` is a
+        // separate allocation, since no reference into the buffer exists.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+    }
+
     /// Copies `len` bytes at `offset` into `out` (replacing its contents;
     /// its allocation is reused).
     pub fn read_into(&self, offset: usize, len: usize, out: &mut Vec<u8>) {

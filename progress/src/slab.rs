@@ -2,9 +2,9 @@
 
 /// Bits of an id that hold the slot index.
 const INDEX_BITS: u32 = 32;
-/// Ids from a slab never have the top bit set: wr_ids with it are free for
-/// other uses (receive buffers, control messages).
-const GEN_MASK: u64 = (1 << 31) - 1;
+/// Ids from a slab never have either of the top two bits set: wr_ids with
+/// them are free for other uses (receive buffers, control messages).
+const GEN_MASK: u64 = (1 << 30) - 1;
 
 struct Slot<T> {
     gen: u64,
@@ -44,7 +44,7 @@ impl<T> WrSlab<T> {
         Self::default()
     }
 
-    /// Stores `value`; returns its wr_id (top bit clear).
+    /// Stores `value`; returns its wr_id (top two bits clear).
     pub fn insert(&mut self, value: T) -> u64 {
         self.len += 1;
         let index = match self.free.pop() {

@@ -1,0 +1,808 @@
+//! The core of a BTL: its state behind the one lock, and what progress
+//! does with it. It runs the protocol machines ([`crate::proto`]) against
+//! the interface and the connection driver: completions and messages go
+//! in, work comes out and is posted (`post.rs`), and whatever the user must
+//! hear of (messages, finished operations, failed peers) is queued as a
+//! [`Delivery`], which [`crate::Btl`] hands to the user's callbacks after
+//! the lock is released.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use xrcbtl_fabric::{
+    Access, Context, Cq, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
+};
+use xrcbtl_progress::{Batch, WrSlab};
+use xrcbtl_xrc_conn::Rank;
+
+use crate::config::BtlConfig;
+use crate::conn::{ConnDriver, ConnEvent};
+use crate::ep::{Endpoints, EpState, Item, Msg, Path, Store, Work};
+use crate::iface::Iface;
+use crate::post::PostedWr;
+use crate::proto::eager::Arrival;
+use crate::proto::ops::Ops;
+use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
+use crate::proto::{Local, Owner};
+use crate::types::{AmCallback, BtlError, BtlStats, ErrorCallback, OnDone, OpResult, Tag};
+use crate::wire::{self, Header, Kind, HEADER};
+use crate::wr_id::WrId;
+
+/// Give up on a work request after this many failed attempts.
+const MAX_TRIES: u32 = 64;
+/// Progress calls per look at connection and async events, where those
+/// cost system calls.
+const CONTROL_EVERY: u32 = 16;
+/// Message buffers kept for reuse.
+const BUFS_KEPT: usize = 256;
+/// Rendezvous sinks kept per size for reuse.
+const SINKS_KEPT: usize = 4;
+/// Buffers at least this large are rendezvous sinks.
+const SINK_MIN: usize = 64 * 1024;
+/// The longest rendezvous a receiver accepts.
+pub(crate) const MAX_RNDV: u64 = 1 << 40;
+
+/// The source of a rendezvous this rank sends: the data, kept alive and
+/// registered until the peer has it.
+pub(crate) struct Source {
+    pub data: Bytes,
+    pub reg: Registration,
+}
+
+/// The sink of a rendezvous this rank receives.
+pub(crate) struct Sink {
+    pub buf: Vec<u8>,
+    pub reg: Registration,
+}
+
+/// What the user must hear of, queued until the lock is released.
+pub(crate) enum Delivery<C: Context> {
+    /// A message: `buf[start..end]` from `src` with `tag`.
+    Message {
+        src: Rank,
+        tag: Tag,
+        buf: Vec<u8>,
+        start: usize,
+        end: usize,
+    },
+    /// An operation ended; run its callback.
+    Done {
+        op: u64,
+        result: OpResult,
+        cb: OnDone<C>,
+    },
+    /// The endpoint to `rank` failed for good.
+    Failed { rank: Rank, err: BtlError },
+    /// A rendezvous source to let go of (its owner's drop is user code).
+    Release(Bytes),
+}
+
+/// Everything a BTL keeps, behind its lock.
+pub(crate) struct Core<C: Context> {
+    pub cfg: BtlConfig,
+    pub iface: Iface<C>,
+    pub drv: ConnDriver<C>,
+    pub eps: Endpoints,
+    pub slab: WrSlab<PostedWr>,
+    /// Work in flight per QP slot of the driver.
+    pub sq_used: Vec<u32>,
+    pub rndv: Rndv<Source, Sink>,
+    pub ops: Ops<OnDone<C>>,
+    pub cache: MemCache<C>,
+    /// User registrations, by id.
+    pub regs: WrSlab<Registration>,
+    sinks: HashMap<usize, Vec<Vec<u8>>>,
+    bufs: Vec<Vec<u8>>,
+    pub am: Vec<Option<AmCallback<C>>>,
+    pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
+    pub err_all: Option<ErrorCallback<C>>,
+    pub deliveries: VecDeque<Delivery<C>>,
+    /// Deliveries queued, readable without the lock.
+    pub queued: Arc<AtomicUsize>,
+    pub stats: BtlStats,
+    /// Credit flow control: the device has no RNR (iWARP).
+    pub fc: bool,
+    control_tick: u32,
+    control_every: u32,
+    pub drained: bool,
+    send_batch: Option<Batch<WorkCompletion>>,
+    recv_batch: Option<Batch<WorkCompletion>>,
+    pub ring_blocked: VecDeque<u32>,
+    pub ring_served: VecDeque<u32>,
+}
+
+impl<C: Context> Core<C> {
+    /// Sets the rank up on its device.
+    pub fn new(ctx: C, cfg: BtlConfig, queued: Arc<AtomicUsize>) -> Result<Self> {
+        let iface = Iface::new(ctx.clone(), &cfg)?;
+        let drv = ConnDriver::new(&iface, &cfg)?;
+        let fc = matches!(iface.mode, xrcbtl_xrc_conn::Mode::Rc { p2p: true });
+        let control_every = if ctx.events_cost_syscalls() {
+            CONTROL_EVERY
+        } else {
+            1
+        };
+        let cache = MemCache::new(ctx, iface.pd.clone(), cfg.rcache);
+        let rndv = Rndv::new(RndvConfig {
+            put: cfg.rndv_protocol == crate::config::RndvProtocol::Put,
+            frag: cfg.rndv_frag_size as u64,
+            pipeline: cfg.rndv_pipeline,
+        });
+        Ok(Core {
+            send_batch: Some(Batch::new(cfg.cq_batch)),
+            recv_batch: Some(Batch::new(cfg.cq_batch)),
+            cfg,
+            iface,
+            drv,
+            eps: Endpoints::default(),
+            slab: WrSlab::new(),
+            sq_used: Vec::new(),
+            rndv,
+            ops: Ops::default(),
+            cache,
+            regs: WrSlab::new(),
+            sinks: HashMap::new(),
+            bufs: Vec::new(),
+            am: (0..256).map(|_| None).collect(),
+            err_cbs: HashMap::new(),
+            err_all: None,
+            deliveries: VecDeque::new(),
+            queued,
+            stats: BtlStats::default(),
+            fc,
+            control_tick: 0,
+            control_every,
+            drained: false,
+            ring_blocked: VecDeque::new(),
+            ring_served: VecDeque::new(),
+        })
+    }
+
+    /// Queues something for the user.
+    pub fn deliver(&mut self, d: Delivery<C>) {
+        self.deliveries.push_back(d);
+        self.queued.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Takes the next thing for the user.
+    pub fn next_delivery(&mut self) -> Option<Delivery<C>> {
+        let d = self.deliveries.pop_front()?;
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        Some(d)
+    }
+
+    /// A buffer for a message (reused).
+    pub fn buf(&mut self) -> Vec<u8> {
+        self.bufs.pop().unwrap_or_default()
+    }
+
+    /// Takes back a buffer a delivery is done with.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        let cap = buf.capacity();
+        if cap >= SINK_MIN && cap.is_power_of_two() {
+            let pool = self.sinks.entry(cap).or_default();
+            if pool.len() < SINKS_KEPT {
+                pool.push(buf);
+            }
+        } else if self.bufs.len() < BUFS_KEPT && cap > 0 {
+            self.bufs.push(buf);
+        }
+    }
+
+    /// A rendezvous sink for `len` bytes: a buffer from the pool, or a new
+    /// one (`None` when the memory cannot be had).
+    fn sink_buf(&mut self, len: usize) -> Option<Vec<u8>> {
+        let cap = len.checked_next_power_of_two()?.max(SINK_MIN);
+        if let Some(b) = self.sinks.get_mut(&cap).and_then(|p| p.pop()) {
+            return Some(b);
+        }
+        let mut b = Vec::new();
+        b.try_reserve_exact(cap).ok()?;
+        b.resize(cap, 0);
+        Some(b)
+    }
+
+    // ---- progress ----------------------------------------------------------
+
+    /// Does what is due: connection events, completions, pending work.
+    /// Returns how much it found.
+    pub fn poll(&mut self) -> usize {
+        let mut n = self.control();
+        n += self.poll_send();
+        n += self.poll_recv();
+        n += self.run_rndv();
+        n += self.drain_pending();
+        n
+    }
+
+    /// Connection and async events cost system calls (the CM's and the
+    /// device's event descriptors); completions do not. A progress loop
+    /// spinning on a CQ looks at them every `CONTROL_EVERY` calls only.
+    fn control(&mut self) -> usize {
+        let due = self.control_tick % self.control_every == 0;
+        self.control_tick = self.control_tick.wrapping_add(1);
+        if !due {
+            return 0;
+        }
+        self.control_now()
+    }
+
+    /// Looks at connection and async events now.
+    pub fn control_now(&mut self) -> usize {
+        let now = self.cfg.clock.now();
+        let mut work = self.drv.progress(now);
+        while let Some(ev) = self.drv.poll_event() {
+            work += 1;
+            self.on_conn_event(ev);
+        }
+        work
+    }
+
+    fn on_conn_event(&mut self, ev: ConnEvent) {
+        match ev {
+            ConnEvent::Ready {
+                rank,
+                slot,
+                qpn,
+                srqns,
+            } => {
+                if self.sq_used.len() <= slot as usize {
+                    self.sq_used.resize(slot as usize + 1, 0);
+                }
+                if let Some(ei) = self.eps.find(rank) {
+                    let ep = self.eps.get_mut(ei);
+                    ep.connecting = false;
+                    ep.path = Some(Path { slot, qpn, srqns });
+                    self.eps.mark_ready(ei);
+                }
+            }
+            ConnEvent::Lost { rank } => {
+                if let Some(ei) = self.eps.find(rank) {
+                    let ep = self.eps.get_mut(ei);
+                    ep.connecting = false;
+                    ep.path = None;
+                    self.eps.mark_ready(ei);
+                }
+            }
+            ConnEvent::Closed { rank } => self.fail_rank(rank, BtlError::Closed(rank)),
+            ConnEvent::Failed { rank, reason } => {
+                self.fail_rank(rank, BtlError::Unreachable(rank, reason))
+            }
+            ConnEvent::Drained => self.drained = true,
+            ConnEvent::Destroyed { slot, qpn } => {
+                if let Some(u) = self.sq_used.get_mut(slot as usize) {
+                    *u = 0;
+                }
+                for ep in self.eps.all_mut() {
+                    ep.credits.forget(qpn);
+                    if ep.path.as_ref().is_some_and(|p| p.slot == slot) {
+                        ep.path = None;
+                    }
+                }
+                // Work on a destroyed QP never completes: post it again.
+                for (_, p) in self.slab.extract(|p| p.qp == slot) {
+                    self.release(&p);
+                    self.requeue(p.ep, p.item);
+                }
+            }
+            ConnEvent::SrqLimit { srq } => {
+                if let Some(class) = self.iface.class_of_srq(srq) {
+                    self.stats.srq_limit_events += 1;
+                    match self.iface.refill(class) {
+                        Ok(n) => self.stats.srq_grown += u64::from(n),
+                        Err(_) => self.stats.no_resource += 1,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Undoes the accounting of posted work that is over.
+    fn release(&mut self, p: &PostedWr) {
+        if let Some(u) = self.sq_used.get_mut(p.qp as usize) {
+            *u = u.saturating_sub(1);
+        }
+        let ep = self.eps.get_mut(p.ep);
+        ep.in_flight = ep.in_flight.saturating_sub(1);
+        if ep.in_flight == 0 {
+            ep.flight_slot = None;
+            self.eps.mark_ready(p.ep);
+        }
+    }
+
+    /// Puts work that failed with its path back into its queue, in order,
+    /// or drops it when its endpoint is gone or it failed too often.
+    fn requeue(&mut self, ei: u32, mut item: Item) {
+        if item.is_credit() {
+            // Credits belong to the connection that failed.
+            if let Work::Msg(Msg {
+                store: Store::Slot(s),
+                ..
+            }) = item.work
+            {
+                self.iface.bounce.give(s);
+            }
+            self.eps.get_mut(ei).credits = Default::default();
+            return;
+        }
+        item.tries += 1;
+        if let EpState::Gone(e) = &self.eps.get(ei).state {
+            let e = e.clone();
+            return self.drop_item(ei, item, e);
+        }
+        if item.tries > MAX_TRIES {
+            return self.drop_item(ei, item, BtlError::Transfer(WcStatus::RetryExceeded));
+        }
+        self.stats.retransmits += 1;
+        self.eps.requeue(ei, item);
+    }
+
+    fn poll_send(&mut self) -> usize {
+        let mut batch = self.send_batch.take().expect("one poll at a time");
+        let n = match batch.poll(|b| self.iface.send_cq.poll(b)) {
+            Ok(wcs) => {
+                for wc in wcs {
+                    self.on_send_completion(wc);
+                }
+                wcs.len()
+            }
+            Err(_) => 0,
+        };
+        self.send_batch = Some(batch);
+        n
+    }
+
+    fn on_send_completion(&mut self, wc: &WorkCompletion) {
+        match WrId::of(wc.wr_id) {
+            WrId::Hello => {
+                if wc.status != WcStatus::Success {
+                    let now = self.cfg.clock.now();
+                    self.drv.handle_send_failure_qpn(now, wc.qp_num);
+                }
+            }
+            WrId::Recv(_) => {}
+            WrId::Send(id) => {
+                let Some(p) = self.slab.remove(id) else {
+                    return;
+                };
+                self.release(&p);
+                if wc.status == WcStatus::Success {
+                    return self.on_sent(p.item, wc);
+                }
+                self.stats.send_errors += 1;
+                let now = self.cfg.clock.now();
+                self.drv.handle_send_failure(now, p.qp);
+                let fatal = matches!(
+                    wc.status,
+                    WcStatus::RemoteAccess
+                        | WcStatus::RemoteInvalidRequest
+                        | WcStatus::LocalProtection
+                        | WcStatus::LocalLength
+                        | WcStatus::LocalAccess
+                );
+                if fatal {
+                    self.drop_item(p.ep, p.item, BtlError::Transfer(wc.status));
+                } else {
+                    self.requeue(p.ep, p.item);
+                }
+            }
+        }
+    }
+
+    /// Work completed successfully.
+    fn on_sent(&mut self, item: Item, wc: &WorkCompletion) {
+        match item.work {
+            Work::Msg(m) => {
+                let Store::Slot(s) = m.store else { return };
+                if m.kind == Kind::Fin {
+                    let mut id = [0u8; 8];
+                    self.iface.bounce.read_to(s, HEADER, &mut id);
+                    self.rndv.on_fin_sent(u64::from_le_bytes(id));
+                }
+                self.iface.bounce.give(s);
+            }
+            Work::Rdma(r) => match r.owner {
+                Owner::RndvIn { .. } | Owner::RndvOut { .. } => {
+                    self.rndv.on_rdma_done(r.owner, r.len())
+                }
+                Owner::Op { op } => self.finish_op(op, Ok(None)),
+                Owner::Atomic { op, slot, fetch } => {
+                    debug_assert!(matches!(
+                        wc.opcode,
+                        WcOpcode::FetchAdd | WcOpcode::CompareSwap
+                    ));
+                    let mut v = [0u8; 8];
+                    self.iface.results.read_to(slot, 0, &mut v);
+                    self.iface.results.give(slot);
+                    let found = u64::from_le_bytes(v);
+                    self.finish_op(op, Ok(fetch.then_some(found)));
+                }
+            },
+        }
+    }
+
+    /// Work that will never be done: fail what it belongs to.
+    fn drop_item(&mut self, ei: u32, item: Item, e: BtlError) {
+        let peer = self.eps.get(ei).rank;
+        match item.work {
+            Work::Msg(m) => {
+                let mut body = [0u8; wire::CONTROL_MAX];
+                let n = (m.len as usize).min(body.len());
+                match &m.store {
+                    Store::Slot(s) => {
+                        self.iface.bounce.read_to(*s, HEADER, &mut body[..n]);
+                        self.iface.bounce.give(*s);
+                    }
+                    Store::Heap(b) => body[..n].copy_from_slice(&b[..n]),
+                }
+                if m.kind != Kind::Credit {
+                    self.stats.lost += 1;
+                }
+                if let Some(ctl) = Control::decode(m.kind, &body[..n]) {
+                    self.rndv.on_control_lost(peer, ctl, e);
+                }
+            }
+            Work::Rdma(r) => match r.owner {
+                Owner::RndvIn { .. } | Owner::RndvOut { .. } => {
+                    self.rndv.on_rdma_failed(r.owner, e)
+                }
+                Owner::Op { op } => self.finish_op(op, Err(e)),
+                Owner::Atomic { op, slot, .. } => {
+                    self.iface.results.give(slot);
+                    self.finish_op(op, Err(e));
+                }
+            },
+        }
+    }
+
+    /// An operation ended: its callback runs at delivery.
+    pub fn finish_op(&mut self, op: u64, result: OpResult) {
+        if let Some((cb, result)) = self.ops.finish(op, result) {
+            self.deliver(Delivery::Done { op, result, cb });
+        }
+    }
+
+    /// The endpoint to `rank` is gone for good.
+    pub fn fail_rank(&mut self, rank: Rank, e: BtlError) {
+        if let Some(ei) = self.eps.find(rank) {
+            self.fail_endpoint(ei, e);
+        }
+    }
+
+    /// The endpoint is gone for good: everything to and from it fails, and
+    /// its error callbacks run.
+    pub fn fail_endpoint(&mut self, ei: u32, e: BtlError) {
+        let ep = self.eps.get_mut(ei);
+        if matches!(ep.state, EpState::Gone(_)) {
+            return;
+        }
+        ep.state = EpState::Gone(e.clone());
+        let rank = ep.rank;
+        for item in self.eps.drain(ei) {
+            self.drop_item(ei, item, e.clone());
+        }
+        for (_, p) in self.slab.extract(|p| p.ep == ei) {
+            self.release(&p);
+            self.drop_item(ei, p.item, e.clone());
+        }
+        self.rndv.fail_peer(rank, &e);
+        for op in self.ops.of_peer(rank) {
+            self.finish_op(op, Err(e.clone()));
+        }
+        self.run_rndv();
+        self.deliver(Delivery::Failed { rank, err: e });
+    }
+
+    // ---- receiving ---------------------------------------------------------
+
+    fn poll_recv(&mut self) -> usize {
+        let mut batch = self.recv_batch.take().expect("one poll at a time");
+        let n = match batch.poll(|b| self.iface.recv_cq.poll(b)) {
+            Ok(wcs) => {
+                for wc in wcs {
+                    self.on_recv_completion(wc);
+                }
+                wcs.len()
+            }
+            Err(_) => 0,
+        };
+        self.recv_batch = Some(batch);
+        if n > 0 && self.iface.repost_due(self.cfg.srq_refill).is_err() {
+            self.stats.no_resource += 1;
+        }
+        n
+    }
+
+    fn on_recv_completion(&mut self, wc: &WorkCompletion) {
+        let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
+            return;
+        };
+        if self.iface.consumed(slot).is_none() {
+            return;
+        }
+        if wc.status != WcStatus::Success
+            || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+        {
+            return;
+        }
+        if wc.byte_len == 0 {
+            // The iWARP initiator's hello: the responder may speak now.
+            let now = self.cfg.clock.now();
+            self.drv.handle_first_receive(now, wc.qp_num);
+            return;
+        }
+        let mut buf = self.buf();
+        self.iface.read(slot, wc.byte_len as usize, &mut buf);
+        self.on_message(buf, wc.qp_num);
+    }
+
+    /// A message arrived on local QP `qpn`.
+    fn on_message(&mut self, buf: Vec<u8>, qpn: u32) {
+        let Some(h) = Header::decode(&buf) else {
+            self.stats.malformed += 1;
+            return self.recycle(buf);
+        };
+        let Some(ei) = self.eps.find(h.src) else {
+            self.stats.malformed += 1;
+            return self.recycle(buf);
+        };
+        if self.fc {
+            // Every message took one of our receives (duplicates too): it
+            // is owed back once reposted. Returns to us ride on it.
+            let cap = self.cfg.credits;
+            if self
+                .eps
+                .get_mut(ei)
+                .credits
+                .of(qpn, cap)
+                .on_receive(h.credits, cap)
+            {
+                let store = Store::Heap(Vec::new());
+                let credit = Msg {
+                    seq: 0,
+                    kind: Kind::Credit,
+                    tag: 0,
+                    len: 0,
+                    store,
+                };
+                self.eps.requeue(
+                    ei,
+                    Item {
+                        order: 0,
+                        tries: 0,
+                        work: Work::Msg(credit),
+                    },
+                );
+            }
+        }
+        if h.kind == Kind::Credit || !self.eps.get(ei).is_open() {
+            return self.recycle(buf);
+        }
+        match self.eps.get_mut(ei).rx.arrive(h.seq) {
+            Arrival::Next => {}
+            Arrival::Duplicate => {
+                self.stats.duplicates += 1;
+                return self.recycle(buf);
+            }
+            Arrival::Ahead => {
+                self.stats.out_of_order += 1;
+                self.stats.malformed += 1;
+                return self.recycle(buf);
+            }
+        }
+        if h.kind == Kind::Eager {
+            self.stats.eager_received += 1;
+            self.stats.bytes_received += u64::from(h.len);
+            let end = buf.len();
+            return self.deliver(Delivery::Message {
+                src: h.src,
+                tag: h.tag,
+                buf,
+                start: HEADER,
+                end,
+            });
+        }
+        match Control::decode(h.kind, &buf[HEADER..]) {
+            Some(Control::Rts(rts)) => self.on_rts(h.src, h.tag, rts),
+            Some(Control::Rtr(rtr)) => {
+                self.rndv.on_rtr(h.src, rtr);
+            }
+            Some(Control::Ats(msg)) => {
+                self.rndv.on_ats(h.src, msg);
+            }
+            Some(Control::Fin(msg)) => {
+                self.rndv.on_fin(h.src, msg);
+            }
+            None => self.stats.malformed += 1,
+        }
+        self.recycle(buf);
+    }
+
+    /// A peer asks to send a rendezvous: find a sink, register it, start.
+    fn on_rts(&mut self, src: Rank, tag: Tag, rts: wire::Rts) {
+        if rts.len == 0 || rts.len > MAX_RNDV {
+            self.stats.malformed += 1;
+            return;
+        }
+        let Some(mut buf) = self.sink_buf(rts.len as usize) else {
+            // Nothing can land: the sender's operation waits until the
+            // peer is failed; count it.
+            self.stats.lost += 1;
+            return;
+        };
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let reg = match self
+            .cache
+            .register_mut(&mut buf[..rts.len as usize], access)
+        {
+            Ok(r) => r,
+            Err(_) => {
+                self.stats.lost += 1;
+                return self.recycle(buf);
+            }
+        };
+        let sink = Local {
+            addr: buf.as_ptr() as u64,
+            lkey: reg.lkey(),
+            rkey: reg.rkey(),
+        };
+        if let Err(s) = self.rndv.on_rts(src, tag, rts, sink, Sink { buf, reg }) {
+            self.stats.malformed += 1;
+            self.cache.release(s.reg);
+            self.recycle(s.buf);
+        }
+    }
+
+    /// Turns what the rendezvous machine asks into queued work and
+    /// deliveries.
+    pub fn run_rndv(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(act) = self.rndv.poll() {
+            n += 1;
+            match act {
+                Act::Send { peer, tag, ctl } => self.queue_control(peer, tag, ctl),
+                Act::Rdma { peer, rdma } => match self.eps.find(peer) {
+                    Some(ei) if self.eps.get(ei).is_open() => {
+                        self.stats.rdma_frags += 1;
+                        self.eps.enqueue(ei, Work::Rdma(rdma));
+                    }
+                    _ => self.rndv.on_rdma_failed(rdma.owner, BtlError::Closed(peer)),
+                },
+                Act::Deliver {
+                    peer,
+                    tag,
+                    len,
+                    sink,
+                } => {
+                    self.cache.release(sink.reg);
+                    self.stats.rndv_received += 1;
+                    self.stats.bytes_received += len;
+                    self.deliver(Delivery::Message {
+                        src: peer,
+                        tag,
+                        buf: sink.buf,
+                        start: 0,
+                        end: len as usize,
+                    });
+                }
+                Act::Finished { op, src, result } => {
+                    self.cache.release(src.reg);
+                    self.finish_op(op, result.map(|()| None));
+                    self.deliver(Delivery::Release(src.data));
+                }
+                Act::Release { sink } => {
+                    self.cache.release(sink.reg);
+                    self.recycle(sink.buf);
+                }
+            }
+        }
+        self.stats.pending_max = self.stats.pending_max.max(self.eps.pending_now);
+        n
+    }
+
+    /// Queues a rendezvous control message to `peer`, in its sequence.
+    fn queue_control(&mut self, peer: Rank, tag: Tag, ctl: Control) {
+        let ei = match self.eps.find(peer) {
+            Some(ei) if self.eps.get(ei).is_open() => ei,
+            _ => return self.rndv.on_control_lost(peer, ctl, BtlError::Closed(peer)),
+        };
+        let mut body = [0u8; wire::CONTROL_MAX];
+        let len = ctl.encode(&mut body);
+        let store = match self.iface.bounce.take() {
+            Some(s) => {
+                self.iface.bounce.write(s, HEADER, &body[..len]);
+                Store::Slot(s)
+            }
+            None => Store::Heap(body[..len].to_vec()),
+        };
+        let seq = self.eps.get_mut(ei).tx.take();
+        self.eps.enqueue(
+            ei,
+            Work::Msg(Msg {
+                seq,
+                kind: ctl.kind(),
+                tag,
+                len: len as u32,
+                store,
+            }),
+        );
+    }
+
+    /// Sends an eager message of `parts` (header, then payload) to
+    /// endpoint `ei`: copied into a bounce slot and posted now if it can
+    /// go, else queued (in a heap copy if no slot is free). With `now_only`
+    /// nothing is queued: `false` if it cannot go at once.
+    pub fn send_eager(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> bool {
+        let len = parts[0].len() + parts[1].len();
+        let store = match self.iface.bounce.take() {
+            Some(s) => {
+                self.iface.bounce.write(s, HEADER, parts[0]);
+                self.iface
+                    .bounce
+                    .write(s, HEADER + parts[0].len(), parts[1]);
+                Store::Slot(s)
+            }
+            None if now_only => return false,
+            None => {
+                self.stats.spilled += 1;
+                Store::Heap([parts[0], parts[1]].concat())
+            }
+        };
+        let ep = self.eps.get(ei);
+        let idle = ep.pending.is_empty();
+        let msg = Msg {
+            seq: ep.tx.peek(),
+            kind: Kind::Eager,
+            tag,
+            len: len as u32,
+            store,
+        };
+        if !idle {
+            if now_only {
+                if let Store::Slot(s) = msg.store {
+                    self.iface.bounce.give(s);
+                }
+                return false;
+            }
+            self.eps.get_mut(ei).tx.take();
+            self.stats.eager_sent += 1;
+            self.eps.enqueue(ei, Work::Msg(msg));
+            return true;
+        }
+        let item = Item {
+            order: self.eps.next_order(ei),
+            tries: 0,
+            work: Work::Msg(msg),
+        };
+        match self.post(ei, item) {
+            Ok(()) => {}
+            Err(item) if now_only => {
+                if let Work::Msg(Msg {
+                    store: Store::Slot(s),
+                    ..
+                }) = item.work
+                {
+                    self.iface.bounce.give(s);
+                }
+                return false;
+            }
+            Err(item) => self.eps.requeue(ei, item),
+        }
+        self.eps.get_mut(ei).tx.take();
+        self.stats.eager_sent += 1;
+        self.stats.pending_max = self.stats.pending_max.max(self.eps.pending_now);
+        true
+    }
+
+    /// Whether nothing is outstanding: no pending or in-flight work, no
+    /// rendezvous in progress, no operation, nothing to deliver.
+    pub fn is_idle(&self) -> bool {
+        self.slab.is_empty()
+            && self.eps.pending_now == 0
+            && self.rndv.is_idle()
+            && self.ops.is_empty()
+            && self.deliveries.is_empty()
+    }
+}

@@ -1,0 +1,303 @@
+//! Endpoints: one per peer, with the work waiting to be posted to it and
+//! the rules that keep that work in order.
+//!
+//! - Work is posted in the order it was queued ([`Item::order`]); work that
+//!   failed with its path goes back to its place in the queue, so a
+//!   retransmission never overtakes what came after it.
+//! - Nothing is posted on a new path (a rebuilt QP) while work is still in
+//!   flight on the old one.
+//! - Endpoints with work wait in a ring; posting serves them round robin
+//!   (see `post.rs`), so that endpoints sharing an XRC INI QP take turns
+//!   on its send queue.
+//!
+//! Endpoints are found by rank through a hash map (set up when peers are
+//! added, read per message) and then by index: their slots are never
+//! reused, so an index stays valid for the life of the BTL.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use xrcbtl_xrc_conn::Rank;
+
+use crate::credits::Credits;
+use crate::proto::eager::{SeqRx, SeqTx};
+use crate::proto::Rdma;
+use crate::types::{BtlError, Tag};
+use crate::wire::Kind;
+
+/// Where a message's body is kept until its completion: a bounce slot, or
+/// (when none was free) a heap copy that takes a slot when it is posted.
+#[derive(Debug)]
+pub(crate) enum Store {
+    /// A bounce slot: the body sits after the header's room.
+    Slot(u32),
+    /// The body itself (empty for header-only messages).
+    Heap(Vec<u8>),
+}
+
+/// A message: eager, rendezvous control, or credit-only.
+#[derive(Debug)]
+pub(crate) struct Msg {
+    /// Sequence number (0 for credit-only messages, which are outside the
+    /// sequence).
+    pub seq: u32,
+    /// What it is.
+    pub kind: Kind,
+    /// Its tag.
+    pub tag: Tag,
+    /// Bytes of body after the header.
+    pub len: u32,
+    /// Where the body is.
+    pub store: Store,
+}
+
+/// Work for one peer.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// A message.
+    Msg(Msg),
+    /// An RDMA read, write or atomic.
+    Rdma(Rdma),
+}
+
+/// Queued work and its place in the endpoint's order.
+#[derive(Debug)]
+pub(crate) struct Item {
+    /// Position in the endpoint's order (0: ahead of everything, for
+    /// credit-only messages).
+    pub order: u64,
+    /// Failed attempts so far.
+    pub tries: u32,
+    /// The work.
+    pub work: Work,
+}
+
+impl Item {
+    /// Whether this is a credit-only message.
+    pub fn is_credit(&self) -> bool {
+        matches!(&self.work, Work::Msg(m) if m.kind == Kind::Credit)
+    }
+}
+
+/// How to reach a peer: the QP (the driver's slot for it, and its number)
+/// and the peer's SRQ numbers by class (XRC; empty with RC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Path {
+    /// The driver's slot of the QP.
+    pub slot: u32,
+    /// The QP's number.
+    pub qpn: u32,
+    /// The peer's XRC SRQ numbers by size class.
+    pub srqns: Vec<u32>,
+}
+
+/// Whether an endpoint can still be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EpState {
+    /// Usable.
+    Open,
+    /// Failed or deleted: everything to it fails with this.
+    Gone(BtlError),
+}
+
+/// The state of one peer.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    /// The peer.
+    pub rank: Rank,
+    /// Usable or not.
+    pub state: EpState,
+    /// A connection was asked for and has not been reported yet.
+    pub connecting: bool,
+    /// The path messages go on, once connected.
+    pub path: Option<Path>,
+    /// Sequence numbers of messages to the peer.
+    pub tx: SeqTx,
+    /// Sequence numbers of messages from the peer.
+    pub rx: SeqRx,
+    /// The order of the last queued item.
+    pub order: u64,
+    /// Work waiting to be posted.
+    pub pending: VecDeque<Item>,
+    /// Work posted and not completed.
+    pub in_flight: u32,
+    /// The QP slot that work is in flight on.
+    pub flight_slot: Option<u32>,
+    /// Credit flow control by connection.
+    pub credits: Credits,
+    /// In the ready ring.
+    pub queued: bool,
+}
+
+impl Endpoint {
+    fn new(rank: Rank) -> Endpoint {
+        Endpoint {
+            rank,
+            state: EpState::Open,
+            connecting: false,
+            path: None,
+            tx: SeqTx::default(),
+            rx: SeqRx::default(),
+            order: 0,
+            pending: VecDeque::new(),
+            in_flight: 0,
+            flight_slot: None,
+            credits: Credits::default(),
+            queued: false,
+        }
+    }
+
+    /// Whether it is usable.
+    pub fn is_open(&self) -> bool {
+        self.state == EpState::Open
+    }
+}
+
+/// A hasher for ranks: one multiplication (ranks are small, dense
+/// integers chosen by the job, not by an adversary).
+#[derive(Default)]
+pub(crate) struct RankHasher(u64);
+
+impl Hasher for RankHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.0 = u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Every endpoint of the rank, and the ring of those with work to post.
+#[derive(Debug, Default)]
+pub(crate) struct Endpoints {
+    list: Vec<Endpoint>,
+    index: HashMap<Rank, u32, BuildHasherDefault<RankHasher>>,
+    ready: VecDeque<u32>,
+    /// Items waiting in all pending queues.
+    pub pending_now: u64,
+}
+
+impl Endpoints {
+    /// The endpoint of `rank`, made if new (a deleted one is made afresh).
+    pub fn add(&mut self, rank: Rank) -> u32 {
+        if let Some(&i) = self.index.get(&rank) {
+            return i;
+        }
+        let i = u32::try_from(self.list.len()).expect("fewer than 2^32 endpoints");
+        self.list.push(Endpoint::new(rank));
+        self.index.insert(rank, i);
+        i
+    }
+
+    /// Forgets `rank` (its slot stays, gone).
+    pub fn remove(&mut self, rank: Rank) {
+        self.index.remove(&rank);
+    }
+
+    /// The index of `rank`'s endpoint.
+    pub fn find(&self, rank: Rank) -> Option<u32> {
+        self.index.get(&rank).copied()
+    }
+
+    /// Endpoint `i`.
+    pub fn get(&self, i: u32) -> &Endpoint {
+        &self.list[i as usize]
+    }
+
+    /// Endpoint `i`, mutably.
+    pub fn get_mut(&mut self, i: u32) -> &mut Endpoint {
+        &mut self.list[i as usize]
+    }
+
+    /// Known (not deleted) endpoints.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Every endpoint ever made, mutably.
+    pub fn all_mut(&mut self) -> impl Iterator<Item = &mut Endpoint> {
+        self.list.iter_mut()
+    }
+
+    /// Puts endpoint `i` in the ready ring if it has work and is not there.
+    pub fn mark_ready(&mut self, i: u32) {
+        let e = &mut self.list[i as usize];
+        if !e.queued && !e.pending.is_empty() && e.is_open() {
+            e.queued = true;
+            self.ready.push_back(i);
+        }
+    }
+
+    /// Queues work at the end of endpoint `i`'s order.
+    pub fn enqueue(&mut self, i: u32, work: Work) {
+        let e = &mut self.list[i as usize];
+        e.order += 1;
+        let item = Item {
+            order: e.order,
+            tries: 0,
+            work,
+        };
+        e.pending.push_back(item);
+        self.pending_now += 1;
+        self.mark_ready(i);
+    }
+
+    /// Takes the next order number of endpoint `i` (for work that is posted
+    /// at once, without queueing).
+    pub fn next_order(&mut self, i: u32) -> u64 {
+        let e = &mut self.list[i as usize];
+        e.order += 1;
+        e.order
+    }
+
+    /// Puts an item back at the front (it could not be posted).
+    pub fn unpop(&mut self, i: u32, item: Item) {
+        self.list[i as usize].pending.push_front(item);
+        self.pending_now += 1;
+    }
+
+    /// Queues an item that was never queued, or that failed in flight, at
+    /// its place in the order.
+    pub fn requeue(&mut self, i: u32, item: Item) {
+        let e = &mut self.list[i as usize];
+        let at = e.pending.partition_point(|x| x.order < item.order);
+        e.pending.insert(at, item);
+        self.pending_now += 1;
+        self.mark_ready(i);
+    }
+
+    /// Takes the head of endpoint `i`'s queue.
+    pub fn pop(&mut self, i: u32) -> Option<Item> {
+        let item = self.list[i as usize].pending.pop_front();
+        if item.is_some() {
+            self.pending_now -= 1;
+        }
+        item
+    }
+
+    /// Takes every queued item of endpoint `i`.
+    pub fn drain(&mut self, i: u32) -> Vec<Item> {
+        let items: Vec<Item> = self.list[i as usize].pending.drain(..).collect();
+        self.pending_now -= items.len() as u64;
+        items
+    }
+
+    /// The ring of endpoints with work, taken for a round.
+    pub fn take_ready(&mut self) -> VecDeque<u32> {
+        std::mem::take(&mut self.ready)
+    }
+
+    /// Gives the ring back after a round (ahead of endpoints that became
+    /// ready meanwhile).
+    pub fn restore_ready(&mut self, mut ring: VecDeque<u32>) {
+        ring.append(&mut self.ready);
+        self.ready = ring;
+    }
+}

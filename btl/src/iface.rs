@@ -1,0 +1,330 @@
+//! The interface: a rank's resources on one device, owned here and lent
+//! to the connection driver and the data path.
+//!
+//! - the protection domain, the one send CQ and the one receive CQ every
+//!   QP of the rank shares, and (with XRC) the node's XRC domain;
+//! - the receive size classes: an SRQ each (XRC SRQs in the node's domain,
+//!   whose numbers peers address; with RC a QP draws from one SRQ, so only
+//!   the largest class exists), their receive buffers in chunks, reposted
+//!   in batches, refilled and grown when the SRQ reports its limit, and
+//!   provisioned for credit flow control;
+//! - the bounce slots eager messages are copied into;
+//! - the 8-byte result slots of atomics.
+//!
+//! The transport (XRC, or RC + SRQ) is decided here from the device caps.
+
+use xrcbtl_fabric::{
+    Access, Context, DeviceCaps, DmaBuf, Error, RecvWr, Result, Sge, Srq, SrqAttr, Transport,
+};
+use xrcbtl_xrc_conn::Mode;
+
+use crate::config::BtlConfig;
+use crate::wire::HEADER;
+use crate::wr_id::RecvSlot;
+
+/// Entries of each CQ (bounded by the device).
+const CQ_ENTRIES: u32 = 4096;
+/// Result slots of atomics (atomics in flight at once, at most).
+const ATOMIC_SLOTS: u32 = 256;
+
+/// One receive size class.
+pub(crate) struct RecvClass<C: Context> {
+    /// Its SRQ.
+    pub srq: C::Srq,
+    /// Buffer size in bytes.
+    pub size: u32,
+    chunks: Vec<DmaBuf<C>>,
+    /// Buffers in each chunk after the first.
+    per_chunk: u32,
+    /// Buffers allocated in all.
+    pub total: u32,
+    /// The SRQ's capacity.
+    pub capacity: u32,
+    /// Buffers posted.
+    pub posted: u32,
+    /// Buffers consumed and not yet posted again.
+    repost: Vec<(u16, u32)>,
+    /// The SRQ limit armed.
+    pub limit: u32,
+}
+
+/// Fixed-size slots of registered memory, taken and given back.
+pub(crate) struct Slots<C: Context> {
+    buf: DmaBuf<C>,
+    size: usize,
+    free: Vec<u32>,
+}
+
+impl<C: Context> Slots<C> {
+    fn new(ctx: &C, pd: &C::Pd, count: u32, size: usize) -> Result<Self> {
+        Ok(Slots {
+            buf: DmaBuf::new(ctx, pd, count as usize * size, Access::LOCAL_WRITE)?,
+            size,
+            free: (0..count).rev().collect(),
+        })
+    }
+
+    /// A free slot.
+    pub fn take(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    /// Gives a slot back.
+    pub fn give(&mut self, s: u32) {
+        debug_assert!(!self.free.contains(&s), "slot {s} given back twice");
+        self.free.push(s);
+    }
+
+    /// Copies `data` into slot `s` at `off`.
+    pub fn write(&self, s: u32, off: usize, data: &[u8]) {
+        debug_assert!(off + data.len() <= self.size);
+        self.buf.write(s as usize * self.size + off, data);
+    }
+
+    /// Copies slot `s` from `off` into `out`.
+    pub fn read_to(&self, s: u32, off: usize, out: &mut [u8]) {
+        debug_assert!(off + out.len() <= self.size);
+        self.buf.read_to(s as usize * self.size + off, out);
+    }
+
+    /// An SGE over the first `len` bytes of slot `s`.
+    pub fn sge(&self, s: u32, len: u32) -> Sge {
+        self.buf.sge(s as usize * self.size, len)
+    }
+}
+
+/// A rank's resources on its device.
+pub(crate) struct Iface<C: Context> {
+    /// The device.
+    pub ctx: C,
+    /// Its capabilities.
+    pub caps: DeviceCaps,
+    /// XRC, or RC (with the initiator speaking first on iWARP).
+    pub mode: Mode,
+    /// The protection domain of everything.
+    pub pd: C::Pd,
+    /// Where every send queue completes.
+    pub send_cq: C::Cq,
+    /// Where every receive completes.
+    pub recv_cq: C::Cq,
+    /// The node's XRC domain (XRC only).
+    pub xrcd: Option<C::Xrcd>,
+    /// Receive classes, smallest first.
+    pub classes: Vec<RecvClass<C>>,
+    /// Eager bounce slots.
+    pub bounce: Slots<C>,
+    /// Result slots of atomics.
+    pub results: Slots<C>,
+}
+
+impl<C: Context> Iface<C> {
+    /// Opens the rank's resources on `ctx` as `cfg` says, posts the first
+    /// receives and arms the SRQ limits.
+    pub fn new(ctx: C, cfg: &BtlConfig) -> Result<Self> {
+        let caps = ctx.caps().clone();
+        let mode = if caps.xrc && !cfg.force_rc {
+            Mode::Xrc
+        } else {
+            Mode::Rc {
+                p2p: caps.transport == Transport::Iwarp,
+            }
+        };
+        if !caps.srq {
+            return Err(Error::Unsupported("the BTL needs shared receive queues"));
+        }
+        let pd = ctx.alloc_pd()?;
+        let send_cq = ctx.create_cq(CQ_ENTRIES.min(caps.max_cqe))?;
+        let recv_cq = ctx.create_cq(CQ_ENTRIES.min(caps.max_cqe))?;
+        let xrcd = match mode {
+            Mode::Xrc => Some(ctx.open_xrcd(&cfg.xrcd_key)?),
+            Mode::Rc { .. } => None,
+        };
+        // The large class holds a full eager message; a small class, if
+        // asked for, holds short ones without wasting large buffers. An RC
+        // QP draws from one SRQ: RC keeps the large class only.
+        let large = (cfg.eager_limit + HEADER).next_multiple_of(64) as u32;
+        let mut sizes = Vec::new();
+        if mode == Mode::Xrc && cfg.small_size != 0 && cfg.small_size < large {
+            sizes.push(cfg.small_size);
+        }
+        sizes.push(large);
+        let mut classes = Vec::new();
+        for size in sizes {
+            let capacity = cfg.srq_max_depth.min(caps.max_srq_wr);
+            let attr = SrqAttr {
+                max_wr: capacity,
+                max_sge: 1,
+                srq_limit: 0,
+            };
+            let srq = match &xrcd {
+                Some(x) => ctx.create_xrc_srq(&pd, x, &recv_cq, attr)?,
+                None => ctx.create_srq(&pd, attr)?,
+            };
+            let depth = cfg.srq_depth.min(capacity);
+            let buf = DmaBuf::new(&ctx, &pd, (size * depth) as usize, Access::LOCAL_WRITE)?;
+            classes.push(RecvClass {
+                srq,
+                size,
+                chunks: vec![buf],
+                per_chunk: depth,
+                total: depth,
+                capacity,
+                posted: 0,
+                repost: (0..depth).map(|i| (0, i)).collect(),
+                limit: (depth / 4).max(1),
+            });
+        }
+        let bounce = Slots::new(&ctx, &pd, cfg.send_slots, large as usize)?;
+        let results = Slots::new(&ctx, &pd, ATOMIC_SLOTS, 8)?;
+        let mut iface = Iface {
+            ctx,
+            caps,
+            mode,
+            pd,
+            send_cq,
+            recv_cq,
+            xrcd,
+            classes,
+            bounce,
+            results,
+        };
+        // Arm the low-watermark once the SRQ holds its receives, so that it
+        // fires when they run low, not at once.
+        for c in 0..iface.classes.len() {
+            iface.repost(c)?;
+            let limit = iface.classes[c].limit;
+            iface.classes[c].srq.arm_limit(limit)?;
+        }
+        Ok(iface)
+    }
+
+    /// The XRC SRQ numbers peers address, by class (empty with RC).
+    pub fn srq_nums(&self) -> Vec<u32> {
+        self.classes
+            .iter()
+            .filter_map(|c| c.srq.srq_num())
+            .collect()
+    }
+
+    /// The SRQ RC QPs draw from (the largest class).
+    pub fn rc_srq(&self) -> &C::Srq {
+        &self.classes.last().expect("a class").srq
+    }
+
+    /// The smallest class that holds `total` bytes.
+    pub fn class_for(&self, total: usize) -> usize {
+        self.classes
+            .iter()
+            .position(|c| c.size as usize >= total)
+            .unwrap_or(self.classes.len() - 1)
+    }
+
+    /// The largest message a receive buffer holds, header included.
+    pub fn max_message(&self) -> usize {
+        self.classes.last().expect("a class").size as usize
+    }
+
+    /// The class whose SRQ has `srq_id`.
+    pub fn class_of_srq(&self, srq_id: u64) -> Option<usize> {
+        self.classes.iter().position(|c| c.srq.id() == srq_id)
+    }
+
+    /// A receive completed into `slot`: its buffer is to be posted again.
+    /// Returns the buffer size, or `None` for a slot that is not ours.
+    pub fn consumed(&mut self, slot: RecvSlot) -> Option<usize> {
+        let c = self.classes.get_mut(slot.class as usize)?;
+        if slot.chunk as usize >= c.chunks.len() {
+            return None;
+        }
+        c.posted = c.posted.saturating_sub(1);
+        c.repost.push((slot.chunk, slot.index));
+        Some(c.size as usize)
+    }
+
+    /// Copies `len` bytes received into `slot` into `out`.
+    pub fn read(&self, slot: RecvSlot, len: usize, out: &mut Vec<u8>) {
+        let c = &self.classes[slot.class as usize];
+        c.chunks[slot.chunk as usize].read_into(slot.index as usize * c.size as usize, len, out);
+    }
+
+    /// Reposts consumed buffers of every class that has a batch of them
+    /// waiting or runs low.
+    pub fn repost_due(&mut self, batch: u32) -> Result<()> {
+        for class in 0..self.classes.len() {
+            let c = &self.classes[class];
+            if c.repost.len() as u32 >= batch || c.posted <= c.limit * 2 {
+                self.repost(class)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts every consumed buffer of `class` again.
+    pub fn repost(&mut self, class: usize) -> Result<()> {
+        let c = &mut self.classes[class];
+        while let Some((chunk, index)) = c.repost.pop() {
+            let sge = [c.chunks[chunk as usize].sge(index as usize * c.size as usize, c.size)];
+            let wr_id = RecvSlot {
+                class: class as u16,
+                chunk,
+                index,
+            }
+            .wr_id();
+            if let Err(e) = c.srq.post_recv(&RecvWr { wr_id, sgl: &sge }) {
+                c.repost.push((chunk, index));
+                return Err(e);
+            }
+            c.posted += 1;
+        }
+        Ok(())
+    }
+
+    /// The SRQ of `class` ran low: post everything consumed, grow the class
+    /// by a chunk (up to its SRQ's capacity: the burst that emptied it may
+    /// come again), and arm the limit again. Returns the buffers added.
+    pub fn refill(&mut self, class: usize) -> Result<u32> {
+        self.repost(class)?;
+        let c = &self.classes[class];
+        let n = c.per_chunk.min(c.capacity - c.total);
+        self.grow(class, n)?;
+        let limit = self.classes[class].limit;
+        self.classes[class].srq.arm_limit(limit)?;
+        Ok(n)
+    }
+
+    /// Adds `n` receive buffers to `class` (one new chunk) and posts them.
+    pub fn grow(&mut self, class: usize, n: u32) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let c = &mut self.classes[class];
+        if c.chunks.len() > usize::from(u16::MAX) {
+            return Err(Error::NoResource("receive chunks"));
+        }
+        let buf = DmaBuf::new(
+            &self.ctx,
+            &self.pd,
+            (c.size * n) as usize,
+            Access::LOCAL_WRITE,
+        )?;
+        let chunk = c.chunks.len() as u16;
+        c.chunks.push(buf);
+        c.repost.extend((0..n).map(|i| (chunk, i)));
+        c.total += n;
+        self.repost(class)
+    }
+
+    /// With credit flow control, every peer may fill its credits at once
+    /// (plus the zero-length first message of a connection), while up to a
+    /// refill batch of consumed receives waits to be reposted: keeps that
+    /// many buffers in the (one, RC) class, as far as its SRQ allows.
+    /// Returns (buffers added, buffers short of the need).
+    pub fn provision(&mut self, peers: u32, credits: u32, refill: u32) -> Result<(u32, u32)> {
+        let need = peers.saturating_mul(credits + 1).saturating_add(refill);
+        let c = &self.classes[0];
+        let n = need.min(c.capacity).saturating_sub(c.total);
+        let short = need.saturating_sub(c.capacity);
+        self.grow(0, n)?;
+        Ok((n, short))
+    }
+}

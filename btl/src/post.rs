@@ -1,0 +1,229 @@
+//! The one place that turns work into a posted work request, for queued
+//! work and for work posted at once ([`crate::Btl::send`],
+//! [`crate::Btl::sendi`]) alike, and the round-robin drain of the pending
+//! queues.
+//!
+//! A message goes as one work request: its header is written in front of
+//! the body in the message's bounce slot and the slot is posted, or, when
+//! the whole message fits the QP's inline limit, header and body are
+//! gathered on the stack and posted inline (the slot stays with the message
+//! until it completes: it is what a retransmission sends). Before posting,
+//! the work must have a path, nothing in flight on an older path, room in
+//! the QP's send queue, a bounce slot (messages), and, where the device has
+//! no RNR, credits. Otherwise it goes back to its queue.
+
+use xrcbtl_fabric::{Context, Error, Payload, Qp, SendOp, SendWr, Sge};
+
+use crate::core::Core;
+use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
+use crate::ep::{Item, Store, Work};
+use crate::wire::{Header, Kind, HEADER};
+use crate::wr_id::WrId;
+
+/// The largest message posted inline (the stack buffer it is gathered in).
+pub(crate) const INLINE_MAX: usize = 1024;
+
+/// Work posted and not completed.
+#[derive(Debug)]
+pub(crate) struct PostedWr {
+    /// Its endpoint.
+    pub ep: u32,
+    /// The driver's slot of the QP it went on.
+    pub qp: u32,
+    /// The work.
+    pub item: Item,
+}
+
+impl<C: Context> Core<C> {
+    /// Posts `item` to endpoint `ei` if it can go now; gives it back if it
+    /// must wait. An endpoint without a path is connected (on demand).
+    pub(crate) fn post(&mut self, ei: u32, mut item: Item) -> Result<(), Item> {
+        let ep = self.eps.get_mut(ei);
+        let Some(path) = ep.path.as_ref() else {
+            if !ep.connecting {
+                ep.connecting = true;
+                let (now, rank) = (self.cfg.clock.now(), ep.rank);
+                self.drv.connect(now, rank);
+            }
+            return Err(item);
+        };
+        let (slot, qpn) = (path.slot, path.qpn);
+        if ep.in_flight > 0 && ep.flight_slot != Some(slot) {
+            // Work is still out on the old path: nothing may overtake it.
+            return Err(item);
+        }
+        let Some((qp, caps)) = self.drv.qp(slot) else {
+            return Err(item);
+        };
+        if self.sq_used[slot as usize] >= caps.max_send_wr {
+            self.stats.no_resource += 1;
+            return Err(item);
+        }
+        let mut inline = [0u8; INLINE_MAX];
+        let mut sgl = [Sge::default()];
+        let mut inline_len = 0;
+        let mut returned = 0u16;
+        let (op, srqn) = match &mut item.work {
+            Work::Msg(m) => {
+                let credit = m.kind == Kind::Credit;
+                if self.fc {
+                    let cr = ep.credits.of(qpn, self.cfg.credits);
+                    if credit && cr.to_return == 0 {
+                        // A message already carried them: nothing to send.
+                        cr.returning = false;
+                        if let Store::Slot(s) = m.store {
+                            self.iface.bounce.give(s);
+                        }
+                        return Ok(());
+                    }
+                    let need = if credit { RETURN_CREDITS } else { MSG_CREDITS };
+                    match cr.offer(need) {
+                        Some(r) => returned = r,
+                        None => {
+                            self.stats.credit_stalls += 1;
+                            return Err(item);
+                        }
+                    }
+                }
+                let s = match &m.store {
+                    Store::Slot(s) => *s,
+                    Store::Heap(body) => {
+                        let Some(s) = self.iface.bounce.take() else {
+                            self.stats.no_resource += 1;
+                            return Err(item);
+                        };
+                        self.iface.bounce.write(s, HEADER, body);
+                        m.store = Store::Slot(s);
+                        s
+                    }
+                };
+                let total = HEADER + m.len as usize;
+                let mut hdr = [0u8; HEADER];
+                Header {
+                    src: self.cfg.rank,
+                    seq: m.seq,
+                    kind: m.kind,
+                    tag: m.tag,
+                    credits: returned,
+                    len: m.len,
+                }
+                .encode(&mut hdr);
+                if total <= caps.max_inline as usize && total <= INLINE_MAX {
+                    inline[..HEADER].copy_from_slice(&hdr);
+                    self.iface
+                        .bounce
+                        .read_to(s, HEADER, &mut inline[HEADER..total]);
+                    inline_len = total;
+                } else {
+                    self.iface.bounce.write(s, 0, &hdr);
+                    sgl[0] = self.iface.bounce.sge(s, total as u32);
+                }
+                let class = self.iface.class_for(total);
+                (SendOp::Send, path.srqns.get(class).copied())
+            }
+            Work::Rdma(r) => {
+                sgl[0] = r.local;
+                (r.send_op(), path.srqns.first().copied())
+            }
+        };
+        let first_eager =
+            item.tries == 0 && matches!(&item.work, Work::Msg(m) if m.kind == Kind::Eager);
+        let credit = item.is_credit();
+        let is_msg = matches!(item.work, Work::Msg(_));
+        let wr_id = WrId::send(self.slab.insert(PostedWr {
+            ep: ei,
+            qp: slot,
+            item,
+        }));
+        let payload = if inline_len > 0 {
+            Payload::Inline(&inline[..inline_len])
+        } else {
+            Payload::Sgl(&sgl)
+        };
+        let mut wr = SendWr::new(wr_id, op, payload);
+        wr.remote_srqn = srqn;
+        match qp.post_send(&wr) {
+            Ok(()) => {
+                self.sq_used[slot as usize] += 1;
+                let ep = self.eps.get_mut(ei);
+                ep.in_flight += 1;
+                ep.flight_slot = Some(slot);
+                if self.fc && is_msg {
+                    let cr = ep.credits.of(qpn, self.cfg.credits);
+                    cr.spend(returned);
+                    if credit {
+                        cr.returning = false;
+                        self.stats.credits_returned += 1;
+                    }
+                }
+                if first_eager && inline_len > 0 {
+                    self.stats.inline_sent += 1;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let p = self.slab.remove(wr_id).expect("just inserted");
+                self.stats.no_resource += 1;
+                if !matches!(e, Error::NoResource(_)) {
+                    // The QP is unusable: let the manager rebuild the path.
+                    let now = self.cfg.clock.now();
+                    self.drv.handle_send_failure(now, slot);
+                }
+                Err(p.item)
+            }
+        }
+    }
+
+    /// Drains the pending queues round robin: each pass gives every
+    /// endpoint with work one post; an endpoint that got its post goes to
+    /// the back, one that was blocked (its QP's send queue full, no bounce
+    /// slot, no path) keeps its place at the front, so that endpoints
+    /// sharing a QP take turns on its slots. Passes repeat while posts are
+    /// made. Returns the posts made.
+    pub(crate) fn drain_pending(&mut self) -> usize {
+        let mut work = 0;
+        loop {
+            let mut ring = self.eps.take_ready();
+            if ring.is_empty() {
+                self.eps.restore_ready(ring);
+                return work;
+            }
+            let mut blocked = std::mem::take(&mut self.ring_blocked);
+            let mut served = std::mem::take(&mut self.ring_served);
+            let mut posted = false;
+            while let Some(ei) = ring.pop_front() {
+                self.eps.get_mut(ei).queued = false;
+                if !self.eps.get(ei).is_open() {
+                    continue;
+                }
+                let Some(item) = self.eps.pop(ei) else {
+                    continue;
+                };
+                match self.post(ei, item) {
+                    Ok(()) => {
+                        posted = true;
+                        work += 1;
+                        served.push_back(ei);
+                    }
+                    Err(item) => {
+                        self.eps.unpop(ei, item);
+                        blocked.push_back(ei);
+                    }
+                }
+            }
+            for ei in blocked.drain(..).chain(served.drain(..)) {
+                let e = self.eps.get_mut(ei);
+                if !e.queued && e.is_open() && !e.pending.is_empty() {
+                    e.queued = true;
+                    ring.push_back(ei);
+                }
+            }
+            self.ring_blocked = blocked;
+            self.ring_served = served;
+            self.eps.restore_ready(ring);
+            if !posted {
+                return work;
+            }
+        }
+    }
+}

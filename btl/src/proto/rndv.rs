@@ -1,0 +1,502 @@
+//! Rendezvous, for messages above the eager limit. Both ends of every
+//! rendezvous of a rank live here, keyed by the sender's message id.
+//!
+//! - **get**: the sender's RTS names its registered data; the receiver
+//!   reads it into a registered sink in fragments, `pipeline` in flight at
+//!   once, delivers it, and answers ATS, upon which the sender's operation
+//!   is done.
+//! - **put**: the RTS carries only the length; the receiver answers RTR
+//!   with its sink; the sender writes the fragments and sends FIN after the
+//!   last one, on the same connection, so that when FIN arrives the data
+//!   has landed; the sender's operation is done when FIN has been
+//!   acknowledged, and the receiver delivers on FIN.
+//!
+//! Replies are matched by message id *and* peer: a reply from anyone but
+//! the rendezvous's peer is ignored.
+//!
+//! The machine does no I/O: the caller registers the source and the sink
+//! and passes them in ([`Local`]) with an opaque payload (`S` for the
+//! sender's source, `K` for the receiver's sink) that comes back when the
+//! machine is done with it, and it posts the work the machine asks for
+//! ([`Act`]).
+
+use std::collections::{HashMap, VecDeque};
+
+use xrcbtl_fabric::RemoteAddr;
+use xrcbtl_xrc_conn::Rank;
+
+use super::{Local, MsgId, Owner, Rdma, RdmaOp};
+use crate::types::{BtlError, Tag};
+use crate::wire::{self, Kind, Rtr, Rts};
+
+/// How rendezvous are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RndvConfig {
+    /// The sender asks for put (else get).
+    pub put: bool,
+    /// Bytes per fragment.
+    pub frag: u64,
+    /// Fragments of one rendezvous in flight at once.
+    pub pipeline: u32,
+}
+
+/// A rendezvous control message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// Request to send.
+    Rts(Rts),
+    /// Ready to receive (put).
+    Rtr(Rtr),
+    /// Everything was read (get).
+    Ats(MsgId),
+    /// Everything was written (put).
+    Fin(MsgId),
+}
+
+impl Control {
+    /// The message kind that carries it.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Control::Rts(_) => Kind::Rts,
+            Control::Rtr(_) => Kind::Rtr,
+            Control::Ats(_) => Kind::Ats,
+            Control::Fin(_) => Kind::Fin,
+        }
+    }
+
+    /// Writes the payload into `out`; returns its length.
+    pub fn encode(&self, out: &mut [u8; wire::CONTROL_MAX]) -> usize {
+        let mut put = |b: &[u8]| {
+            out[..b.len()].copy_from_slice(b);
+            b.len()
+        };
+        match self {
+            Control::Rts(r) => put(&r.encode()),
+            Control::Rtr(r) => put(&r.encode()),
+            Control::Ats(m) | Control::Fin(m) => put(&wire::encode_msg_id(*m)),
+        }
+    }
+
+    /// Reads a control message of `kind`; `None` when malformed.
+    pub fn decode(kind: Kind, body: &[u8]) -> Option<Control> {
+        match kind {
+            Kind::Rts => Rts::decode(body).map(Control::Rts),
+            Kind::Rtr => Rtr::decode(body).map(Control::Rtr),
+            Kind::Ats => wire::decode_msg_id(body).map(Control::Ats),
+            Kind::Fin => wire::decode_msg_id(body).map(Control::Fin),
+            Kind::Eager | Kind::Credit => None,
+        }
+    }
+}
+
+/// What the machine asks of its caller.
+#[derive(Debug)]
+pub(crate) enum Act<S, K> {
+    /// Send a control message to `peer` (in its sequence).
+    Send {
+        /// To whom.
+        peer: Rank,
+        /// The tag (the RTS carries the user's; the others 0).
+        tag: Tag,
+        /// What.
+        ctl: Control,
+    },
+    /// Post an RDMA fragment to `peer`.
+    Rdma {
+        /// To whom.
+        peer: Rank,
+        /// What.
+        rdma: Rdma,
+    },
+    /// A rendezvous from `peer` is complete: `len` bytes in the sink.
+    Deliver {
+        /// The sender.
+        peer: Rank,
+        /// Its tag.
+        tag: Tag,
+        /// Bytes.
+        len: u64,
+        /// The sink.
+        sink: K,
+    },
+    /// A rendezvous this rank sent is over, well or not: the source is
+    /// free.
+    Finished {
+        /// The sender's operation.
+        op: u64,
+        /// The source.
+        src: S,
+        /// How it ended.
+        result: Result<(), BtlError>,
+    },
+    /// A rendezvous this rank received was abandoned: the sink is free.
+    Release {
+        /// The sink.
+        sink: K,
+    },
+}
+
+struct Out<S> {
+    peer: Rank,
+    op: u64,
+    len: u64,
+    src: Local,
+    /// The receiver's sink (put, once RTR came).
+    remote: Option<RemoteAddr>,
+    next: u64,
+    done: u64,
+    payload: S,
+}
+
+struct In<K> {
+    tag: Tag,
+    len: u64,
+    put: bool,
+    remote: RemoteAddr,
+    sink: Local,
+    next: u64,
+    done: u64,
+    payload: K,
+}
+
+/// Every rendezvous of one rank.
+pub(crate) struct Rndv<S, K> {
+    cfg: RndvConfig,
+    next_msg: MsgId,
+    outs: HashMap<MsgId, Out<S>>,
+    ins: HashMap<(Rank, MsgId), In<K>>,
+    acts: VecDeque<Act<S, K>>,
+}
+
+impl<S, K> Rndv<S, K> {
+    /// No rendezvous yet.
+    pub fn new(cfg: RndvConfig) -> Self {
+        assert!(cfg.frag > 0 && cfg.pipeline > 0, "{cfg:?}");
+        Rndv {
+            cfg,
+            next_msg: 1,
+            outs: HashMap::new(),
+            ins: HashMap::new(),
+            acts: VecDeque::new(),
+        }
+    }
+
+    /// The next thing to do.
+    pub fn poll(&mut self) -> Option<Act<S, K>> {
+        self.acts.pop_front()
+    }
+
+    /// Whether no rendezvous is in progress and nothing is asked.
+    pub fn is_idle(&self) -> bool {
+        self.outs.is_empty() && self.ins.is_empty() && self.acts.is_empty()
+    }
+
+    /// Sender: starts sending `len` bytes of registered `src` to `peer`
+    /// for operation `op`.
+    pub fn send(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        len: u64,
+        src: Local,
+        op: u64,
+        payload: S,
+    ) -> MsgId {
+        let msg = self.next_msg;
+        self.next_msg += 1;
+        let put = self.cfg.put;
+        self.outs.insert(
+            msg,
+            Out {
+                peer,
+                op,
+                len,
+                src,
+                remote: None,
+                next: 0,
+                done: 0,
+                payload,
+            },
+        );
+        let rts = Rts {
+            msg,
+            len,
+            addr: if put { 0 } else { src.addr },
+            rkey: if put { 0 } else { src.rkey },
+            put,
+        };
+        self.acts.push_back(Act::Send {
+            peer,
+            tag,
+            ctl: Control::Rts(rts),
+        });
+        msg
+    }
+
+    /// Receiver: `peer` asks to send `rts.len` bytes into `sink` (which the
+    /// caller registered for them). The sink comes back if the request is
+    /// refused (empty, or a message id already in progress).
+    pub fn on_rts(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        rts: Rts,
+        sink: Local,
+        payload: K,
+    ) -> Result<(), K> {
+        if rts.len == 0 || self.ins.contains_key(&(peer, rts.msg)) {
+            return Err(payload);
+        }
+        self.ins.insert(
+            (peer, rts.msg),
+            In {
+                tag,
+                len: rts.len,
+                put: rts.put,
+                remote: RemoteAddr {
+                    addr: rts.addr,
+                    rkey: rts.rkey,
+                },
+                sink,
+                next: 0,
+                done: 0,
+                payload,
+            },
+        );
+        if rts.put {
+            self.acts.push_back(Act::Send {
+                peer,
+                tag: 0,
+                ctl: Control::Rtr(Rtr {
+                    msg: rts.msg,
+                    addr: sink.addr,
+                    rkey: sink.rkey,
+                }),
+            });
+        } else {
+            for _ in 0..self.cfg.pipeline {
+                self.next_read(peer, rts.msg);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sender: `peer` offers its sink (put). Returns whether it matched a
+    /// rendezvous waiting for it.
+    pub fn on_rtr(&mut self, peer: Rank, rtr: Rtr) -> bool {
+        match self.outs.get_mut(&rtr.msg) {
+            Some(o) if o.peer == peer && self.cfg.put && o.remote.is_none() => {
+                o.remote = Some(RemoteAddr {
+                    addr: rtr.addr,
+                    rkey: rtr.rkey,
+                });
+            }
+            _ => return false,
+        }
+        for _ in 0..self.cfg.pipeline {
+            self.next_write(rtr.msg);
+        }
+        true
+    }
+
+    /// Sender: `peer` has read everything (get). Returns whether it
+    /// matched.
+    pub fn on_ats(&mut self, peer: Rank, msg: MsgId) -> bool {
+        let ok = self
+            .outs
+            .get(&msg)
+            .is_some_and(|o| o.peer == peer && !self.cfg.put);
+        if ok {
+            self.finish(msg, Ok(()));
+        }
+        ok
+    }
+
+    /// Receiver: `peer` has written everything (put). Returns whether it
+    /// matched.
+    pub fn on_fin(&mut self, peer: Rank, msg: MsgId) -> bool {
+        let ok = self.ins.get(&(peer, msg)).is_some_and(|i| i.put);
+        if ok {
+            let i = self.ins.remove(&(peer, msg)).expect("checked");
+            self.acts.push_back(Act::Deliver {
+                peer,
+                tag: i.tag,
+                len: i.len,
+                sink: i.payload,
+            });
+        }
+        ok
+    }
+
+    /// Sender: the FIN of `msg` was acknowledged: the peer has the data.
+    pub fn on_fin_sent(&mut self, msg: MsgId) {
+        if self.outs.contains_key(&msg) {
+            self.finish(msg, Ok(()));
+        }
+    }
+
+    /// A fragment completed.
+    pub fn on_rdma_done(&mut self, owner: Owner, len: u64) {
+        match owner {
+            Owner::RndvIn { peer, msg } => {
+                let Some(i) = self.ins.get_mut(&(peer, msg)) else {
+                    return;
+                };
+                i.done += len;
+                if i.done < i.len {
+                    self.next_read(peer, msg);
+                    return;
+                }
+                let i = self.ins.remove(&(peer, msg)).expect("live");
+                self.acts.push_back(Act::Deliver {
+                    peer,
+                    tag: i.tag,
+                    len: i.len,
+                    sink: i.payload,
+                });
+                self.acts.push_back(Act::Send {
+                    peer,
+                    tag: 0,
+                    ctl: Control::Ats(msg),
+                });
+            }
+            Owner::RndvOut { msg } => {
+                if let Some(o) = self.outs.get_mut(&msg) {
+                    o.done += len;
+                    self.next_write(msg);
+                }
+            }
+            Owner::Op { .. } | Owner::Atomic { .. } => {}
+        }
+    }
+
+    /// A fragment failed for good (a key or a range the device refused):
+    /// the rendezvous is over. A receiver gives up its sink; the sender's
+    /// operation then waits until its endpoint fails (nothing tells it).
+    pub fn on_rdma_failed(&mut self, owner: Owner, e: BtlError) {
+        match owner {
+            Owner::RndvIn { peer, msg } => {
+                if let Some(i) = self.ins.remove(&(peer, msg)) {
+                    self.acts.push_back(Act::Release { sink: i.payload });
+                }
+            }
+            Owner::RndvOut { msg } => {
+                if self.outs.contains_key(&msg) {
+                    self.finish(msg, Err(e));
+                }
+            }
+            Owner::Op { .. } | Owner::Atomic { .. } => {}
+        }
+    }
+
+    /// A rendezvous message this rank sent could not be delivered: the
+    /// rendezvous it starts or ends is over.
+    pub fn on_control_lost(&mut self, peer: Rank, ctl: Control, e: BtlError) {
+        match ctl {
+            Control::Rts(rts) => {
+                if self.outs.get(&rts.msg).is_some_and(|o| o.peer == peer) {
+                    self.finish(rts.msg, Err(e));
+                }
+            }
+            Control::Fin(msg) => {
+                if self.outs.get(&msg).is_some_and(|o| o.peer == peer) {
+                    self.finish(msg, Err(e));
+                }
+            }
+            Control::Rtr(r) => {
+                if let Some(i) = self.ins.remove(&(peer, r.msg)) {
+                    self.acts.push_back(Act::Release { sink: i.payload });
+                }
+            }
+            Control::Ats(_) => {}
+        }
+    }
+
+    /// `peer` is gone: every rendezvous with it is over.
+    pub fn fail_peer(&mut self, peer: Rank, e: &BtlError) {
+        let mut outs: Vec<MsgId> = self
+            .outs
+            .iter()
+            .filter(|(_, o)| o.peer == peer)
+            .map(|(m, _)| *m)
+            .collect();
+        outs.sort_unstable();
+        for m in outs {
+            self.finish(m, Err(e.clone()));
+        }
+        let mut ins: Vec<(Rank, MsgId)> =
+            self.ins.keys().filter(|k| k.0 == peer).copied().collect();
+        ins.sort_unstable();
+        for k in ins {
+            let i = self.ins.remove(&k).expect("listed");
+            self.acts.push_back(Act::Release { sink: i.payload });
+        }
+    }
+
+    fn finish(&mut self, msg: MsgId, result: Result<(), BtlError>) {
+        let o = self.outs.remove(&msg).expect("checked by the caller");
+        self.acts.push_back(Act::Finished {
+            op: o.op,
+            src: o.payload,
+            result,
+        });
+    }
+
+    fn next_read(&mut self, peer: Rank, msg: MsgId) {
+        let frag = self.cfg.frag;
+        let Some(i) = self.ins.get_mut(&(peer, msg)) else {
+            return;
+        };
+        if i.next >= i.len {
+            return;
+        }
+        let off = i.next;
+        let len = frag.min(i.len - off);
+        i.next += len;
+        let rdma = Rdma {
+            op: RdmaOp::Read,
+            local: i.sink.sge(off, len as u32),
+            remote: RemoteAddr {
+                addr: i.remote.addr + off,
+                rkey: i.remote.rkey,
+            },
+            owner: Owner::RndvIn { peer, msg },
+        };
+        self.acts.push_back(Act::Rdma { peer, rdma });
+    }
+
+    fn next_write(&mut self, msg: MsgId) {
+        let frag = self.cfg.frag;
+        let Some(o) = self.outs.get_mut(&msg) else {
+            return;
+        };
+        let Some(remote) = o.remote else { return };
+        if o.next >= o.len {
+            return;
+        }
+        let off = o.next;
+        let len = frag.min(o.len - off);
+        o.next += len;
+        let peer = o.peer;
+        let rdma = Rdma {
+            op: RdmaOp::Write,
+            local: o.src.sge(off, len as u32),
+            remote: RemoteAddr {
+                addr: remote.addr + off,
+                rkey: remote.rkey,
+            },
+            owner: Owner::RndvOut { msg },
+        };
+        let last = o.next == o.len;
+        self.acts.push_back(Act::Rdma { peer, rdma });
+        if last {
+            // After the last write, on the same connection: when the peer
+            // sees FIN, the data has landed.
+            self.acts.push_back(Act::Send {
+                peer,
+                tag: 0,
+                ctl: Control::Fin(msg),
+            });
+        }
+    }
+}

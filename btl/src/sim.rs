@@ -1,0 +1,382 @@
+//! A simulated job: N nodes × M ranks, each a process with its own
+//! [`Btl`] on one [`SimFabric`], all driven from one thread in virtual
+//! time, deterministic from the seed. Tests, benchmarks and examples build
+//! their clusters with it.
+//!
+//! Time moves only when every rank is idle: [`SimJob::step`] progresses
+//! the ranks that have something to do (something the fabric queued for
+//! them, a call from the caller, a connection timer that is due), and when
+//! none found work, moves the clock to the next scheduled event or timer.
+//! Ranks are numbered node by node: rank `r` lives on node `r / per_node`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
+use xrcbtl_fabric::{Fabric, Result, XrcdKey};
+use xrcbtl_xrc_conn::Rank;
+
+use crate::btl::Btl;
+use crate::config::{BtlConfig, Clock};
+use crate::types::Peer;
+
+/// The job id of simulated jobs.
+pub const JOB: u32 = 0xb71;
+
+/// One rank of a simulated job.
+pub struct JobRank {
+    /// Its BTL.
+    pub btl: Arc<Btl<SimContext>>,
+    /// Its process.
+    pub proc: SimProcess,
+    /// Its node.
+    pub node: usize,
+    /// Not progressed while set (a busy or descheduled process).
+    pub paused: bool,
+}
+
+/// What a step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Ranks found this much work.
+    Worked(usize),
+    /// Nobody had work: virtual time moved on.
+    Advanced,
+    /// Nothing is scheduled anywhere: nothing can happen any more.
+    Stuck,
+}
+
+/// N nodes × M ranks of BTLs on a simulated fabric.
+pub struct SimJob {
+    /// The fabric (faults, introspection).
+    pub sim: SimFabric,
+    ranks: Vec<Option<JobRank>>,
+    per_node: usize,
+    dirty: Vec<bool>,
+    rank_of_pid: HashMap<u32, Rank>,
+    timers: BTreeSet<(Duration, Rank)>,
+    timer_of: HashMap<Rank, Duration>,
+    /// Most sending QPs any rank held at the end of a step.
+    pub max_qps: usize,
+    track_qps: bool,
+}
+
+impl std::fmt::Debug for SimJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SimJob({} ranks, t={:?})",
+            self.ranks.len(),
+            self.sim.now()
+        )
+    }
+}
+
+impl SimJob {
+    /// `nodes` × `per_node` ranks on `device`, every peer added everywhere.
+    pub fn new(seed: u64, nodes: usize, per_node: usize, device: SimDevice) -> Result<SimJob> {
+        Self::with(
+            SimConfig::new(seed, nodes).with_devices(vec![device]),
+            per_node,
+            |_| {},
+        )
+    }
+
+    /// A job on a fabric configured by `cfg` (its first device), each rank's
+    /// configuration passed through `tune` first.
+    pub fn with(cfg: SimConfig, per_node: usize, tune: impl Fn(&mut BtlConfig)) -> Result<SimJob> {
+        let nodes = cfg.nodes;
+        let name = cfg.devices[0].name.clone();
+        let sim = SimFabric::new(cfg)?;
+        // Every rank reacts at an instant before time moves on.
+        sim.set_auto_advance(false);
+        let mut ranks = Vec::new();
+        for node in 0..nodes {
+            for i in 0..per_node {
+                let rank = (node * per_node + i) as Rank;
+                let proc = sim.spawn(node)?;
+                let ctx = proc.open(&name)?;
+                let listen = SocketAddr::new(ctx.ip(), 0);
+                let mut cfg =
+                    BtlConfig::new(rank, node as u32, JOB, XrcdKey::new("xrcd-job"), listen);
+                let s = sim.clone();
+                cfg.clock = Clock::from_fn(move || s.now());
+                tune(&mut cfg);
+                let btl = Arc::new(Btl::new(ctx, cfg)?);
+                ranks.push(Some(JobRank {
+                    btl,
+                    proc,
+                    node,
+                    paused: false,
+                }));
+            }
+        }
+        let peers: Vec<Peer> = ranks
+            .iter()
+            .flatten()
+            .map(|r| Peer {
+                rank: r.btl.rank(),
+                node: r.node as u32,
+                addr: r.btl.listen_addr().expect("a listener"),
+            })
+            .collect();
+        for r in ranks.iter().flatten() {
+            r.btl.add_procs(&peers);
+        }
+        let rank_of_pid = ranks
+            .iter()
+            .flatten()
+            .map(|r| (r.proc.pid(), r.btl.rank()))
+            .collect();
+        Ok(SimJob {
+            sim,
+            dirty: vec![true; ranks.len()],
+            ranks,
+            per_node,
+            rank_of_pid,
+            timers: BTreeSet::new(),
+            timer_of: HashMap::new(),
+            max_qps: 0,
+            track_qps: false,
+        })
+    }
+
+    /// Records, after every step, the most sending QPs any rank holds
+    /// ([`SimJob::max_qps`]).
+    pub fn track_qps(&mut self, on: bool) {
+        self.track_qps = on;
+    }
+
+    /// Ranks in the job (live or not).
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Ranks per node.
+    pub fn per_node(&self) -> usize {
+        self.per_node
+    }
+
+    /// Nodes.
+    pub fn nodes(&self) -> usize {
+        self.ranks.len() / self.per_node.max(1)
+    }
+
+    /// The live ranks.
+    pub fn live(&self) -> Vec<Rank> {
+        (0..self.ranks.len() as Rank)
+            .filter(|r| self.ranks[*r as usize].is_some())
+            .collect()
+    }
+
+    /// Whether rank `r` is live.
+    pub fn is_live(&self, r: Rank) -> bool {
+        self.ranks.get(r as usize).is_some_and(|x| x.is_some())
+    }
+
+    /// Virtual time.
+    pub fn now(&self) -> Duration {
+        self.sim.now()
+    }
+
+    /// A live rank, marked to make progress in the next step (the caller
+    /// is about to call into it).
+    pub fn rank(&mut self, r: Rank) -> &mut JobRank {
+        self.dirty[r as usize] = true;
+        self.ranks[r as usize].as_mut().expect("a live rank")
+    }
+
+    /// A live rank's BTL, marked to make progress in the next step.
+    pub fn btl(&mut self, r: Rank) -> &Arc<Btl<SimContext>> {
+        &self.rank(r).btl
+    }
+
+    /// A live rank's BTL, to look at (not marked).
+    pub fn peek(&self, r: Rank) -> &Arc<Btl<SimContext>> {
+        &self.ranks[r as usize].as_ref().expect("a live rank").btl
+    }
+
+    fn set_timer(&mut self, r: Rank, t: Option<Duration>) {
+        if let Some(old) = self.timer_of.remove(&r) {
+            self.timers.remove(&(old, r));
+        }
+        if let Some(t) = t {
+            self.timers.insert((t, r));
+            self.timer_of.insert(r, t);
+        }
+    }
+
+    /// One step: the ranks with something to do progress; if none found
+    /// work, time moves to the next event or timer.
+    pub fn step(&mut self) -> Step {
+        let now = self.sim.now();
+        let mut todo: BTreeSet<Rank> = self
+            .sim
+            .take_touched()
+            .iter()
+            .filter_map(|pid| self.rank_of_pid.get(pid).copied())
+            .collect();
+        for (r, d) in self.dirty.iter_mut().enumerate() {
+            if std::mem::take(d) {
+                todo.insert(r as Rank);
+            }
+        }
+        while let Some(&(t, r)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            self.timer_of.remove(&r);
+            todo.insert(r);
+        }
+        let mut work = 0;
+        for r in todo {
+            let Some(jr) = self.ranks[r as usize].as_ref() else {
+                continue;
+            };
+            if jr.paused {
+                continue;
+            }
+            let btl = jr.btl.clone();
+            let n = btl.progress();
+            work += n;
+            // A rank that did something may have more to do at once.
+            self.dirty[r as usize] = n > 0;
+            self.set_timer(r, btl.next_timeout().map(|t| t.max(now)));
+            if self.track_qps {
+                self.max_qps = self.max_qps.max(btl.with_manager(|m| m.live_qps()));
+            }
+        }
+        if work > 0 {
+            return Step::Worked(work);
+        }
+        if self.idle_advance() {
+            Step::Advanced
+        } else {
+            Step::Stuck
+        }
+    }
+
+    /// Everyone is idle: moves time to the next event or timer. `false`
+    /// when nothing is scheduled anywhere. For callers that progress the
+    /// ranks themselves (and so must ask every rank for its timer first:
+    /// [`SimJob::refresh_timers`]).
+    pub fn idle_advance(&mut self) -> bool {
+        let now = self.sim.now();
+        let timer = self.timers.first().map(|(t, _)| *t);
+        let next = match (self.sim.next_event_at(), timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match next {
+            Some(t) if t > now => self.sim.advance(t - now),
+            Some(_) => {
+                self.sim.step();
+            }
+            None => return false,
+        }
+        true
+    }
+
+    /// Asks every live rank for its next connection timer.
+    pub fn refresh_timers(&mut self) {
+        let now = self.sim.now();
+        for r in self.live() {
+            let t = self.peek(r).next_timeout().map(|t| t.max(now));
+            self.set_timer(r, t);
+        }
+    }
+
+    /// Steps until `done`; an error (with a dump of every rank) after
+    /// `limit` of virtual time, or when nothing can happen any more.
+    pub fn run_until(
+        &mut self,
+        limit: Duration,
+        mut done: impl FnMut(&mut SimJob) -> bool,
+    ) -> std::result::Result<(), String> {
+        let deadline = self.now() + limit;
+        while !done(self) {
+            let t = self.now();
+            if t >= deadline {
+                return Err(format!(
+                    "not done after {limit:?} (t={t:?})\n{}",
+                    self.dump()
+                ));
+            }
+            if self.step() == Step::Stuck {
+                return Err(format!(
+                    "stuck: nothing scheduled (t={t:?})\n{}",
+                    self.dump()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Steps through `d` of virtual time (jumping when nothing is
+    /// scheduled).
+    pub fn advance(&mut self, d: Duration) {
+        let end = self.now() + d;
+        while self.now() < end {
+            if self.step() == Step::Stuck {
+                let now = self.now();
+                self.sim.advance(end - now);
+            }
+        }
+    }
+
+    /// Steps until every live rank is idle.
+    pub fn settle(&mut self, limit: Duration) -> std::result::Result<(), String> {
+        self.run_until(limit, |j| j.ranks.iter().flatten().all(|r| r.btl.is_idle()))
+    }
+
+    /// Kills a rank: everything it held is released by the fabric.
+    pub fn crash(&mut self, r: Rank) {
+        let jr = self.ranks[r as usize].take().expect("a live rank");
+        self.sim.crash(&jr.proc);
+        self.set_timer(r, None);
+    }
+
+    /// A clean exit: the rank leaves (its peers hear of it first), then its
+    /// process exits.
+    pub fn exit(&mut self, r: Rank, limit: Duration) -> std::result::Result<(), String> {
+        self.btl(r).shutdown();
+        self.run_until(limit, |j| j.peek(r).is_drained())?;
+        let jr = self.ranks[r as usize].take().expect("live");
+        let proc = jr.proc.clone();
+        drop(jr);
+        proc.exit();
+        self.set_timer(r, None);
+        Ok(())
+    }
+
+    /// Settles, exits every live rank cleanly, and checks the fabric's
+    /// invariants.
+    pub fn shutdown(&mut self, limit: Duration) -> std::result::Result<(), String> {
+        self.settle(limit)?;
+        for r in self.live() {
+            self.btl(r).shutdown();
+        }
+        self.run_until(limit, |j| {
+            j.ranks.iter().flatten().all(|r| r.btl.is_drained())
+        })?;
+        self.sim.check_invariants().map_err(|e| e.to_string())
+    }
+
+    /// A summary of every live rank, for failure messages.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        for (i, r) in self.ranks.iter().enumerate() {
+            let Some(r) = r else { continue };
+            out += &format!(
+                "rank {i}: idle {} {:?} eps {:?}\n",
+                r.btl.is_idle(),
+                r.btl.stats(),
+                r.btl.with_manager(|m| m.endpoints_by_state()),
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,347 @@
+//! The BTL's public vocabulary: operations and their outcomes, callbacks,
+//! peers, registered memory and the handles peers exchange, counters.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use xrcbtl_fabric::{Context, DmaBuf, Error, Result, WcStatus};
+use xrcbtl_xrc_conn::{FailReason, Node, Rank};
+
+use crate::btl::Btl;
+
+/// An active-message tag.
+pub type Tag = u8;
+
+/// Names an operation (a rendezvous send, a put, a get, an atomic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub(crate) u64);
+
+impl OpId {
+    /// The id of an operation that completed when it was started (an eager
+    /// send: the data was copied).
+    pub const DONE: OpId = OpId(0);
+
+    /// The raw id (unique per BTL while the operation lives).
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+/// Where an operation is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpStatus {
+    /// Still moving.
+    Pending,
+    /// Done (for a send: the data is the BTL's or the peer's now; for a
+    /// rendezvous: the peer has it; for a put or get: it has landed).
+    Done,
+    /// Failed for good.
+    Failed(BtlError),
+}
+
+/// Why an operation or an endpoint failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BtlError {
+    /// The peer cannot be reached.
+    Unreachable(Rank, FailReason),
+    /// The peer left, or was deleted, before the operation finished.
+    Closed(Rank),
+    /// The device refused the operation (a key, a length, an alignment).
+    Transfer(WcStatus),
+    /// The peer is not known (never added).
+    UnknownPeer(Rank),
+}
+
+impl std::fmt::Display for BtlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BtlError::Unreachable(r, why) => write!(f, "rank {r} unreachable: {why:?}"),
+            BtlError::Closed(r) => write!(f, "rank {r} closed"),
+            BtlError::Transfer(s) => write!(f, "transfer failed: {s:?}"),
+            BtlError::UnknownPeer(r) => write!(f, "rank {r} is not a known peer"),
+        }
+    }
+}
+
+impl std::error::Error for BtlError {}
+
+/// How an operation ended: for a fetching atomic, the value it found at the
+/// remote address; `None` for everything else.
+pub type OpResult = std::result::Result<Option<u64>, BtlError>;
+
+/// A message delivered to an active-message callback.
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    /// Sending rank.
+    pub src: Rank,
+    /// Its tag.
+    pub tag: Tag,
+    /// What was sent: the header, then the payload, contiguous (valid during
+    /// the callback).
+    pub data: &'a [u8],
+}
+
+/// An active-message callback. It runs with no lock of the BTL held, on a
+/// thread that called [`Btl::progress`], and may call back into the BTL
+/// (send, add endpoints, start operations). Callbacks run one at a time, in
+/// the order the messages arrived.
+pub type AmCallback<C> = Arc<dyn Fn(&Btl<C>, &Incoming<'_>) + Send + Sync>;
+
+/// An error callback: runs (like [`AmCallback`]) when the endpoint to a
+/// rank fails for good.
+pub type ErrorCallback<C> = Arc<dyn Fn(&Btl<C>, Rank, &BtlError) + Send + Sync>;
+
+/// An operation's completion callback: runs once (like [`AmCallback`])
+/// when the operation ends.
+pub type OnDone<C> = Box<dyn FnOnce(&Btl<C>, OpId, OpResult) + Send>;
+
+/// A peer to add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Its rank.
+    pub rank: Rank,
+    /// Its node.
+    pub node: Node,
+    /// Its listener.
+    pub addr: SocketAddr,
+}
+
+/// Registered local memory: a user registration
+/// ([`Btl::register_mem`]) or memory the BTL allocated
+/// ([`Btl::alloc_mem`]). A plain handle: deregistering it
+/// ([`Btl::deregister_mem`]) or dropping the allocation while operations
+/// use it makes them fail, never reach other memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemReg {
+    /// The user registration's id (0 for BTL-allocated memory).
+    pub(crate) id: u64,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
+impl MemReg {
+    /// First byte.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address `off` bytes in.
+    pub fn at(&self, off: u64) -> LocalPtr {
+        LocalPtr {
+            reg: *self,
+            addr: self.addr.wrapping_add(off),
+        }
+    }
+
+    /// What a peer needs to reach this memory (send it [`RemoteMem::pack`]ed).
+    pub fn remote(&self) -> RemoteMem {
+        RemoteMem {
+            addr: self.addr,
+            len: self.len,
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// A place in registered local memory (checked against the registration
+/// when an operation starts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalPtr {
+    pub(crate) reg: MemReg,
+    pub(crate) addr: u64,
+}
+
+/// A peer's registered memory, as it told us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteMem {
+    /// Start address.
+    pub addr: u64,
+    /// Length.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl RemoteMem {
+    /// Bytes of a packed handle (a fixed size, as MPI libraries want).
+    pub const PACKED_LEN: usize = 20;
+
+    /// Packs the handle to send to a peer: address, length, key,
+    /// little-endian.
+    pub fn pack(&self) -> [u8; Self::PACKED_LEN] {
+        let mut b = [0u8; Self::PACKED_LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    /// Unpacks a handle a peer sent; `None` unless exactly
+    /// [`RemoteMem::PACKED_LEN`] bytes describing a range that does not
+    /// wrap around.
+    pub fn unpack(b: &[u8]) -> Option<RemoteMem> {
+        if b.len() != Self::PACKED_LEN {
+            return None;
+        }
+        let m = RemoteMem {
+            addr: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            len: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            rkey: u32::from_le_bytes(b[16..20].try_into().ok()?),
+        };
+        m.addr.checked_add(m.len).map(|_| m)
+    }
+
+    /// The address `off` bytes in.
+    pub fn at(&self, off: u64) -> RemotePtr {
+        RemotePtr {
+            mem: *self,
+            addr: self.addr.wrapping_add(off),
+        }
+    }
+}
+
+/// A place in a peer's registered memory (checked against its handle when
+/// an operation starts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemotePtr {
+    pub(crate) mem: RemoteMem,
+    pub(crate) addr: u64,
+}
+
+/// Memory the BTL allocated and registered for one-sided operations and
+/// atomics; clones share it. Keep it alive until the operations on it have
+/// completed.
+pub struct RegMem<C: Context>(pub(crate) Arc<DmaBuf<C>>);
+
+impl<C: Context> Clone for RegMem<C> {
+    fn clone(&self) -> Self {
+        RegMem(self.0.clone())
+    }
+}
+
+impl<C: Context> std::fmt::Debug for RegMem<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegMem({} bytes)", self.0.len())
+    }
+}
+
+impl<C: Context> RegMem<C> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Copies `data` in at `off`.
+    pub fn write(&self, off: usize, data: &[u8]) {
+        self.0.write(off, data)
+    }
+
+    /// Copies `len` bytes out at `off`.
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        self.0.read(off, len)
+    }
+
+    /// The 64-bit word at `off` (what atomics change), host order.
+    pub fn read_u64(&self, off: usize) -> u64 {
+        u64::from_le_bytes(self.0.read(off, 8).try_into().expect("8 bytes"))
+    }
+
+    /// The registration, for one-sided operations.
+    pub fn reg(&self) -> MemReg {
+        let r = self.0.remote(0);
+        MemReg {
+            id: 0,
+            addr: r.addr,
+            len: self.0.len() as u64,
+            lkey: xrcbtl_fabric::Mr::lkey(self.0.mr()),
+            rkey: r.rkey,
+        }
+    }
+
+    /// What a peer needs to reach this memory.
+    pub fn remote(&self) -> RemoteMem {
+        self.reg().remote()
+    }
+}
+
+/// Checks that `len` bytes at `addr` lie inside `[base, base + size)`.
+pub(crate) fn inside(what: &str, base: u64, size: u64, addr: u64, len: u64) -> Result<()> {
+    let end = addr.checked_add(len);
+    if addr < base || end.is_none_or(|e| e > base.saturating_add(size)) {
+        return Err(Error::invalid(format!(
+            "{what} range {addr:#x}+{len} outside {base:#x}+{size}"
+        )));
+    }
+    Ok(())
+}
+
+/// What the BTL counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BtlStats {
+    /// Eager messages sent (posted the first time).
+    pub eager_sent: u64,
+    /// Of which inline.
+    pub inline_sent: u64,
+    /// Eager messages delivered.
+    pub eager_received: u64,
+    /// Rendezvous started as sender.
+    pub rndv_sent: u64,
+    /// Rendezvous delivered as receiver.
+    pub rndv_received: u64,
+    /// RDMA reads and writes posted (rendezvous fragments and one-sided).
+    pub rdma_frags: u64,
+    /// Atomics posted.
+    pub atomics: u64,
+    /// Payload bytes delivered to callbacks.
+    pub bytes_received: u64,
+    /// Work requests posted again after their path failed.
+    pub retransmits: u64,
+    /// Messages received twice (dropped).
+    pub duplicates: u64,
+    /// Messages that arrived ahead of their sequence (must stay 0).
+    pub out_of_order: u64,
+    /// Messages that failed the header checks.
+    pub malformed: u64,
+    /// Messages whose tag had no callback.
+    pub unhandled: u64,
+    /// Sends that completed with an error.
+    pub send_errors: u64,
+    /// Times a post found no send-queue slot or bounce buffer.
+    pub no_resource: u64,
+    /// Eager messages that found no free bounce buffer when sent and waited
+    /// in a heap copy.
+    pub spilled: u64,
+    /// Most work waiting in pending queues at once.
+    pub pending_max: u64,
+    /// SRQ limit events.
+    pub srq_limit_events: u64,
+    /// Times a message waited for credits (devices without RNR).
+    pub credit_stalls: u64,
+    /// Credit-only messages sent.
+    pub credits_returned: u64,
+    /// Receives short of what credit flow control needs (the SRQ's
+    /// capacity is smaller than peers × (credits + 1) + refill): a burst
+    /// from every peer at once could still break a connection.
+    pub overcommitted: u64,
+    /// Receive buffers added to a class beyond its start depth.
+    pub srq_grown: u64,
+    /// Messages to peers that failed for good.
+    pub lost: u64,
+}

@@ -494,7 +494,11 @@ impl<C: Context> Btl<C> {
         Ok(OpId(op))
     }
 
-    /// Writes `len` bytes at `from` into the peer's memory at `to`.
+    /// Writes `len` bytes at `from` into the peer's memory at `to`. Its
+    /// completion means the source may be reused; on InfiniBand and RoCE
+    /// the data has then landed, on iWARP (where a write completes once it
+    /// has left) it has landed by the time anything sent to the peer after
+    /// it arrives.
     pub fn put(
         &self,
         dst: Rank,

@@ -533,6 +533,11 @@ impl<C: Context> Core<C> {
             self.drv.handle_first_receive(now, wc.qp_num);
             return;
         }
+        let class = slot.class as usize;
+        if self.stats.received_by_class.len() <= class {
+            self.stats.received_by_class.resize(class + 1, 0);
+        }
+        self.stats.received_by_class[class] += 1;
         let mut buf = self.buf();
         self.iface.read(slot, wc.byte_len as usize, &mut buf);
         self.on_message(buf, wc.qp_num);
@@ -552,29 +557,9 @@ impl<C: Context> Core<C> {
             // Every message took one of our receives (duplicates too): it
             // is owed back once reposted. Returns to us ride on it.
             let cap = self.cfg.credits;
-            if self
-                .eps
-                .get_mut(ei)
-                .credits
-                .of(qpn, cap)
-                .on_receive(h.credits, cap)
-            {
-                let store = Store::Heap(Vec::new());
-                let credit = Msg {
-                    seq: 0,
-                    kind: Kind::Credit,
-                    tag: 0,
-                    len: 0,
-                    store,
-                };
-                self.eps.requeue(
-                    ei,
-                    Item {
-                        order: 0,
-                        tries: 0,
-                        work: Work::Msg(credit),
-                    },
-                );
+            let cr = self.eps.get_mut(ei).credits.of(qpn, cap);
+            if cr.on_receive(h.credits, cap) {
+                self.eps.requeue(ei, crate::post::credit_item());
             }
         }
         if h.kind == Kind::Credit || !self.eps.get(ei).is_open() {

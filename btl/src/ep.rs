@@ -257,9 +257,12 @@ impl Endpoints {
         e.order
     }
 
-    /// Puts an item back at the front (it could not be posted).
+    /// Puts an item that could not be posted back at its place (the front,
+    /// unless a credit message was queued meanwhile).
     pub fn unpop(&mut self, i: u32, item: Item) {
-        self.list[i as usize].pending.push_front(item);
+        let e = &mut self.list[i as usize];
+        let at = e.pending.partition_point(|x| x.order < item.order);
+        e.pending.insert(at, item);
         self.pending_now += 1;
     }
 

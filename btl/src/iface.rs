@@ -26,6 +26,10 @@ use crate::wr_id::RecvSlot;
 const CQ_ENTRIES: u32 = 4096;
 /// Result slots of atomics (atomics in flight at once, at most).
 const ATOMIC_SLOTS: u32 = 256;
+/// Bounce slots kept for credit messages (which must always be able to go,
+/// or two sides whose slots hold messages waiting for credits would wait
+/// for each other forever).
+pub(crate) const RESERVED_SLOTS: usize = 1;
 
 /// One receive size class.
 pub(crate) struct RecvClass<C: Context> {
@@ -53,19 +57,31 @@ pub(crate) struct Slots<C: Context> {
     buf: DmaBuf<C>,
     size: usize,
     free: Vec<u32>,
+    /// Slots only reserved takers get.
+    reserved: usize,
 }
 
 impl<C: Context> Slots<C> {
-    fn new(ctx: &C, pd: &C::Pd, count: u32, size: usize) -> Result<Self> {
+    fn new(ctx: &C, pd: &C::Pd, count: u32, size: usize, reserved: usize) -> Result<Self> {
         Ok(Slots {
             buf: DmaBuf::new(ctx, pd, count as usize * size, Access::LOCAL_WRITE)?,
             size,
             free: (0..count).rev().collect(),
+            reserved,
         })
     }
 
-    /// A free slot.
+    /// A free slot, unless only the reserved ones are left.
     pub fn take(&mut self) -> Option<u32> {
+        self.take_for(false)
+    }
+
+    /// A free slot; only `reserved` callers (credit messages) get the last
+    /// [`RESERVED_SLOTS`].
+    pub fn take_for(&mut self, reserved: bool) -> Option<u32> {
+        if !reserved && self.free.len() <= self.reserved {
+            return None;
+        }
         self.free.pop()
     }
 
@@ -174,8 +190,14 @@ impl<C: Context> Iface<C> {
                 limit: (depth / 4).max(1),
             });
         }
-        let bounce = Slots::new(&ctx, &pd, cfg.send_slots, large as usize)?;
-        let results = Slots::new(&ctx, &pd, ATOMIC_SLOTS, 8)?;
+        let bounce = Slots::new(
+            &ctx,
+            &pd,
+            cfg.send_slots + RESERVED_SLOTS as u32,
+            large as usize,
+            RESERVED_SLOTS,
+        )?;
+        let results = Slots::new(&ctx, &pd, ATOMIC_SLOTS, 8, 0)?;
         let mut iface = Iface {
             ctx,
             caps,

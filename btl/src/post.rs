@@ -16,12 +16,47 @@ use xrcbtl_fabric::{Context, Error, Payload, Qp, SendOp, SendWr, Sge};
 
 use crate::core::Core;
 use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
-use crate::ep::{Item, Store, Work};
+use crate::ep::{Item, Msg, Store, Work};
+use crate::iface::Slots;
 use crate::wire::{Header, Kind, HEADER};
 use crate::wr_id::WrId;
 
 /// The largest message posted inline (the stack buffer it is gathered in).
 pub(crate) const INLINE_MAX: usize = 1024;
+
+/// A credit-only message, to queue ahead of everything.
+pub(crate) fn credit_item() -> Item {
+    Item {
+        order: 0,
+        tries: 0,
+        work: Work::Msg(Msg {
+            seq: 0,
+            kind: Kind::Credit,
+            tag: 0,
+            len: 0,
+            store: Store::Heap(Vec::new()),
+        }),
+    }
+}
+
+/// Takes the bounce slot of the last queued message that holds one, moving
+/// its body to the heap.
+fn steal_slot<C: Context>(
+    pending: &mut std::collections::VecDeque<Item>,
+    bounce: &Slots<C>,
+) -> Option<u32> {
+    for item in pending.iter_mut().rev() {
+        if let Work::Msg(m) = &mut item.work {
+            if let Store::Slot(s) = m.store {
+                let mut body = vec![0u8; m.len as usize];
+                bounce.read_to(s, HEADER, &mut body);
+                m.store = Store::Heap(body);
+                return Some(s);
+            }
+        }
+    }
+    None
+}
 
 /// Work posted and not completed.
 #[derive(Debug)]
@@ -85,18 +120,6 @@ impl<C: Context> Core<C> {
                         }
                     }
                 }
-                let s = match &m.store {
-                    Store::Slot(s) => *s,
-                    Store::Heap(body) => {
-                        let Some(s) = self.iface.bounce.take() else {
-                            self.stats.no_resource += 1;
-                            return Err(item);
-                        };
-                        self.iface.bounce.write(s, HEADER, body);
-                        m.store = Store::Slot(s);
-                        s
-                    }
-                };
                 let total = HEADER + m.len as usize;
                 let mut hdr = [0u8; HEADER];
                 Header {
@@ -109,12 +132,42 @@ impl<C: Context> Core<C> {
                 }
                 .encode(&mut hdr);
                 if total <= caps.max_inline as usize && total <= INLINE_MAX {
+                    // Gathered on the stack: a body kept on the heap needs
+                    // no slot.
                     inline[..HEADER].copy_from_slice(&hdr);
-                    self.iface
-                        .bounce
-                        .read_to(s, HEADER, &mut inline[HEADER..total]);
+                    match &m.store {
+                        Store::Slot(s) => {
+                            self.iface
+                                .bounce
+                                .read_to(*s, HEADER, &mut inline[HEADER..total])
+                        }
+                        Store::Heap(body) => inline[HEADER..total].copy_from_slice(body),
+                    }
                     inline_len = total;
                 } else {
+                    let s = match &m.store {
+                        Store::Slot(s) => *s,
+                        Store::Heap(body) => {
+                            // The last slots are kept for credit messages,
+                            // which must always be able to go. With none
+                            // free, a message queued behind this one gives
+                            // up its slot (or they would wait for each
+                            // other forever).
+                            let s = match self.iface.bounce.take_for(credit) {
+                                Some(s) => s,
+                                None => match steal_slot(&mut ep.pending, &self.iface.bounce) {
+                                    Some(s) => s,
+                                    None => {
+                                        self.stats.no_resource += 1;
+                                        return Err(item);
+                                    }
+                                },
+                            };
+                            self.iface.bounce.write(s, HEADER, body);
+                            m.store = Store::Slot(s);
+                            s
+                        }
+                    };
                     self.iface.bounce.write(s, 0, &hdr);
                     sgl[0] = self.iface.bounce.sge(s, total as u32);
                 }

@@ -193,9 +193,14 @@ impl SimJob {
         &self.rank(r).btl
     }
 
+    /// A live rank, to look at (not marked).
+    pub fn get(&self, r: Rank) -> &JobRank {
+        self.ranks[r as usize].as_ref().expect("a live rank")
+    }
+
     /// A live rank's BTL, to look at (not marked).
     pub fn peek(&self, r: Rank) -> &Arc<Btl<SimContext>> {
-        &self.ranks[r as usize].as_ref().expect("a live rank").btl
+        &self.get(r).btl
     }
 
     fn set_timer(&mut self, r: Rank, t: Option<Duration>) {

@@ -301,6 +301,8 @@ pub struct BtlStats {
     pub inline_sent: u64,
     /// Eager messages delivered.
     pub eager_received: u64,
+    /// Messages received, by receive size class (smallest first).
+    pub received_by_class: Vec<u64>,
     /// Rendezvous started as sender.
     pub rndv_sent: u64,
     /// Rendezvous delivered as receiver.

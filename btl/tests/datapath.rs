@@ -2,16 +2,15 @@
 //! 0 to 4 MiB, eager and both rendezvous protocols, same node and across
 //! nodes, XRC, RC + SRQ and iWARP; pending queues under a tiny send queue;
 //! SRQ exhaustion and refill; one-sided put and get; failover without loss;
-//! failed peers; the registration cache under remapped memory.
+//! failed peers.
 
 mod btlsim;
 
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, Got, TAG};
-use xrcbtl_btl::{BtlConfig, Bytes, OpStatus, RemoteMem, RndvProtocol};
+use xrcbtl_btl::{BtlConfig, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol};
 use xrcbtl_fabric::sim::SimDevice;
-use xrcbtl_xrc_conn::Mode;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -37,7 +36,10 @@ fn every_size(c: &mut Cluster, dst: u32) {
     c.clear_got(dst);
     for (i, &len) in sz.iter().enumerate() {
         let data = pattern(i as u32, len);
-        let op = c.btl(0).send_bytes(dst, TAG, Bytes::from(data)).unwrap();
+        let op = c
+            .btl(0)
+            .send_bytes(dst, TAG, Bytes::from(data), None)
+            .unwrap();
         c.run_until(LIMIT, |c| c.got_count(dst) == i + 1);
         c.settle(LIMIT);
         assert_eq!(c.btl(0).test(op), OpStatus::Done);
@@ -63,18 +65,17 @@ fn check_both_protocols(device: SimDevice, force_rc: bool, expect: Mode) {
         assert_eq!(c.btl(0).mode(), expect);
         every_size(&mut c, 1); // same node
         every_size(&mut c, 3); // other node
-        let s = c.btl(0).stats().clone();
+        let s = c.btl(0).stats();
         assert!(s.inline_sent > 0, "{s:?}");
         assert!(s.rndv_sent > 0 && s.eager_sent > 0, "{s:?}");
         assert_eq!(s.retransmits, 0);
         for r in [1, 3] {
-            let rs = c.btl(r).stats().clone();
+            let rs = c.btl(r).stats();
             assert_eq!(
                 (rs.duplicates, rs.out_of_order, rs.malformed),
                 (0, 0, 0),
                 "{rs:?}"
             );
-            assert!(rs.rdma_frags > 0 || proto == RndvProtocol::Put);
         }
         // 4 MiB in 256 KiB fragments: at least 16 fragments each way.
         let frags = if proto == RndvProtocol::Get {
@@ -83,9 +84,9 @@ fn check_both_protocols(device: SimDevice, force_rc: bool, expect: Mode) {
             c.btl(0).stats().rdma_frags
         };
         assert!(frags >= 2 * 16, "fragments {frags}");
-        // The sender's registrations were reused across messages.
+        // Every rendezvous source went through the cache.
         let rc = c.btl(0).rcache_stats();
-        assert!(rc.misses > 0);
+        assert!(rc.misses + rc.hits >= s.rndv_sent, "{rc:?} {s:?}");
         c.shutdown(LIMIT);
     }
 }
@@ -140,14 +141,14 @@ fn a_tiny_send_queue_queues_work_and_serves_endpoints_fairly_in_order() {
     const N: u32 = 100;
     // Connect first, so that the burst measures the queues, not set-up.
     for dst in 4..8 {
-        c.btl(0).send(dst, TAG + 1, b"warm-up").unwrap();
+        c.btl(0).send(dst, TAG + 1, &[], b"warm-up").unwrap();
     }
     c.settle(LIMIT);
     // Everything for rank 4 first, then rank 5, 6, 7: all four share rank
     // 0's one INI QP to node 1.
     for dst in 4..8 {
         for i in 0..N {
-            c.btl(0).send(dst, TAG, &numbered(i, 100)).unwrap();
+            c.btl(0).send(dst, TAG, &[], &numbered(i, 100)).unwrap();
         }
     }
     c.run_until(LIMIT, |c| tagged(c, 4, 0) == N as usize);
@@ -161,11 +162,11 @@ fn a_tiny_send_queue_queues_work_and_serves_endpoints_fairly_in_order() {
     for dst in 4..8 {
         assert_eq!(stream(&c, dst, 0), (0..N).collect::<Vec<_>>(), "rank {dst}");
     }
-    let s = c.btl(0).stats().clone();
+    let s = c.btl(0).stats();
     assert!(s.pending_max >= u64::from(3 * N), "{s:?}");
     assert!(s.no_resource > 0, "{s:?}");
     assert_eq!(s.inline_sent, 0);
-    let ini = c.btl(0).driver().manager().live_qps();
+    let ini = c.btl(0).with_manager(|m| m.live_qps());
     assert_eq!(ini, 1, "one INI QP to node 1");
     c.shutdown(LIMIT);
 }
@@ -179,24 +180,24 @@ fn an_exhausted_srq_is_refilled_and_grown_without_losing_a_message() {
     });
     const N: u32 = 300;
     for src in 1..4 {
-        c.btl(src).send(0, TAG + 1, b"warm-up").unwrap();
+        c.btl(src).send(0, TAG + 1, &[], b"warm-up").unwrap();
     }
     c.settle(LIMIT);
     // The receiver is busy elsewhere while the senders burst: its posted
     // receives go, the senders wait out RNR, the SRQ reports its limit.
-    c.rank(0).paused = true;
+    c.pause(0, true);
     for i in 0..N {
         for src in 1..4 {
-            c.btl(src).send(0, TAG, &numbered(i, 200)).unwrap();
+            c.btl(src).send(0, TAG, &[], &numbered(i, 200)).unwrap();
         }
     }
     c.advance(Duration::from_millis(5));
-    c.rank(0).paused = false;
+    c.pause(0, false);
     c.settle(LIMIT);
     for src in 1..4 {
         assert_eq!(stream(&c, 0, src), (0..N).collect::<Vec<_>>(), "from {src}");
     }
-    let s = c.btl(0).stats().clone();
+    let s = c.btl(0).stats();
     assert!(s.srq_limit_events > 0, "{s:?}");
     assert!(s.srq_grown > 0, "{s:?}");
     assert_eq!((s.duplicates, s.out_of_order), (0, 0));
@@ -215,22 +216,22 @@ fn on_iwarp_credits_keep_a_busy_receivers_srq_from_running_dry() {
     });
     const N: u32 = 300;
     for src in 1..4 {
-        c.btl(src).send(0, TAG + 1, b"warm-up").unwrap();
-        c.btl(0).send(src, TAG + 1, b"warm-up").unwrap();
+        c.btl(src).send(0, TAG + 1, &[], b"warm-up").unwrap();
+        c.btl(0).send(src, TAG + 1, &[], b"warm-up").unwrap();
     }
     c.settle(LIMIT);
-    c.rank(0).paused = true;
+    c.pause(0, true);
     for i in 0..N {
         for src in 1..4 {
-            c.btl(src).send(0, TAG, &numbered(i, 200)).unwrap();
+            c.btl(src).send(0, TAG, &[], &numbered(i, 200)).unwrap();
         }
     }
     c.advance(Duration::from_millis(5));
-    c.rank(0).paused = false;
+    c.pause(0, false);
     // Rank 0 talks back meanwhile: returns ride on these too.
     for i in 0..N {
         for dst in 1..4 {
-            c.btl(0).send(dst, TAG, &numbered(i, 50)).unwrap();
+            c.btl(0).send(dst, TAG, &[], &numbered(i, 50)).unwrap();
         }
     }
     c.run_until(LIMIT, |c| {
@@ -240,11 +241,11 @@ fn on_iwarp_credits_keep_a_busy_receivers_srq_from_running_dry() {
     for src in 1..4 {
         assert_eq!(stream(&c, 0, src), (0..N).collect::<Vec<_>>(), "from {src}");
         assert_eq!(stream(&c, src, 0), (0..N).collect::<Vec<_>>(), "to {src}");
-        let s = c.btl(src).stats().clone();
+        let s = c.btl(src).stats();
         assert_eq!((s.send_errors, s.retransmits), (0, 0), "rank {src}: {s:?}");
         assert!(s.credit_stalls > 0, "rank {src} never waited: {s:?}");
     }
-    let s = c.btl(0).stats().clone();
+    let s = c.btl(0).stats();
     assert_eq!(
         (s.duplicates, s.out_of_order, s.send_errors),
         (0, 0, 0),
@@ -262,47 +263,54 @@ fn one_sided_put_and_get_move_registered_memory() {
     let theirs = c.btl(3).alloc_mem(64 * 1024).unwrap();
     // The target tells the origin where its memory is.
     let adv = theirs.remote();
-    c.btl(3).send(0, TAG + 1, &adv.encode()).unwrap();
+    c.btl(3).send(0, TAG + 1, &adv.pack(), &[]).unwrap();
     c.run_until(LIMIT, |c| c.got_count(0) == 1);
-    let remote = RemoteMem::decode(&c.got(0)[0].data).unwrap();
+    let remote = RemoteMem::unpack(&c.got(0)[0].data).unwrap();
     assert_eq!(remote, adv);
 
     let data = pattern(42, 40_000);
     mine.write(0, &data);
     let put = c
         .btl(0)
-        .put(3, &mine, 0, &remote, 1000, data.len())
+        .put(3, mine.reg().at(0), remote.at(1000), data.len(), None)
         .unwrap();
     c.run_until(LIMIT, |c| c.btl(0).test(put) != OpStatus::Pending);
     assert_eq!(theirs.read(1000, data.len()), data);
     let get = c
         .btl(0)
-        .get(3, &back, 5, &remote, 1000, data.len())
+        .get(3, remote.at(1000), back.reg().at(5), data.len(), None)
         .unwrap();
     c.run_until(LIMIT, |c| c.btl(0).test(get) != OpStatus::Pending);
     assert_eq!(back.read(5, data.len()), data);
 
     // Bad ranges are refused before anything is posted.
-    assert!(c
-        .btl(0)
-        .put(3, &mine, 0, &remote, 60 * 1024, 8 * 1024)
+    let b = c.btl(0);
+    assert!(b
+        .put(3, mine.reg().at(0), remote.at(60 * 1024), 8 * 1024, None)
         .is_err());
-    assert!(c
-        .btl(0)
-        .get(3, &back, 64 * 1024 - 1, &remote, 0, 2)
+    assert!(b
+        .get(3, remote.at(0), back.reg().at(64 * 1024 - 1), 2, None)
         .is_err());
-    assert!(c.btl(0).put(3, &mine, 0, &remote, 0, 0).is_err());
+    assert!(b.put(3, mine.reg().at(0), remote.at(0), 0, None).is_err());
+    assert!(
+        b.put(0, mine.reg().at(0), remote.at(0), 8, None).is_err(),
+        "to itself"
+    );
+    assert!(
+        b.put(99, mine.reg().at(0), remote.at(0), 8, None).is_err(),
+        "unknown peer"
+    );
 
     // A key the peer never issued fails the operation, not the endpoint.
     let forged = RemoteMem {
         rkey: remote.rkey ^ 0x5555,
         ..remote
     };
-    let bad = c.btl(0).put(3, &mine, 0, &forged, 0, 64).unwrap();
+    let bad = b.put(3, mine.reg().at(0), forged.at(0), 64, None).unwrap();
     c.run_until(LIMIT, |c| c.btl(0).stats().send_errors > 0);
     c.settle(LIMIT);
     assert!(matches!(c.btl(0).test(bad), OpStatus::Failed(_)));
-    c.btl(0).send(3, TAG, b"still here").unwrap();
+    c.btl(0).send(3, TAG, &[], b"still here").unwrap();
     c.run_until(LIMIT, |c| c.got(3).iter().any(|g| g.data == b"still here"));
     c.shutdown(LIMIT);
 }
@@ -320,7 +328,8 @@ fn messages_in_flight_when_a_tgt_qp_fails_arrive_once_and_in_order() {
                 for dst in 3..6 {
                     // Every tenth message is a rendezvous.
                     let len = if i % 10 == 9 { 20_000 } else { 64 };
-                    c.btl(src).send(dst, TAG, &numbered(i, len)).unwrap();
+                    let data = Bytes::from(numbered(i, len));
+                    c.btl(src).send_bytes(dst, TAG, data, None).unwrap();
                     sent += 1;
                 }
             }
@@ -362,99 +371,78 @@ fn messages_in_flight_when_a_tgt_qp_fails_arrive_once_and_in_order() {
 }
 
 #[test]
-fn a_crashed_peer_fails_its_operations_and_calls_the_error_callback() {
+fn a_crashed_peer_fails_its_operations_and_calls_the_error_callbacks() {
     let mut c = Cluster::new(4, 2, 2, SimDevice::ib("sim0"));
     let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let e = errors.clone();
-    c.btl(0)
-        .set_error_callback(3, move |r, err| e.lock().unwrap().push((r, err.clone())))
+    let b = c.btl(0);
+    b.set_error_callback(3, move |_, r, err| e.lock().unwrap().push((r, err.clone())))
         .unwrap();
-    c.btl(0).send(3, TAG, b"hello").unwrap();
+    let all = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = all.clone();
+    b.register_error(move |_, r, _| a.lock().unwrap().push(r));
+    let done = std::sync::Arc::new(std::sync::Mutex::new(None));
+    b.send(3, TAG, &[], b"hello").unwrap();
     c.run_until(LIMIT, |c| c.got_count(3) == 1);
     c.crash(3);
-    let op = c.btl(0).send(3, TAG, &pattern(1, 100_000)).unwrap();
-    c.btl(0).send(3, TAG, b"lost").unwrap();
-    c.btl(0).send(2, TAG, b"unaffected").unwrap();
-    c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
+    let d = done.clone();
+    let op = b
+        .send_bytes(
+            3,
+            TAG,
+            Bytes::from(pattern(1, 100_000)),
+            Some(Box::new(move |_, _, r| *d.lock().unwrap() = Some(r))),
+        )
+        .unwrap();
+    b.send(3, TAG, &[], b"lost").unwrap();
+    b.send(2, TAG, &[], b"unaffected").unwrap();
+    c.run_until(LIMIT, |_| done.lock().unwrap().is_some());
     c.settle(LIMIT);
+    assert!(
+        matches!(*done.lock().unwrap(), Some(Err(_))),
+        "the rendezvous failed"
+    );
+    assert_eq!(b.test(op), OpStatus::Done, "reported through its callback");
     assert_eq!(c.got(2).len(), 1);
     let errs = errors.lock().unwrap().clone();
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].0, 3);
+    assert_eq!(*all.lock().unwrap(), vec![3], "the global callback ran too");
     assert!(
-        c.btl(0).send(3, TAG, b"after").is_err(),
+        b.send(3, TAG, &[], b"after").is_err(),
         "the endpoint is gone"
     );
-    assert!(c.btl(0).send(99, TAG, b"nobody").is_err(), "unknown peer");
-    assert!(c.btl(0).stats().lost >= 1);
+    assert!(b.send(99, TAG, &[], b"nobody").is_err(), "unknown peer");
+    assert!(b.stats().lost >= 1);
 }
 
 #[test]
-fn sendi_goes_inline_once_a_path_exists_and_self_sends_are_delivered() {
+fn sendi_posts_now_or_not_at_all_and_self_sends_are_delivered() {
     let mut c = Cluster::new(8, 2, 2, SimDevice::ib("sim0"));
-    assert!(
-        !c.btl(0).sendi(3, TAG, b"too early").unwrap(),
-        "no path yet"
-    );
-    c.btl(0).send(3, TAG, b"first").unwrap();
+    let b = c.btl(0);
+    assert!(!b.sendi(3, TAG, &[], b"too early").unwrap(), "no path yet");
+    b.send(3, TAG, b"fir", b"st").unwrap();
     c.run_until(LIMIT, |c| c.got_count(3) == 1);
-    assert!(c.btl(0).sendi(3, TAG, b"now").unwrap());
+    assert_eq!(c.got(3)[0].data, b"first", "header and payload gathered");
+    assert!(b.sendi(3, TAG, b"n", b"ow").unwrap());
     let big = vec![1u8; 4096];
     assert!(
-        !c.btl(0).sendi(3, TAG, &big).unwrap(),
-        "too large for inline"
+        b.sendi(3, TAG, &[], &big).unwrap(),
+        "not inline, but at once"
     );
-    c.run_until(LIMIT, |c| c.got_count(3) == 2);
+    let too_big = vec![1u8; b.max_send_size() + 1];
+    assert!(b.sendi(3, TAG, &[], &too_big).is_err());
+    c.run_until(LIMIT, |c| c.got_count(3) == 3);
     assert_eq!(c.got(3)[1].data, b"now");
-    assert!(c.btl(0).stats().inline_sent >= 2);
-    // To itself, eager and rendezvous.
-    c.btl(0).send(0, TAG, b"me").unwrap();
-    c.btl(0).send(0, TAG, &pattern(3, 50_000)).unwrap();
+    assert_eq!(c.got(3)[2].data, big);
+    assert!(b.stats().inline_sent >= 2);
+    // To itself, eager and rendezvous sizes.
+    b.send(0, TAG, b"m", b"e").unwrap();
+    b.send_bytes(0, TAG, Bytes::from(pattern(3, 50_000)), None)
+        .unwrap();
     c.run_until(LIMIT, |c| c.got_count(0) == 2);
+    assert_eq!(c.got(0)[0].data, b"me");
     assert_eq!(c.got(0)[1].data, pattern(3, 50_000));
-    c.shutdown(LIMIT);
-}
-
-#[test]
-fn a_remapped_buffer_is_registered_afresh_and_its_new_contents_arrive() {
-    let mut c = Cluster::new(12, 2, 1, SimDevice::ib("sim0"));
-    let len = 256 * 1024;
-    let mut first = memmap2::MmapMut::map_anon(len).unwrap();
-    first.fill(0xA1);
-    let addr = first.as_ptr() as usize;
-    let b = Bytes::from_owner(first.make_read_only().unwrap());
-    c.btl(0).send_bytes(1, TAG, b.clone()).unwrap();
-    c.settle(LIMIT);
-    // The same buffer again: a cache hit.
-    c.btl(0).send_bytes(1, TAG, b.clone()).unwrap();
-    c.settle(LIMIT);
-    let rc = c.btl(0).rcache_stats();
-    assert!(rc.hits >= 1, "{rc:?}");
-    drop(b);
-    // Unmapped; map until the address comes back, with other contents.
-    let mut keep = Vec::new();
-    let second = loop {
-        let m = memmap2::MmapMut::map_anon(len).unwrap();
-        if m.as_ptr() as usize == addr {
-            break m;
-        }
-        assert!(keep.len() < 64, "the address never came back");
-        keep.push(m);
-    };
-    let mut second = second;
-    second.fill(0xB2);
-    let b = Bytes::from_owner(second.make_read_only().unwrap());
-    c.btl(0).send_bytes(1, TAG, b).unwrap();
-    c.settle(LIMIT);
-    let got = c.got(1);
-    assert_eq!(got.len(), 3);
-    assert!(got[0].data.iter().all(|&x| x == 0xA1));
-    assert!(got[1].data.iter().all(|&x| x == 0xA1));
-    assert!(
-        got[2].data.iter().all(|&x| x == 0xB2),
-        "stale registration: the old pages (or none) were sent"
-    );
-    assert!(c.btl(0).rcache_stats().invalidations >= 1);
     c.shutdown(LIMIT);
 }
 
@@ -513,7 +501,7 @@ fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
     let mut c = Cluster::new(31, 2, 1, SimDevice::ib("sim0"));
     const N: u32 = 400;
     for i in 0..N {
-        c.btl(0).send(1, TAG, &numbered(i, 64)).unwrap();
+        c.btl(0).send(1, TAG, &[], &numbered(i, 64)).unwrap();
     }
     c.run_until(LIMIT, |c| tagged(c, 1, 0) >= 100);
     // Cut while messages and their acknowledgements are on the wire; heal
@@ -523,7 +511,7 @@ fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
     c.sim.heal(0, 1);
     c.settle(LIMIT);
     assert_eq!(stream(&c, 1, 0), (0..N).collect::<Vec<_>>());
-    let s = c.btl(1).stats().clone();
+    let s = c.btl(1).stats();
     assert!(s.duplicates > 0, "nothing was delivered twice: {s:?}");
     assert_eq!(s.out_of_order, 0);
     assert!(c.btl(0).stats().retransmits > 0);

@@ -1,37 +1,40 @@
-//! A BTL under its own progress thread: messages arrive both ways while
-//! the application thread only sends, and the thread blocks on the
-//! completion channel once idle.
+//! BTLs driven by several threads on the simulated fabric, with its causal
+//! clock (time moves only while no process has unpolled events, so a slow
+//! thread never sees its peers' timers run out): a progress thread that
+//! delivers while the application thread only sends, and blocks when idle;
+//! and a stress test with two threads per rank that send, progress, and
+//! re-enter the BTL from callbacks at once.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use xrcbtl_btl::{Btl, BtlConfig, Clock, Peer, ThreadConfig, Threaded};
-use xrcbtl_fabric::sim::{SimConfig, SimDevice, SimFabric};
+use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
 use xrcbtl_fabric::{Fabric, XrcdKey};
 
-type Inbox = Arc<Mutex<Vec<Vec<u8>>>>;
+type Inbox = Arc<Mutex<Vec<(u32, Vec<u8>)>>>;
 
-#[test]
-fn a_threaded_btl_delivers_both_ways_and_blocks_when_idle() {
-    let dev = SimDevice::ib("sim0");
-    let sim = SimFabric::new(SimConfig::new(7, 2).with_devices(vec![dev.clone()])).unwrap();
-    let mut btls = Vec::new();
-    let mut inboxes: Vec<Inbox> = Vec::new();
+/// `n` ranks, one per node, each in its own process, on a causal clock.
+fn ranks(
+    seed: u64,
+    n: u32,
+    dev: SimDevice,
+) -> (SimFabric, Vec<SimProcess>, Vec<Arc<Btl<SimContext>>>) {
+    let sim =
+        SimFabric::new(SimConfig::new(seed, n as usize).with_devices(vec![dev.clone()])).unwrap();
+    sim.set_causal(true);
     let mut procs = Vec::new();
-    for rank in 0..2u32 {
+    let mut btls = Vec::new();
+    for rank in 0..n {
         let proc = sim.spawn(rank as usize).unwrap();
         let ctx = proc.open(&dev.name).unwrap();
         let listen = SocketAddr::new(ctx.ip(), 0);
         let mut cfg = BtlConfig::new(rank, rank, 1, XrcdKey::new("threaded"), listen);
         let s = sim.clone();
         cfg.clock = Clock::from_fn(move || s.now());
-        let mut b = Btl::new(ctx, cfg).unwrap();
-        let inbox: Inbox = Arc::default();
-        let i = inbox.clone();
-        b.register_am(5, move |m| i.lock().unwrap().push(m.data.to_vec()));
-        btls.push(b);
-        inboxes.push(inbox);
+        btls.push(Arc::new(Btl::new(ctx, cfg).unwrap()));
         procs.push(proc);
     }
     let peers: Vec<Peer> = btls
@@ -42,64 +45,221 @@ fn a_threaded_btl_delivers_both_ways_and_blocks_when_idle() {
             addr: b.listen_addr().unwrap(),
         })
         .collect();
-    for b in &mut btls {
+    for b in &btls {
         b.add_procs(&peers);
     }
-    let mut one = btls.pop().unwrap();
+    (sim, procs, btls)
+}
+
+fn inbox(b: &Btl<SimContext>, tag: u8) -> Inbox {
+    let inbox: Inbox = Arc::default();
+    let i = inbox.clone();
+    b.register_am(tag, move |_, m| {
+        i.lock().unwrap().push((m.src, m.data.to_vec()))
+    });
+    inbox
+}
+
+#[track_caller]
+fn until(what: &str, mut step: impl FnMut(), done: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < end, "timed out: {what}");
+        step();
+    }
+}
+
+#[test]
+fn a_threaded_btl_delivers_both_ways_and_blocks_when_idle() {
+    let (_sim, _procs, btls) = ranks(7, 2, SimDevice::ib("sim0"));
+    let inboxes: Vec<Inbox> = btls.iter().map(|b| inbox(b, 5)).collect();
+    let one = btls[1].clone();
     let cfg = ThreadConfig {
         spins: 32,
         block: Duration::from_millis(1),
     };
-    let zero = Threaded::spawn(btls.pop().unwrap(), "xrcbtl-progress-0", cfg).unwrap();
-    let until = |one: &mut Btl<_>, what: &str, done: &dyn Fn() -> bool| {
-        let end = Instant::now() + Duration::from_secs(60);
-        while !done() {
-            assert!(Instant::now() < end, "timed out: {what}");
-            one.progress();
-        }
-    };
+    let zero = Threaded::spawn(btls[0].clone(), "xrcbtl-progress-0", cfg).unwrap();
     const N: u32 = 200;
     for i in 0..N {
-        one.send(0, 5, &i.to_le_bytes()).unwrap();
+        one.send(0, 5, &i.to_le_bytes(), &[]).unwrap();
     }
-    until(&mut one, "rank 0 receives", &|| {
-        inboxes[0].lock().unwrap().len() == N as usize
-    });
+    until(
+        "rank 0 receives",
+        || {
+            one.progress();
+        },
+        || inboxes[0].lock().unwrap().len() == N as usize,
+    );
     // Rank 0's application thread only sends; its thread does the rest.
     for i in 0..N {
-        zero.lock().send(1, 5, &(i + 1000).to_le_bytes()).unwrap();
+        zero.btl()
+            .send(1, 5, &(i + 1000).to_le_bytes(), &[])
+            .unwrap();
     }
-    until(&mut one, "rank 1 receives", &|| {
-        inboxes[1].lock().unwrap().len() == N as usize
-    });
+    until(
+        "rank 1 receives",
+        || {
+            one.progress();
+        },
+        || inboxes[1].lock().unwrap().len() == N as usize,
+    );
     let order = |inbox: &Inbox, base: u32| {
         let got: Vec<u32> = inbox
             .lock()
             .unwrap()
             .iter()
-            .map(|d| u32::from_le_bytes(d[..4].try_into().unwrap()))
+            .map(|(_, d)| u32::from_le_bytes(d[..4].try_into().unwrap()))
             .collect();
         assert_eq!(got, (base..base + N).collect::<Vec<_>>());
     };
     order(&inboxes[0], 0);
     order(&inboxes[1], 1000);
-    // Idle now: the thread spins a little, then blocks.
-    let end = Instant::now() + Duration::from_secs(10);
-    while zero.blocks() == 0 {
-        assert!(Instant::now() < end, "the idle thread never blocked");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let calls = zero.calls();
-    std::thread::sleep(Duration::from_millis(50));
-    let mut zero = zero.stop();
+    // Idle now: the thread spins `spins` calls, then blocks, again and
+    // again.
+    until(
+        "the idle thread blocks",
+        || std::thread::sleep(Duration::from_millis(1)),
+        || zero.blocks() > 10,
+    );
+    let (c0, b0) = (zero.calls(), zero.blocks());
+    until(
+        "it blocks more",
+        || std::thread::sleep(Duration::from_millis(1)),
+        || zero.blocks() > b0 + 20,
+    );
+    let (c1, b1) = (zero.calls(), zero.blocks());
+    let per_block = (c1 - c0) as f64 / (b1 - b0) as f64;
+    assert!(
+        per_block <= f64::from(cfg.spins) + 2.0,
+        "an idle thread made {per_block:.1} calls per block (spins {})",
+        cfg.spins
+    );
+    let zero = zero.stop();
     assert!(zero.is_idle());
-    eprintln!("progress thread: {calls} calls before stopping");
     zero.shutdown();
     one.shutdown();
-    let end = Instant::now() + Duration::from_secs(60);
-    while !(zero.is_drained() && one.is_drained()) {
-        assert!(Instant::now() < end, "no clean exit");
-        zero.progress();
-        one.progress();
+    until(
+        "a clean exit",
+        || {
+            zero.progress();
+            one.progress();
+        },
+        || zero.is_drained() && one.is_drained(),
+    );
+}
+
+/// Two ranks, two threads each: every thread sends to the other rank and
+/// progresses its own; a callback answers every tenth message from inside
+/// the callback, and now and then calls progress from inside it. Every
+/// message arrives exactly once, each thread's in the order it sent them.
+fn stress(dev: SimDevice, seed: u64) {
+    const PER_THREAD: u32 = 400;
+    const THREADS: u32 = 2;
+    let (_sim, _procs, btls) = ranks(seed, 2, dev);
+    let got: Vec<Inbox> = btls.iter().map(|b| inbox(b, 3)).collect();
+    let replies: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::default()).collect();
+    for (r, b) in btls.iter().enumerate() {
+        let rep = replies[r].clone();
+        // Every tenth message is answered from inside the callback.
+        let seen = Arc::new(AtomicU64::new(0));
+        let g = got[r].clone();
+        b.register_am(3, move |btl, m| {
+            g.lock().unwrap().push((m.src, m.data.to_vec()));
+            let n = seen.fetch_add(1, Ordering::Relaxed);
+            if n % 10 == 0 {
+                btl.send(m.src, 4, b"re", &m.data[..8]).unwrap();
+            }
+            if n % 25 == 0 {
+                // Re-entrant progress polls but delivers nothing now.
+                btl.progress();
+            }
+        });
+        b.register_am(4, move |_, _| {
+            rep.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for r in 0..2u32 {
+        for t in 0..THREADS {
+            let b = btls[r as usize].clone();
+            let stop = stop.clone();
+            handles.push(std::thread::spawn(move || {
+                for i in 0..PER_THREAD {
+                    let mut msg = [0u8; 8];
+                    msg[..4].copy_from_slice(&t.to_le_bytes());
+                    msg[4..].copy_from_slice(&i.to_le_bytes());
+                    // Some gathered, some at once, some through the queue.
+                    match i % 3 {
+                        0 => b.send(1 - r, 3, &msg[..4], &msg[4..]).unwrap(),
+                        1 => {
+                            if !b.sendi(1 - r, 3, &msg, &[]).unwrap() {
+                                b.send(1 - r, 3, &msg, &[]).unwrap();
+                            }
+                        }
+                        _ => b.send(1 - r, 3, &msg, b"-padding-").unwrap(),
+                    }
+                    b.progress();
+                }
+                while !stop.load(Ordering::Relaxed) {
+                    b.progress();
+                }
+            }));
+        }
+    }
+    let total = (THREADS * PER_THREAD) as usize;
+    let end = Instant::now() + Duration::from_secs(120);
+    while !(got.iter().all(|g| g.lock().unwrap().len() == total)
+        && replies
+            .iter()
+            .all(|r| r.load(Ordering::Relaxed) as usize == total / 10))
+    {
+        assert!(
+            Instant::now() < end,
+            "timed out: got {:?}, replies {:?}\n{:?}\n{:?}",
+            got.iter()
+                .map(|g| g.lock().unwrap().len())
+                .collect::<Vec<_>>(),
+            replies,
+            btls[0].stats(),
+            btls[1].stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    for (r, g) in got.iter().enumerate() {
+        let g = g.lock().unwrap();
+        for t in 0..THREADS {
+            let seq: Vec<u32> = g
+                .iter()
+                .filter(|(_, d)| u32::from_le_bytes(d[..4].try_into().unwrap()) == t)
+                .map(|(src, d)| {
+                    assert_eq!(*src, 1 - r as u32);
+                    u32::from_le_bytes(d[4..8].try_into().unwrap())
+                })
+                .collect();
+            assert_eq!(
+                seq,
+                (0..PER_THREAD).collect::<Vec<_>>(),
+                "rank {r} from thread {t}"
+            );
+        }
+        let s = btls[r].stats();
+        assert_eq!(
+            (s.duplicates, s.out_of_order, s.malformed),
+            (0, 0, 0),
+            "{s:?}"
+        );
+    }
+}
+
+#[test]
+fn two_threads_per_rank_send_progress_and_reenter_without_loss_or_reordering() {
+    for seed in 1..4 {
+        stress(SimDevice::ib("sim0"), seed);
+        stress(SimDevice::iwarp("sim0"), seed);
     }
 }

@@ -3,12 +3,12 @@
 //! data, simultaneous connects, and iWARP's initiator-first rule, on
 //! simulated clusters.
 
-mod common;
+mod btlsim;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{Cluster, JOB};
+use btlsim::{Cluster, JOB};
 use xrcbtl_fabric::sim::{CmAction, CmFault, CmMsgKind, SimConfig, SimDevice};
 use xrcbtl_fabric::*;
 use xrcbtl_xrc_conn::wire::{Kind, Msg, Reason};
@@ -37,23 +37,28 @@ fn exit_during_setup(
             }
         }
     }
-    c.run_for(at);
+    c.advance(at);
     let mut states = BTreeSet::new();
     for r in c.live() {
-        states.extend(c.rank(r).drv.manager().endpoints_by_state().into_keys());
+        states.extend(
+            c.job
+                .peek(r)
+                .with_manager(|m| m.endpoints_by_state())
+                .into_keys(),
+        );
     }
-    let held_tgts = c.rank(victim).drv.manager().tgt_handles() > 0;
-    let proc = c.rank(victim).proc.clone();
+    let held_tgts = c.job.peek(victim).with_manager(|m| m.tgt_handles()) > 0;
+    let proc = c.proc(victim);
     if crash {
         c.crash(victim);
     } else {
         c.exit(victim, S);
     }
     // Let failures surface and cleanups run.
-    c.run_for(300 * MS);
+    c.advance(300 * MS);
     c.connect_all(5 * S);
     c.exchange(2, 5 * S);
-    c.run_for(300 * MS);
+    c.advance(300 * MS);
     c.check_clean(&[proc]);
     c.check_tgt_per_sender();
     (states, held_tgts)
@@ -103,17 +108,17 @@ fn sender_leaves_while_connected() {
         let mut c = Cluster::new(7, 2, 3, SimDevice::ib("sim0"));
         c.connect_all(5 * S);
         c.exchange(1, 5 * S);
-        let proc = c.rank(0).proc.clone();
+        let proc = c.proc(0);
         if crash {
             c.crash(0);
         } else {
             c.exit(0, S);
         }
-        c.run_for(300 * MS);
+        c.advance(300 * MS);
         // Survivors carry on; paths anchored by the sender are rebuilt on
         // their next use.
         c.exchange(2, 5 * S);
-        c.run_for(300 * MS);
+        c.advance(300 * MS);
         c.check_clean(&[proc]);
         c.check_tgt_per_sender();
     }
@@ -134,7 +139,7 @@ fn tgt_error_reaches_every_holder_and_senders_fail_over() {
         .find(|t| t.open_count == 3)
         .expect("a TGT QP of a node-0 sender");
     c.sim.force_qp_error(1, victim.qpn).unwrap();
-    c.run_for(300 * MS);
+    c.advance(300 * MS);
     // Every holder let go: the QP is gone.
     assert!(
         c.sim
@@ -148,7 +153,7 @@ fn tgt_error_reaches_every_holder_and_senders_fail_over() {
     let lost: usize = c
         .live()
         .iter()
-        .map(|&r| c.rank(r).drv.manager().counters().lost as usize)
+        .map(|&r| c.job.peek(r).with_manager(|m| m.counters().lost) as usize)
         .sum();
     assert!(
         lost >= 3,
@@ -157,7 +162,7 @@ fn tgt_error_reaches_every_holder_and_senders_fail_over() {
     // On next use, the sender reconnects; traffic resumes everywhere.
     c.connect_all(5 * S);
     c.exchange(2, 5 * S);
-    c.run_for(300 * MS);
+    c.advance(300 * MS);
     c.check_clean(&[]);
     c.check_tgt_per_sender();
 }
@@ -185,7 +190,7 @@ fn lost_late_and_duplicated_cm_messages() {
     );
     assert!(st.cm_retries > 0, "{st:?}");
     c.sim.clear_cm_faults();
-    c.run_for(300 * MS);
+    c.advance(300 * MS);
     c.check_clean(&[]);
     c.check_tgt_per_sender();
 }
@@ -194,7 +199,7 @@ fn lost_late_and_duplicated_cm_messages() {
 /// refusal it gets back.
 fn refusal(data: &[u8]) -> Option<Reason> {
     let mut c = Cluster::new(3, 1, 2, SimDevice::ib("sim0"));
-    let target = c.rank(0).drv.listen_addr().unwrap();
+    let target = c.job.peek(0).listen_addr().unwrap();
     let p = c.sim.spawn(0).unwrap();
     let ctx = p.open("sim0").unwrap();
     let ch = ctx.create_cm_channel().unwrap();
@@ -268,17 +273,19 @@ fn malformed_private_data_is_refused_with_a_reason() {
 }
 
 fn simultaneous(device: SimDevice, seed: u64) {
-    let mut c = Cluster::with_config(SimConfig::new(seed, 2).with_devices(vec![device]), 1, |d| {
-        d.force_rc = true
-    });
+    let mut c = Cluster::with_config(
+        SimConfig::new(seed, 2).with_devices(vec![device]),
+        1,
+        |cfg| cfg.force_rc = true,
+    );
     // Both sides connect at the same instant.
     c.connect(0, 1);
     c.connect(1, 0);
     c.run_until(5 * S, |c| c.ready(0, 1) && c.ready(1, 0));
-    c.run_for(300 * MS);
+    c.advance(300 * MS);
     for r in [0, 1] {
         assert_eq!(
-            c.rank(r).drv.manager().live_qps(),
+            c.job.peek(r).with_manager(|m| m.live_qps()),
             1,
             "rank {r}: one RC QP per peer"
         );
@@ -286,14 +293,13 @@ fn simultaneous(device: SimDevice, seed: u64) {
     let collisions: u64 = [0, 1]
         .iter()
         .map(|&r| {
-            c.rank(r)
-                .drv
-                .manager()
-                .counters()
-                .refused_sent
-                .get(&Reason::Collision)
-                .copied()
-                .unwrap_or(0)
+            c.job.peek(r).with_manager(|m| {
+                m.counters()
+                    .refused_sent
+                    .get(&Reason::Collision)
+                    .copied()
+                    .unwrap_or(0)
+            })
         })
         .sum();
     assert_eq!(collisions, 1, "exactly one request lost the race");
@@ -314,7 +320,7 @@ fn simultaneous_connects_make_one_connection() {
 fn iwarp_initiator_speaks_first() {
     let mut c = Cluster::new(8, 2, 2, SimDevice::iwarp("sim0"));
     assert!(matches!(
-        c.rank(0).drv.mode(),
+        c.job.peek(0).mode(),
         xrcbtl_xrc_conn::Mode::Rc { p2p: true }
     ));
     c.connect_all(5 * S);
@@ -324,8 +330,7 @@ fn iwarp_initiator_speaks_first() {
     assert_eq!(c.sim.stats().iwarp_violations, 0);
     for r in c.live() {
         let lost: Vec<_> = c
-            .rank(r)
-            .notices
+            .notices(r)
             .iter()
             .filter(|n| matches!(n, Notice::Lost { .. }))
             .cloned()
@@ -342,16 +347,85 @@ fn rc_mode_ranks_leave_and_the_rest_continue() {
             let mut c = Cluster::new(21, 2, 3, device.clone());
             c.connect_all(5 * S);
             c.exchange(1, 5 * S);
-            let proc = c.rank(4).proc.clone();
+            let proc = c.proc(4);
             if crash {
                 c.crash(4);
             } else {
                 c.exit(4, S);
             }
-            c.run_for(300 * MS);
+            c.advance(300 * MS);
             c.connect_all(5 * S);
             c.exchange(2, 5 * S);
             c.check_clean(&[proc]);
         }
+    }
+}
+
+#[test]
+fn an_anchor_gone_before_anyone_connects_does_not_cut_its_node_off() {
+    for crash in [false, true] {
+        let mut c = Cluster::new(0, 2, 3, SimDevice::ib("sim0"));
+        if crash {
+            c.crash(3);
+        } else {
+            c.exit(3, S);
+        }
+        // Rank 3 is wanted first: it anchors node 1 for every node-0 rank.
+        for r in 0..3 {
+            c.connect(r, 3);
+            c.connect(r, 4);
+            c.connect(r, 5);
+        }
+        c.connect_all(5 * S);
+        c.exchange(2, 5 * S);
+        for r in c.live() {
+            let failed: Vec<Notice> = c
+                .notices(r)
+                .into_iter()
+                .filter(|n| matches!(n, Notice::Failed { .. }))
+                .collect();
+            assert!(
+                failed
+                    .iter()
+                    .all(|n| matches!(n, Notice::Failed { rank: 3, .. })),
+                "crash {crash}: rank {r} gave up on a live rank: {failed:?}"
+            );
+        }
+        let reanchors: u64 = c
+            .live()
+            .iter()
+            .map(|&r| c.job.peek(r).with_manager(|m| m.counters().reanchors))
+            .sum();
+        assert!(
+            reanchors >= 3,
+            "crash {crash}: node-0 ranks re-anchored ({reanchors})"
+        );
+        c.check_tgt_per_sender();
+    }
+}
+
+#[test]
+fn a_hung_anchor_fails_alone_and_its_node_stays_reachable() {
+    let mut c = Cluster::new(2, 2, 3, SimDevice::ib("sim0"));
+    // Rank 3 stops answering (a stopped process), and is wanted first.
+    c.pause(3, true);
+    for r in 0..3 {
+        c.connect(r, 3);
+        c.connect(r, 4);
+        c.connect(r, 5);
+    }
+    c.run_until(60 * S, |c| (0..3).all(|a| c.ready(a, 4) && c.ready(a, 5)));
+    for r in 0..3 {
+        let n = c.notices(r);
+        assert!(
+            n.iter()
+                .any(|n| matches!(n, Notice::Failed { rank: 3, .. })),
+            "rank {r} never gave up on the hung anchor: {n:?}"
+        );
+        assert!(
+            !n.iter()
+                .any(|n| matches!(n, Notice::Failed { rank: 4 | 5, .. })),
+            "rank {r} gave up on a live rank: {n:?}"
+        );
     }
 }

@@ -268,6 +268,8 @@ pub enum FailReason {
     Refused(Reason),
     /// No answer after every retry.
     Unreachable,
+    /// Nobody listens at its address any more: its process is gone.
+    NoListener,
     /// Resources could not be created.
     NoResource,
 }
@@ -407,6 +409,9 @@ pub struct Counters {
     pub qps_destroyed: u64,
     /// INI QPs rebuilt (TGT gone, anchor gone).
     pub rebuilds: u64,
+    /// Anchors replaced by another rank of their node (the anchor's process
+    /// gone or never answering).
+    pub reanchors: u64,
     /// Send-queue growths asked for.
     pub sq_resizes: u64,
     /// TGT QPs created (as anchor).
@@ -421,11 +426,11 @@ pub struct Counters {
     pub retries: u64,
     /// Endpoints lost (to fail over on next use).
     pub lost: u64,
-    /// Address resolutions asked for, and how many used the node cache.
+    /// Address resolutions asked for.
     pub resolves: u64,
     /// Resolutions served from the node cache.
     pub route_hits: u64,
-    /// Leave messages sent and received.
+    /// Leave messages sent.
     pub leaves_sent: u64,
     /// Leave messages received.
     pub leaves_received: u64,
@@ -1248,22 +1253,49 @@ impl ConnManager {
             self.cms.remove(&cm);
             self.actions.push_back(Action::DestroyCm { cm });
         }
-        let retries = i.retries;
-        if retries > max {
-            let users: Vec<Rank> = i.users.iter().copied().collect();
-            for r in users {
-                self.fail_ep(r, FailReason::Unreachable);
-            }
-            self.destroy_ini(ini);
-            return;
+        if i.retries > max {
+            // The anchor never answered: it is unreachable, not its node.
+            let anchor = i.anchor;
+            return self.replace_anchor(ini, anchor, FailReason::Unreachable);
         }
-        // A fresh QP: the old one may have moved past INIT.
+        self.rebuild_ini(ini, failed_anchor);
+    }
+
+    /// The anchor of `ini` is gone for good (`why`): it fails, and the
+    /// others waiting on the node start over with the next of them as the
+    /// anchor (with retries of their own), so that one dead or hung rank
+    /// does not cut its node off.
+    fn replace_anchor(&mut self, ini: u64, anchor: Rank, why: FailReason) {
+        self.fail_ep(anchor, why);
+        let Some(i) = self.inis.get_mut(&ini) else {
+            return;
+        };
+        i.users.remove(&anchor);
+        match i.users.iter().next().copied() {
+            Some(next) => {
+                i.anchor = next;
+                i.retries = 0;
+                self.counters.reanchors += 1;
+                self.rebuild_ini(ini, Some(next));
+            }
+            None => self.destroy_ini(ini),
+        }
+    }
+
+    /// Makes the INI QP of `ini` afresh (the old one may have moved past
+    /// INIT), to be connected through `anchor` (or its anchor) after the
+    /// back-off its retries call for.
+    fn rebuild_ini(&mut self, ini: u64, anchor: Option<Rank>) {
+        let Some(i) = self.inis.get(&ini) else {
+            return;
+        };
+        let retries = i.retries;
         let node = i.node;
-        let anchor = failed_anchor.unwrap_or(i.anchor);
+        let anchor = anchor.unwrap_or(i.anchor);
         let users = i.users.clone();
         self.destroy_ini(ini);
         let k = self.new_ini(node, anchor);
-        let delay = self.backoff(retries - 1);
+        let delay = self.backoff(retries.saturating_sub(1));
         let i = self.inis.get_mut(&k).expect("new");
         i.users = users.clone();
         i.retries = retries;
@@ -1334,10 +1366,20 @@ impl ConnManager {
                             None => self.destroy_ini(ini),
                         }
                     }
+                    _ if how == CmFailure::NoListener => {
+                        // Nobody listens there any more: the anchor's
+                        // process is gone.
+                        if let Some(a) = anchor {
+                            self.replace_anchor(ini, a, FailReason::NoListener);
+                        }
+                    }
                     _ => self.retry_anchor(ini, None),
                 }
             }
             CmUse::Reuse { rank } => {
+                if how == CmFailure::NoListener {
+                    return self.fail_ep(rank, FailReason::NoListener);
+                }
                 let Some(m) = reply else {
                     return self.retry_reuse(rank);
                 };

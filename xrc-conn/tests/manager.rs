@@ -586,3 +586,69 @@ fn send_queue_grows_geometrically_as_endpoints_join() {
     // 50 endpoints x 16 entries from 64: 128, 256, 512, 1024.
     assert_eq!(depths, vec![128, 256, 512, 1024]);
 }
+
+#[test]
+fn a_gone_anchor_is_replaced_by_the_next_rank_of_its_node() {
+    let mut m = mgr(0, 0);
+    m.connect(T0, 1);
+    m.connect(T0, 2);
+    let cm = resolve_of(&drain(&mut m), 1);
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (c, _, _) = connect_of(&drain(&mut m));
+    // Nobody listens at rank 1's address: its process is gone.
+    m.handle(
+        T0,
+        Event::Failed {
+            cm: c,
+            how: CmFailure::NoListener,
+            data: Vec::new(),
+        },
+    );
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::Failed {
+            rank: 1,
+            reason: FailReason::NoListener
+        }]
+    );
+    // Rank 2, wanted there too, anchors a fresh INI QP.
+    let mut a = drain(&mut m);
+    let now = m.poll_timeout().expect("a retry is scheduled");
+    m.handle_timeout(now);
+    a.extend(drain(&mut m));
+    let cm = resolve_of(&a, 2);
+    m.handle(
+        now,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (c, qp, msg) = connect_of(&drain(&mut m));
+    assert_eq!((msg.kind, msg.dst), (Kind::Connect, 2));
+    m.handle(
+        now,
+        Event::Established {
+            cm: c,
+            data: accept(2, 0, msg.tag, 78),
+        },
+    );
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::Ready {
+            rank: 2,
+            path: Path {
+                qp: qp.unwrap(),
+                srqns: vec![102]
+            }
+        }]
+    );
+    assert_eq!(m.counters().reanchors, 1);
+    assert_eq!(m.live_qps(), 1);
+}

@@ -33,8 +33,44 @@ impl Shared {
 
     /// Locks the world. A panic under the lock (a bug, reported where it
     /// happened) does not wedge the other simulated processes.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, World> {
-        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn lock(&self) -> WorldGuard<'_> {
+        DEPTH.with(|d| d.set(d.get() + 1));
+        WorldGuard(self.world.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+thread_local! {
+    /// How deep this thread is in the simulated device.
+    static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the calling thread is running the simulated device right now:
+/// what it allocates then is the device's doing, not its caller's. Lets a
+/// test count the heap allocations of the code above the fabric (a global
+/// allocator may call it: it never allocates).
+pub fn inside() -> bool {
+    DEPTH.with(|d| d.get() > 0)
+}
+
+/// The locked world; while it lives, the thread is inside the device.
+pub(crate) struct WorldGuard<'a>(MutexGuard<'a, World>);
+
+impl Drop for WorldGuard<'_> {
+    fn drop(&mut self) {
+        DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
+
+impl std::ops::Deref for WorldGuard<'_> {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WorldGuard<'_> {
+    fn deref_mut(&mut self) -> &mut World {
+        &mut self.0
     }
 }
 
@@ -163,7 +199,7 @@ impl std::fmt::Debug for SimContext {
 }
 
 impl SimContext {
-    fn world(&self) -> MutexGuard<'_, World> {
+    fn world(&self) -> WorldGuard<'_> {
         self.0.proc.shared.lock()
     }
 
@@ -395,12 +431,7 @@ impl Context for SimContext {
 }
 
 impl SimContext {
-    fn tgt_handle(
-        &self,
-        w: MutexGuard<'_, World>,
-        h: Id<QpHandle>,
-        xrcd: &SimXrcd,
-    ) -> Result<SimQp> {
+    fn tgt_handle(&self, w: WorldGuard<'_>, h: Id<QpHandle>, xrcd: &SimXrcd) -> Result<SimQp> {
         let qp = w.qp_of_handle(h)?;
         let q = w.qps.get(qp).expect("created");
         let (qpn, caps) = (q.qpn, q.caps);
@@ -521,6 +552,12 @@ impl Cq for SimCq {
                 return Ok(true);
             }
             if w.now >= deadline {
+                return Ok(false);
+            }
+            if w.held_back() {
+                // Someone else must look at what is queued for it first:
+                // return, and let that thread take the lock.
+                w.run_due();
                 return Ok(false);
             }
             w.progress();
@@ -753,7 +790,7 @@ impl Drop for SimCmId {
 }
 
 impl SimCmId {
-    fn world(&self) -> MutexGuard<'_, World> {
+    fn world(&self) -> WorldGuard<'_> {
         self.channel.ctx.world()
     }
 }

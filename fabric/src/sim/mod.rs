@@ -35,7 +35,8 @@ use std::time::Duration;
 
 pub use faults::{CmAction, CmFault, CmMsgKind};
 pub use handles::{
-    SimCmChannel, SimCmId, SimContext, SimCq, SimMr, SimPd, SimProcess, SimQp, SimSrq, SimXrcd,
+    inside, SimCmChannel, SimCmId, SimContext, SimCq, SimMr, SimPd, SimProcess, SimQp, SimSrq,
+    SimXrcd,
 };
 
 use crate::types::*;
@@ -390,6 +391,17 @@ impl SimFabric {
     /// polling runs out another's timers before it could react.
     pub fn set_auto_advance(&self, auto: bool) {
         self.shared.lock().auto_advance = auto;
+    }
+
+    /// Makes the automatic clock causal, for processes progressed by
+    /// threads of their own: an empty poll moves time on only while no
+    /// process has completions, CM events or async events queued that it
+    /// has not polled yet, so that a thread that is slow to run (or
+    /// descheduled) sees everything at the virtual instant it happened
+    /// instead of after its peers' timers ran out. Every process must keep
+    /// polling all its queues.
+    pub fn set_causal(&self, causal: bool) {
+        self.shared.lock().causal = causal;
     }
 
     /// Virtual time since the fabric was built.

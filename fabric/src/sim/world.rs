@@ -357,6 +357,9 @@ pub(crate) struct World {
     pub trace: u64,
     /// Whether an empty poll may move the clock (see [`World::poll_progress`]).
     pub auto_advance: bool,
+    /// With the automatic clock: time moves only while no process has
+    /// something queued that it has not polled yet.
+    pub causal: bool,
 }
 
 impl World {
@@ -423,6 +426,7 @@ impl World {
             stats: SimStats::default(),
             trace: 0xcbf2_9ce4_8422_2325,
             auto_advance: true,
+            causal: false,
             unmaps: crate::MemMonitor::global().and_then(|m| m.subscribe()),
             unmapped: Vec::new(),
         }
@@ -478,11 +482,22 @@ impl World {
     /// that time moves only when the owner of the world says every agent is
     /// idle.
     pub(crate) fn poll_progress(&mut self) -> bool {
-        if self.auto_advance {
+        if self.auto_advance && !self.held_back() {
             self.progress()
         } else {
             self.run_due()
         }
+    }
+
+    /// Whether the causal clock holds time back: some process has
+    /// completions, CM events or async events it has not polled yet (it
+    /// must see them at the instant they happened, however slowly its
+    /// thread runs).
+    pub(crate) fn held_back(&self) -> bool {
+        self.causal
+            && (self.cqs.iter().any(|(_, c)| !c.entries.is_empty())
+                || self.channels.iter().any(|(_, c)| !c.events.is_empty())
+                || self.ctxs.iter().any(|(_, c)| !c.events.is_empty()))
     }
 
     /// Runs the events due at the current time.

@@ -1,0 +1,374 @@
+//! The API an MPI library drives, end to end on the simulated fabric: put
+//! and get on user memory (also after it was unmapped and mapped again),
+//! 64-bit atomics and their absence, gathered sends, completion callbacks,
+//! and callbacks that send, add endpoints and progress.
+
+mod btlsim;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use btlsim::{pattern, Cluster, TAG};
+use xrcbtl_btl::{Access, Btl, MappedBuf, OpId, OpResult, OpStatus, Peer, RemoteMem};
+use xrcbtl_fabric::sim::{SimContext, SimDevice};
+use xrcbtl_fabric::Error;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+type Outcomes = Arc<Mutex<Vec<(OpId, OpResult)>>>;
+
+/// A completion callback that records the outcome.
+fn recorder(out: &Outcomes) -> Option<xrcbtl_btl::OnDone<SimContext>> {
+    let o = out.clone();
+    Some(Box::new(move |_: &Btl<SimContext>, op, r| {
+        o.lock().unwrap().push((op, r))
+    }))
+}
+
+/// Rank `r`'s memory `len` bytes long, told to rank `to` (a remote
+/// handle travels as packed bytes, as an MPI library sends it).
+fn exposed(
+    c: &mut Cluster,
+    r: u32,
+    to: u32,
+    len: usize,
+) -> (xrcbtl_btl::RegMem<SimContext>, RemoteMem) {
+    let mem = c.btl(r).alloc_mem(len).unwrap();
+    c.clear_got(to);
+    c.btl(r)
+        .send(to, TAG + 1, &mem.remote().pack(), &[])
+        .unwrap();
+    c.run_until(LIMIT, |c| c.got_count(to) == 1);
+    let remote = RemoteMem::unpack(&c.got(to)[0].data).unwrap();
+    c.clear_got(to);
+    (mem, remote)
+}
+
+/// Waits until a message from `from` reached `to` after everything sent
+/// before it: on iWARP, where a write completes once it has left, this is
+/// when earlier puts have landed.
+fn landed(c: &mut Cluster, from: u32, to: u32) {
+    let n = c.got_count(to);
+    c.btl(from).send(to, TAG, b"landed?", &[]).unwrap();
+    c.run_until(LIMIT, |c| c.got_count(to) > n);
+}
+
+fn user_memory_follows_a_remapped_buffer(device: SimDevice) {
+    let mut c = Cluster::new(21, 2, 2, device);
+    let (theirs, remote) = exposed(&mut c, 3, 0, 64 * 1024);
+    let b = c.btl(0);
+    let mut buf = MappedBuf::new(64 * 1024).unwrap();
+    let access = Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let out: Outcomes = Arc::default();
+
+    // Put from user memory.
+    buf.fill(0xA1);
+    let reg = b.register_mem(buf.user_mem(), access).unwrap();
+    b.put(3, reg.at(100), remote.at(0), 40_000, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert_eq!(out.lock().unwrap()[0].1, Ok(None));
+    landed(&mut c, 0, 3);
+    assert!(theirs.read(0, 40_000).iter().all(|&x| x == 0xA1));
+    b.deregister_mem(reg).unwrap();
+    assert!(b.deregister_mem(reg).is_err(), "given back once");
+    // The same memory again: the cache has it.
+    let hits = b.rcache_stats().hits;
+    let reg = b.register_mem(buf.user_mem(), access).unwrap();
+    assert_eq!(b.rcache_stats().hits, hits + 1);
+    b.deregister_mem(reg).unwrap();
+
+    // New pages at the same address: registered afresh, and the new
+    // contents (not the old pages, not nothing) travel.
+    buf.remap().unwrap();
+    buf.fill(0xB2);
+    let reg = b.register_mem(buf.user_mem(), access).unwrap();
+    assert!(
+        b.rcache_stats().invalidations >= 1,
+        "{:?}",
+        b.rcache_stats()
+    );
+    b.put(3, reg.at(0), remote.at(0), 40_000, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 2);
+    landed(&mut c, 0, 3);
+    assert!(
+        theirs.read(0, 40_000).iter().all(|&x| x == 0xB2),
+        "stale registration: the old pages (or none) were sent"
+    );
+
+    // Get into user memory, at an offset.
+    let data = pattern(7, 30_000);
+    theirs.write(1000, &data);
+    let op = b
+        .get(3, remote.at(1000), reg.at(512), data.len(), None)
+        .unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
+    assert_eq!(b.test(op), OpStatus::Done);
+    assert_eq!(buf.read(512, data.len()), data);
+    assert_eq!(
+        buf.read(0, 512),
+        vec![0xB2; 512],
+        "nothing before it changed"
+    );
+
+    // Outside the registration, or after it was given back: refused.
+    assert!(b
+        .get(3, remote.at(0), reg.at(64 * 1024 - 8), 16, None)
+        .is_err());
+    b.deregister_mem(reg).unwrap();
+    let bad = b
+        .put(3, reg.at(0), remote.at(0), 8, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 3);
+    let last = out.lock().unwrap()[2].clone();
+    assert_eq!(last.0, bad);
+    // (A cached registration may outlive the user's: the put then works,
+    // which is allowed; what must never happen is reaching other memory.)
+    assert!(last.1.is_ok() || matches!(last.1, Err(_)));
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn put_and_get_on_user_memory_follow_a_remapped_buffer_over_xrc() {
+    user_memory_follows_a_remapped_buffer(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn put_and_get_on_user_memory_follow_a_remapped_buffer_over_rc() {
+    user_memory_follows_a_remapped_buffer(SimDevice::roce("sim0"));
+}
+
+#[test]
+fn put_and_get_on_user_memory_follow_a_remapped_buffer_over_iwarp() {
+    user_memory_follows_a_remapped_buffer(SimDevice::iwarp("sim0"));
+}
+
+fn atomics(device: SimDevice) {
+    let mut c = Cluster::new(5, 2, 2, device);
+    let (theirs, remote) = exposed(&mut c, 3, 0, 4096);
+    // Ranks 0 and 1 (one node) both add to one counter on rank 3 (the
+    // other node), 50 times each, and ask for the old value.
+    let out: Outcomes = Arc::default();
+    let counter = remote.at(64);
+    for _ in 0..50 {
+        for r in [0, 1] {
+            c.btl(r).fetch_add(3, counter, 3, recorder(&out)).unwrap();
+        }
+    }
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 100);
+    assert_eq!(theirs.read_u64(64), 300);
+    let mut seen: Vec<u64> = out
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.clone().unwrap().expect("a fetched value"))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..100).map(|i| i * 3).collect::<Vec<_>>(),
+        "each saw its own value"
+    );
+    // Compare-and-swap: one wins.
+    out.lock().unwrap().clear();
+    for r in [0, 1] {
+        c.btl(r)
+            .compare_swap(3, counter, 300, 1000 + u64::from(r), recorder(&out))
+            .unwrap();
+    }
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 2);
+    let found: Vec<u64> = out
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.clone().unwrap().unwrap())
+        .collect();
+    let now = theirs.read_u64(64);
+    assert!(now == 1000 || now == 1001, "{now}");
+    assert!(
+        found.contains(&300) && found.iter().filter(|&&f| f == 300).count() == 1,
+        "{found:?}"
+    );
+    // A plain add reports nothing back.
+    out.lock().unwrap().clear();
+    c.btl(0).add(3, remote.at(8), 5, recorder(&out)).unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert_eq!(out.lock().unwrap()[0].1, Ok(None));
+    assert_eq!(theirs.read_u64(8), 5);
+    // Misaligned, or outside the peer's memory: refused before posting.
+    let b = c.btl(0);
+    assert!(b.fetch_add(3, remote.at(4), 1, None).is_err());
+    assert!(b.fetch_add(3, remote.at(4096), 1, None).is_err());
+    // A forged key fails the operation, not the endpoint.
+    let forged = RemoteMem {
+        rkey: remote.rkey ^ 0x77,
+        ..remote
+    };
+    out.lock().unwrap().clear();
+    b.fetch_add(3, forged.at(64), 1, recorder(&out)).unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert!(out.lock().unwrap()[0].1.is_err());
+    assert_eq!(theirs.read_u64(64), now);
+    b.send(3, TAG, &[], b"still here").unwrap();
+    c.run_until(LIMIT, |c| c.got(3).iter().any(|g| g.data == b"still here"));
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn atomics_over_xrc() {
+    atomics(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn atomics_over_rc() {
+    atomics(SimDevice::roce("sim0"));
+}
+
+#[test]
+fn atomics_are_unsupported_where_the_device_has_none() {
+    let mut c = Cluster::new(5, 2, 1, SimDevice::iwarp("sim0"));
+    let (_theirs, remote) = exposed(&mut c, 1, 0, 4096);
+    let b = c.btl(0);
+    assert!(!b.caps().atomics);
+    assert!(matches!(
+        b.fetch_add(1, remote.at(0), 1, None),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        b.compare_swap(1, remote.at(0), 1, 2, None),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        b.add(1, remote.at(0), 1, None),
+        Err(Error::Unsupported(_))
+    ));
+    let buf = MappedBuf::new(4096).unwrap();
+    assert!(matches!(
+        b.register_mem(buf.user_mem(), Access::REMOTE_ATOMIC),
+        Err(Error::Unsupported(_))
+    ));
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn header_and_payload_are_gathered_in_every_combination() {
+    let mut c = Cluster::new(2, 2, 1, SimDevice::ib("sim0"));
+    let b = c.btl(0);
+    let max = b.max_send_size();
+    let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (vec![], vec![]),
+        (b"h".to_vec(), vec![]),
+        (vec![], b"p".to_vec()),
+        (pattern(1, 56), pattern(2, 8)),
+        (pattern(3, 56), pattern(4, 4000)),
+        (pattern(5, 100), pattern(6, max - 100)),
+    ];
+    for (i, (h, p)) in cases.iter().enumerate() {
+        if i % 2 == 0 {
+            b.send(1, TAG, h, p).unwrap();
+        } else {
+            while !b.sendi(1, TAG, h, p).unwrap() {
+                c.step();
+            }
+        }
+        c.run_until(LIMIT, |c| c.got_count(1) == i + 1);
+        assert_eq!(
+            c.got(1)[i].data,
+            [h.as_slice(), p.as_slice()].concat(),
+            "case {i}"
+        );
+    }
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn callbacks_send_add_endpoints_and_progress_from_inside() {
+    let mut c = Cluster::new(3, 3, 1, SimDevice::ib("sim0"));
+    // Rank 0 forgets rank 2; rank 1 then tells it where rank 2 is, and
+    // rank 0 adds it from inside the callback and greets it there.
+    let b0 = c.btl(0);
+    b0.del_procs(&[2]);
+    assert!(b0.send(2, TAG, &[], b"early").is_err());
+    let p2 = {
+        let b2 = c.btl(2);
+        Peer {
+            rank: 2,
+            node: 2,
+            addr: b2.listen_addr().unwrap(),
+        }
+    };
+    b0.register_am(40, |btl, m| {
+        let addr = std::str::from_utf8(m.data).unwrap().parse().unwrap();
+        btl.add_procs(&[Peer {
+            rank: 2,
+            node: 2,
+            addr,
+        }]);
+        btl.send(2, TAG, b"hello from ", b"a callback").unwrap();
+        // Progress from inside a callback polls but cannot run this
+        // callback again.
+        btl.progress();
+    });
+    let echoes = Arc::new(AtomicU64::new(0));
+    let e = echoes.clone();
+    // Rank 2 answers every greeting from inside its callback.
+    c.btl(2).register_am(TAG, move |btl, m| {
+        btl.send(m.src, 41, b"re: ", m.data).unwrap();
+    });
+    b0.register_am(41, move |_, m| {
+        assert_eq!(m.data, b"re: hello from a callback");
+        e.fetch_add(1, Ordering::Relaxed);
+    });
+    c.btl(1)
+        .send(0, 40, p2.addr.to_string().as_bytes(), &[])
+        .unwrap();
+    c.run_until(LIMIT, |_| echoes.load(Ordering::Relaxed) == 1);
+    let s = c.btl(0).stats();
+    assert_eq!(s.unhandled, 0, "{s:?}");
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn every_operation_runs_its_callback_once_with_no_lock_held() {
+    let mut c = Cluster::new(9, 2, 1, SimDevice::ib("sim0"));
+    let (_theirs, remote) = exposed(&mut c, 1, 0, 1 << 20);
+    let mine = c.btl(0).alloc_mem(1 << 20).unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let mk = |calls: &Arc<AtomicU64>| -> Option<xrcbtl_btl::OnDone<SimContext>> {
+        let calls = calls.clone();
+        Some(Box::new(move |btl: &Btl<SimContext>, _, r: OpResult| {
+            assert!(r.is_ok(), "{r:?}");
+            // The BTL is callable from here: nothing of it is locked.
+            let _ = btl.stats();
+            btl.send(1, TAG, b"from a completion", &[]).unwrap();
+            calls.fetch_add(1, Ordering::Relaxed);
+        }))
+    };
+    let b = c.btl(0);
+    b.put(1, mine.reg().at(0), remote.at(0), 1 << 20, mk(&calls))
+        .unwrap();
+    b.get(1, remote.at(0), mine.reg().at(0), 4096, mk(&calls))
+        .unwrap();
+    b.fetch_add(1, remote.at(0), 1, mk(&calls)).unwrap();
+    b.send_bytes(
+        1,
+        TAG,
+        xrcbtl_btl::Bytes::from(pattern(1, 200_000)),
+        mk(&calls),
+    )
+    .unwrap();
+    b.send_bytes(1, TAG, xrcbtl_btl::Bytes::from(pattern(1, 20)), mk(&calls))
+        .unwrap();
+    c.run_until(LIMIT, |_| calls.load(Ordering::Relaxed) == 5);
+    c.settle(LIMIT);
+    assert_eq!(calls.load(Ordering::Relaxed), 5);
+    let from_completions = c
+        .got(1)
+        .iter()
+        .filter(|g| g.data == b"from a completion")
+        .count();
+    assert_eq!(from_completions, 5);
+    c.shutdown(LIMIT);
+}

@@ -1,13 +1,21 @@
 //! The four benchmarks, their options and their OSU 7.4 output.
 
 use std::cell::Cell;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
+#[cfg(feature = "verbs")]
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use xrcbtl_btl::{Btl, BtlConfig, Clock, Peer};
-use xrcbtl_fabric::sim::{SimConfig, SimDevice, SimFabric};
-use xrcbtl_fabric::{Context, Error, Fabric, Result, XrcdKey};
+#[cfg(feature = "verbs")]
+use std::sync::Arc;
+
+use xrcbtl_btl::sim::SimJob;
+use xrcbtl_btl::BtlConfig;
+#[cfg(feature = "verbs")]
+use xrcbtl_btl::{Btl, Peer};
+use xrcbtl_fabric::sim::{SimConfig, SimDevice};
+use xrcbtl_fabric::{Context, Error, Result};
 
 use crate::world::{run_sim, BenchRank, Body};
 
@@ -397,47 +405,32 @@ pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
     };
     let pairs = if bench == Bench::MbwMr { o.pairs } else { 1 };
     let nodes = if o.same_node { 1 } else { 2 };
-    let sim = SimFabric::new(SimConfig::new(o.seed, nodes).with_devices(vec![device.clone()]))?;
-    sim.set_auto_advance(false);
-    let work = Rc::new(Cell::new(0));
     let n = 2 * pairs;
-    let mut ranks = Vec::new();
-    let mut peers = Vec::new();
-    let mut procs = Vec::new();
-    for rank in 0..n {
-        // Senders on node 0, their peers on node 1.
-        let node = if o.same_node || rank < pairs { 0 } else { 1 };
-        let proc = sim.spawn(node)?;
-        let ctx = proc.open(&device.name)?;
-        let listen = SocketAddr::new(ctx.ip(), 0);
-        let mut cfg =
-            BtlConfig::new(rank, node as u32, 1, XrcdKey::new("osu"), listen).from_env()?;
-        let s = sim.clone();
-        cfg.clock = Clock::from_fn(move || s.now());
-        let btl = Btl::new(ctx, cfg)?;
-        peers.push(Peer {
-            rank,
-            node: node as u32,
-            addr: btl
-                .listen_addr()
-                .ok_or_else(|| Error::state("no listener"))?,
-        });
-        ranks.push(btl);
-        procs.push(proc);
-    }
-    let mut ranks: Vec<BenchRank<_>> = ranks
-        .into_iter()
-        .map(|mut b| {
-            b.add_procs(&peers);
-            BenchRank::new(b, n, o.max, work.clone())
-        })
+    // Settings from the environment, checked once here (a bad value is an
+    // error, not a panic inside the job).
+    let probe = BtlConfig::new(0, 0, 1, xrcbtl_fabric::XrcdKey::new("osu"), "127.0.0.1:0".parse().expect("an address"));
+    probe.clone().from_env()?;
+    let env = |cfg: &mut BtlConfig| {
+        let clock = cfg.clock.clone();
+        *cfg = cfg.clone().from_env().expect("checked above");
+        cfg.clock = clock;
+    };
+    // Senders on node 0, their peers on node 1 (one node: all together).
+    let mut job = SimJob::with(
+        SimConfig::new(o.seed, nodes).with_devices(vec![device.clone()]),
+        (n as usize) / nodes,
+        env,
+    )?;
+    let work = Rc::new(Cell::new(0));
+    let mut ranks: Vec<BenchRank<_>> = (0..n)
+        .map(|r| BenchRank::new(job.peek(r).clone(), n, o.max, work.clone()))
         .collect();
     let mode = ranks[0].btl.mode();
     let bodies: Vec<Body<'_, Result<Vec<Row>>>> = ranks
         .iter_mut()
         .map(|r| Box::pin(body(r, bench, o, pairs)) as Body<'_, _>)
         .collect();
-    let results = run_sim(&sim, &work, bodies);
+    let results = run_sim(&mut job, &work, bodies);
     let mut rows = Vec::new();
     for (rank, res) in results.into_iter().enumerate() {
         let res = res?;
@@ -453,7 +446,6 @@ pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
         if o.same_node { "one node" } else { "two nodes" },
         o.seed
     );
-    drop(procs);
     Ok(report(bench, o, &about, &rows, pairs))
 }
 
@@ -474,7 +466,7 @@ fn verbs_target(o: &Options) -> Result<(String, IpAddr)> {
 /// measures, leaves cleanly (the peers see a disconnect, not a failure).
 #[cfg(feature = "verbs")]
 fn run_verbs_rank<C: Context>(
-    mut btl: Btl<C>,
+    btl: Btl<C>,
     peers: &[Peer],
     bench: Bench,
     o: &Options,
@@ -482,7 +474,7 @@ fn run_verbs_rank<C: Context>(
 ) -> Result<Vec<Row>> {
     btl.add_procs(peers);
     let work = Rc::new(Cell::new(0));
-    let mut r = BenchRank::new(btl, peers.len() as u32, o.max, work);
+    let mut r = BenchRank::new(Arc::new(btl), peers.len() as u32, o.max, work);
     let rows = crate::world::block_on(body(&mut r, bench, o, pairs));
     r.btl.shutdown();
     let end = std::time::Instant::now() + Duration::from_secs(10);
@@ -497,6 +489,7 @@ fn run_verbs_rank<C: Context>(
 #[cfg(feature = "verbs")]
 pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
+    use xrcbtl_fabric::Fabric;
     let (device, bind) = verbs_target(o)?;
     if !o.server && o.connect.is_none() {
         return Err(Error::invalid(if cfg!(feature = "mpi") {
@@ -539,6 +532,7 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     use crate::world::{record, record_text, RECORD};
     use mpi::traits::*;
     use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
+    use xrcbtl_fabric::Fabric;
     let (device, bind) = verbs_target(o)?;
     let universe = mpi::initialize().ok_or_else(|| Error::state("MPI was initialised already"))?;
     let world = universe.world();

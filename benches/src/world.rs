@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use xrcbtl_btl::sim::SimJob;
 use xrcbtl_btl::{Btl, Bytes, Peer, Tag};
-use xrcbtl_fabric::sim::SimFabric;
 use xrcbtl_fabric::{Context, Error, Result};
 
 /// Tag of benchmark payloads.
@@ -43,7 +43,7 @@ impl Future for YieldNow {
 /// buffer.
 pub struct BenchRank<C: Context> {
     /// The BTL.
-    pub btl: Btl<C>,
+    pub btl: Arc<Btl<C>>,
     /// This rank.
     pub rank: u32,
     /// Ranks in the world.
@@ -58,16 +58,16 @@ pub struct BenchRank<C: Context> {
 
 impl<C: Context> BenchRank<C> {
     /// Wraps a BTL whose peers are added; `max` is the largest payload.
-    pub fn new(mut btl: Btl<C>, size: u32, max: usize, work: Rc<Cell<u64>>) -> Self {
+    pub fn new(btl: Arc<Btl<C>>, size: u32, max: usize, work: Rc<Cell<u64>>) -> Self {
         let rank = btl.rank();
         let data = Arc::new(AtomicU64::new(0));
         let barrier = Arc::new(AtomicU64::new(0));
         let d = data.clone();
-        btl.register_am(DATA, move |_| {
+        btl.register_am(DATA, move |_, _| {
             d.fetch_add(1, Ordering::Relaxed);
         });
         let b = barrier.clone();
-        btl.register_am(BARRIER, move |_| {
+        btl.register_am(BARRIER, move |_, _| {
             b.fetch_add(1, Ordering::Relaxed);
         });
         // The payload: every byte set, so that nothing is sent from a
@@ -91,10 +91,15 @@ impl<C: Context> BenchRank<C> {
         self.btl.config().clock.now()
     }
 
-    /// Sends `len` bytes of the payload to `dst`.
+    /// Sends `len` bytes of the payload to `dst`: copied when it fits an
+    /// eager send, else by rendezvous straight from the buffer.
     pub fn send(&mut self, dst: u32, len: usize) -> Result<()> {
-        self.btl.send_bytes(dst, DATA, self.buf.slice(..len))?;
-        Ok(())
+        if len <= self.btl.max_send_size() {
+            self.btl.send(dst, DATA, &[], &self.buf[..len])
+        } else {
+            self.btl.send_bytes(dst, DATA, self.buf.slice(..len), None)?;
+            Ok(())
+        }
     }
 
     async fn poll(&mut self) {
@@ -129,10 +134,10 @@ impl<C: Context> BenchRank<C> {
             }
             self.barrier_seen += others;
             for r in 1..self.size {
-                self.btl.send(r, BARRIER, &[])?;
+                self.btl.send(r, BARRIER, &[], &[])?;
             }
         } else {
-            self.btl.send(0, BARRIER, &[])?;
+            self.btl.send(0, BARRIER, &[], &[])?;
             while self.barrier.load(Ordering::Relaxed) - self.barrier_seen < 1 {
                 self.poll().await;
             }
@@ -146,14 +151,10 @@ impl<C: Context> BenchRank<C> {
 /// A rank's body, boxed for an executor.
 pub type Body<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
-/// Runs every rank's body on the simulated fabric, in virtual time: each
-/// round polls every unfinished body; a round in which no rank found work
-/// moves the clock to the next scheduled event.
-pub fn run_sim<'a, T>(
-    sim: &SimFabric,
-    work: &Rc<Cell<u64>>,
-    mut bodies: Vec<Body<'a, T>>,
-) -> Vec<T> {
+/// Runs every rank's body on a simulated job, in virtual time: each round
+/// polls every unfinished body; a round in which no rank found work moves
+/// the clock to the next scheduled event or connection timer.
+pub fn run_sim<'a, T>(job: &mut SimJob, work: &Rc<Cell<u64>>, mut bodies: Vec<Body<'a, T>>) -> Vec<T> {
     let mut cx = TaskContext::from_waker(Waker::noop());
     let mut out: Vec<Option<T>> = bodies.iter().map(|_| None).collect();
     let mut idle_rounds = 0u64;
@@ -173,15 +174,10 @@ pub fn run_sim<'a, T>(
             return out.into_iter().map(|v| v.expect("finished")).collect();
         }
         if work.get() == before && !finished {
-            let now = sim.now();
-            match sim.next_event_at() {
-                Some(t) if t > now => sim.advance(t - now),
-                Some(_) => {
-                    sim.step();
-                }
-                // Nothing scheduled: only a connection manager timer can
-                // be waiting; let a millisecond pass.
-                None => sim.advance(Duration::from_millis(1)),
+            job.refresh_timers();
+            if !job.idle_advance() {
+                // Nothing scheduled: let a millisecond pass.
+                job.sim.advance(Duration::from_millis(1));
             }
             idle_rounds += 1;
             assert!(

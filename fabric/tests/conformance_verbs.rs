@@ -179,11 +179,14 @@ impl Harness for VerbsHarness {
 
 fn main() -> ExitCode {
     let Ok(device) = std::env::var("XRCBTL_TEST_DEVICE") else {
-        eprintln!(
-            "conformance_verbs: XRCBTL_TEST_DEVICE is not set, so no device is promised and \
-             nothing runs (scripts/guest-tests runs this suite on rxe and siw)"
-        );
-        return ExitCode::SUCCESS;
+        // No device promised: the suite shows as ignored (scripts/guest-tests
+        // runs it on rxe and siw).
+        let args = libtest_mimic::Arguments::from_args();
+        let trial = libtest_mimic::Trial::test("verbs::suite", || {
+            Err("XRCBTL_TEST_DEVICE names no device".into())
+        })
+        .with_ignored_flag(true);
+        return libtest_mimic::run(&args, vec![trial]).exit_code();
     };
     let addr: IpAddr = std::env::var("XRCBTL_NODE_ADDRS")
         .ok()

@@ -4,6 +4,8 @@
 //! simulator's own work is included; compare runs of this bench, not this
 //! bench with hardware (scripts/sw-cost counts instructions on devices).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -12,7 +14,10 @@ use xrcbtl_btl::sim::SimJob;
 use xrcbtl_fabric::sim::SimDevice;
 
 fn eager(c: &mut Criterion) {
-    for (name, device) in [("xrc", SimDevice::ib("sim0")), ("rc", SimDevice::roce("sim0"))] {
+    for (name, device) in [
+        ("xrc", SimDevice::ib("sim0")),
+        ("rc", SimDevice::roce("sim0")),
+    ] {
         let job = SimJob::new(1, 2, 1, device).unwrap();
         let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
         let got = Arc::new(AtomicU64::new(0));

@@ -1,6 +1,8 @@
 //! Registration cache lookups: a hit among 100k cached registrations, and
 //! a miss that registers (against a registrar that only counts).
 
+#![forbid(unsafe_code)]
+
 use std::ops::Range;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};

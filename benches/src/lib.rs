@@ -17,6 +17,7 @@
 //! line, and `%-10d%20.2f` rows.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod osu;
 pub mod world;

@@ -408,7 +408,13 @@ pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
     let n = 2 * pairs;
     // Settings from the environment, checked once here (a bad value is an
     // error, not a panic inside the job).
-    let probe = BtlConfig::new(0, 0, 1, xrcbtl_fabric::XrcdKey::new("osu"), "127.0.0.1:0".parse().expect("an address"));
+    let probe = BtlConfig::new(
+        0,
+        0,
+        1,
+        xrcbtl_fabric::XrcdKey::new("osu"),
+        "127.0.0.1:0".parse().expect("an address"),
+    );
     probe.clone().from_env()?;
     let env = |cfg: &mut BtlConfig| {
         let clock = cfg.clock.clone();

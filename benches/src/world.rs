@@ -97,7 +97,8 @@ impl<C: Context> BenchRank<C> {
         if len <= self.btl.max_send_size() {
             self.btl.send(dst, DATA, &[], &self.buf[..len])
         } else {
-            self.btl.send_bytes(dst, DATA, self.buf.slice(..len), None)?;
+            self.btl
+                .send_bytes(dst, DATA, self.buf.slice(..len), None)?;
             Ok(())
         }
     }
@@ -154,7 +155,11 @@ pub type Body<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// Runs every rank's body on a simulated job, in virtual time: each round
 /// polls every unfinished body; a round in which no rank found work moves
 /// the clock to the next scheduled event or connection timer.
-pub fn run_sim<'a, T>(job: &mut SimJob, work: &Rc<Cell<u64>>, mut bodies: Vec<Body<'a, T>>) -> Vec<T> {
+pub fn run_sim<'a, T>(
+    job: &mut SimJob,
+    work: &Rc<Cell<u64>>,
+    mut bodies: Vec<Body<'a, T>>,
+) -> Vec<T> {
     let mut cx = TaskContext::from_waker(Waker::noop());
     let mut out: Vec<Option<T>> = bodies.iter().map(|_| None).collect();
     let mut idle_rounds = 0u64;

@@ -12,8 +12,10 @@
 //! everything outstanding.
 //!
 //! Delivery guarantees: every message arrives exactly once, eager messages
-//! in order per (source, destination), even when connections fail (see
-//! [`crate::proto::eager`]).
+//! in order per (source, destination), even when connections fail: each
+//! carries a sequence number, work that failed with its connection is
+//! posted again in its order on the rebuilt one, and the receiver drops
+//! what it has seen (`proto/eager.rs`).
 //!
 //! Threads: every method takes `&self`. The state lives behind one lock,
 //! held only inside the BTL and never while user code runs. Progress may

@@ -173,9 +173,11 @@ impl<C: Context> Core<C> {
         Some(d)
     }
 
-    /// A buffer for a message (reused).
+    /// A buffer for a message (reused; sized for the largest eager
+    /// message, so that no message ever grows it).
     pub fn buf(&mut self) -> Vec<u8> {
-        self.bufs.pop().unwrap_or_default()
+        let cap = self.iface.max_message();
+        self.bufs.pop().unwrap_or_else(|| Vec::with_capacity(cap))
     }
 
     /// Takes back a buffer a delivery is done with.

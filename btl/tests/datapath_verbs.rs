@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use xrcbtl_btl::{
-    Access, Btl, BtlConfig, Bytes, MappedBuf, Mode, OpResult, OpStatus, Peer, RemoteMem, RndvProtocol,
+    Access, Btl, BtlConfig, Bytes, MappedBuf, Mode, OpResult, OpStatus, Peer, RemoteMem,
+    RndvProtocol,
 };
 use xrcbtl_fabric::verbs::{VerbsContext, VerbsFabric};
 use xrcbtl_fabric::{Error, Fabric};
@@ -51,7 +52,9 @@ fn setup(n: u32, tune: impl Fn(u32, &mut BtlConfig)) -> Ranks {
         let b = Btl::new(ctx, cfg).unwrap();
         let inbox: Inbox = Arc::default();
         let i = inbox.clone();
-        b.register_am(TAG, move |_, m| i.lock().unwrap().push((m.src, m.data.to_vec())));
+        b.register_am(TAG, move |_, m| {
+            i.lock().unwrap().push((m.src, m.data.to_vec()))
+        });
         btl.push(Arc::new(b));
         got.push(inbox);
     }
@@ -100,7 +103,9 @@ impl Ranks {
     /// arrived (on iWARP, earlier puts have then landed).
     fn landed(&self, from: usize, to: usize) {
         let n = self.count(to);
-        self.btl[from].send(to as u32, TAG, b"landed?", &[]).unwrap();
+        self.btl[from]
+            .send(to as u32, TAG, b"landed?", &[])
+            .unwrap();
         self.until("the marker", |rs| rs.count(to) > n);
     }
 
@@ -151,17 +156,26 @@ fn every_size_arrives_intact_through_eager_get_and_put() {
             let op = rs.btl[0]
                 .send_bytes(1, TAG, Bytes::from(pattern(i as u32, len)), None)
                 .unwrap();
-            rs.until(&format!("{len} bytes ({proto:?})"), |rs| rs.count(1) == i + 1);
+            rs.until(&format!("{len} bytes ({proto:?})"), |rs| {
+                rs.count(1) == i + 1
+            });
             rs.settle();
             assert_eq!(rs.btl[0].test(op), OpStatus::Done);
         }
         let got = rs.got[1].lock().unwrap().clone();
         for (i, ((src, data), &len)) in got.iter().zip(&sizes()).enumerate() {
             assert_eq!(*src, 0);
-            assert!(*data == pattern(i as u32, len), "{len} bytes corrupted ({proto:?})");
+            assert!(
+                *data == pattern(i as u32, len),
+                "{len} bytes corrupted ({proto:?})"
+            );
         }
         let s = rs.btl[1].stats();
-        assert_eq!((s.duplicates, s.out_of_order, s.malformed), (0, 0, 0), "{s:?}");
+        assert_eq!(
+            (s.duplicates, s.out_of_order, s.malformed),
+            (0, 0, 0),
+            "{s:?}"
+        );
         eprintln!(
             "{proto:?}: sender {:?}\n  rcache {:?}",
             rs.btl[0].stats(),
@@ -232,7 +246,10 @@ fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_loses_nothing() {
         // rdma_rxe (6.12) was seen never to raise the SRQ limit event
         // here although the SRQ ran dry, so growth on the event is shown
         // on the simulated fabric; what a device does report is checked.
-        assert!(dry >= 2 + 8, "only {dry} arrived while the receiver was away");
+        assert!(
+            dry >= 2 + 8,
+            "only {dry} arrived while the receiver was away"
+        );
         if s.srq_limit_events > 0 {
             assert!(s.srq_grown > 0, "{s:?}");
         } else {
@@ -264,7 +281,8 @@ fn put_and_get_reach_user_memory_across_a_remap() {
     let data = pattern(9, 700_001);
     buf.write(17, &data);
     let reg = b.register_mem(buf.user_mem(), access).unwrap();
-    b.put(1, reg.at(17), remote.at(3), data.len(), recorder(&out)).unwrap();
+    b.put(1, reg.at(17), remote.at(3), data.len(), recorder(&out))
+        .unwrap();
     rs.until("put", |_| out.lock().unwrap().len() == 1);
     assert_eq!(out.lock().unwrap()[0], Ok(None));
     rs.landed(0, 1);
@@ -275,8 +293,13 @@ fn put_and_get_reach_user_memory_across_a_remap() {
     buf.remap().unwrap();
     buf.fill(0xB2);
     let reg = b.register_mem(buf.user_mem(), access).unwrap();
-    assert!(b.rcache_stats().invalidations >= 1, "{:?}", b.rcache_stats());
-    b.put(1, reg.at(0), remote.at(0), 1 << 20, recorder(&out)).unwrap();
+    assert!(
+        b.rcache_stats().invalidations >= 1,
+        "{:?}",
+        b.rcache_stats()
+    );
+    b.put(1, reg.at(0), remote.at(0), 1 << 20, recorder(&out))
+        .unwrap();
     rs.until("put after the remap", |_| out.lock().unwrap().len() == 2);
     rs.landed(0, 1);
     assert!(
@@ -286,7 +309,9 @@ fn put_and_get_reach_user_memory_across_a_remap() {
     // And back into user memory.
     let back = pattern(4, 300_000);
     theirs.write(100, &back);
-    let op = b.get(1, remote.at(100), reg.at(64), back.len(), None).unwrap();
+    let op = b
+        .get(1, remote.at(100), reg.at(64), back.len(), None)
+        .unwrap();
     rs.until("get", |rs| rs.btl[0].test(op) != OpStatus::Pending);
     assert_eq!(b.test(op), OpStatus::Done);
     assert_eq!(buf.read(64, back.len()), back);
@@ -302,7 +327,10 @@ fn atomics_where_the_device_has_them_and_a_clear_refusal_where_not() {
     let remote = theirs.remote();
     let counter = remote.at(64);
     if !rs.btl[0].caps().atomics {
-        assert!(matches!(rs.btl[0].fetch_add(2, counter, 1, None), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            rs.btl[0].fetch_add(2, counter, 1, None),
+            Err(Error::Unsupported(_))
+        ));
         let buf = MappedBuf::new(4096).unwrap();
         assert!(matches!(
             rs.btl[0].register_mem(buf.user_mem(), Access::REMOTE_ATOMIC),
@@ -319,7 +347,12 @@ fn atomics_where_the_device_has_them_and_a_clear_refusal_where_not() {
     }
     rs.until("200 fetch-adds", |_| out.lock().unwrap().len() == 200);
     assert_eq!(theirs.read_u64(64), 600);
-    let mut seen: Vec<u64> = out.lock().unwrap().iter().map(|r| r.clone().unwrap().unwrap()).collect();
+    let mut seen: Vec<u64> = out
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.clone().unwrap().unwrap())
+        .collect();
     seen.sort_unstable();
     assert_eq!(seen, (0..200).map(|i| i * 3).collect::<Vec<_>>());
     out.lock().unwrap().clear();
@@ -387,8 +420,17 @@ fn gathered_sends_and_two_threads_per_rank_lose_and_reorder_nothing() {
     }
     let total = 2 * PER_THREAD as usize;
     let end = Instant::now() + Duration::from_secs(300);
-    while !(rs.count(0) == total && rs.count(1) == total && replies.load(Ordering::Relaxed) as usize == 2 * total / 100) {
-        assert!(Instant::now() < end, "timed out: {} {} {:?}", rs.count(0), rs.count(1), replies);
+    while !(rs.count(0) == total
+        && rs.count(1) == total
+        && replies.load(Ordering::Relaxed) as usize == 2 * total / 100)
+    {
+        assert!(
+            Instant::now() < end,
+            "timed out: {} {} {:?}",
+            rs.count(0),
+            rs.count(1),
+            replies
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     stop.store(true, Ordering::Relaxed);
@@ -403,7 +445,11 @@ fn gathered_sends_and_two_threads_per_rank_lose_and_reorder_nothing() {
                 .filter(|(_, d)| u32::from_le_bytes(d[..4].try_into().unwrap()) == t)
                 .map(|(_, d)| u32::from_le_bytes(d[4..8].try_into().unwrap()))
                 .collect();
-            assert_eq!(seq, (0..PER_THREAD).collect::<Vec<_>>(), "rank {r} from thread {t}");
+            assert_eq!(
+                seq,
+                (0..PER_THREAD).collect::<Vec<_>>(),
+                "rank {r} from thread {t}"
+            );
         }
         for (_, d) in g.iter() {
             let i = u32::from_le_bytes(d[4..8].try_into().unwrap());

@@ -45,7 +45,11 @@ fn setup(n: u32) -> Ranks {
         let g = got.clone();
         b.register_am(1, move |btl, m| {
             let i = u32::from_le_bytes(m.data.try_into().unwrap());
-            g.lock().unwrap().entry((m.src, btl.rank())).or_default().push(i);
+            g.lock()
+                .unwrap()
+                .entry((m.src, btl.rank()))
+                .or_default()
+                .push(i);
         });
         btl.insert(r, b);
     }
@@ -101,11 +105,17 @@ impl Ranks {
         self.until("receiving", |s| {
             let got = s.got.lock().unwrap();
             want.iter().all(|(k, n)| {
-                !ranks.contains(&k.0) || !ranks.contains(&k.1) || got.get(k).map_or(0, |v| v.len()) as u32 >= *n
+                !ranks.contains(&k.0)
+                    || !ranks.contains(&k.1)
+                    || got.get(k).map_or(0, |v| v.len()) as u32 >= *n
             })
         });
         for (k, v) in self.got.lock().unwrap().iter() {
-            assert_eq!(*v, (0..v.len() as u32).collect::<Vec<_>>(), "{k:?}: out of order or duplicated");
+            assert_eq!(
+                *v,
+                (0..v.len() as u32).collect::<Vec<_>>(),
+                "{k:?}: out of order or duplicated"
+            );
         }
     }
 }
@@ -142,7 +152,8 @@ fn ranks_connect_exchange_and_survive_departures() {
         );
     }
     let notices: Vec<Notice> = s.btl.values().flat_map(|b| b.take_notices()).collect();
-    assert!(notices
-        .iter()
-        .any(|n| matches!(n, Notice::Lost { rank: 2 } | Notice::Closed { rank: 2 } | Notice::Failed { rank: 2, .. })));
+    assert!(notices.iter().any(|n| matches!(
+        n,
+        Notice::Lost { rank: 2 } | Notice::Closed { rank: 2 } | Notice::Failed { rank: 2, .. }
+    )));
 }

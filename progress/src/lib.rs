@@ -16,6 +16,7 @@
 //! It depends on no other crate of the workspace.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod batch;
 mod callbacks;

@@ -28,6 +28,7 @@
 //! the workspace and holds no `unsafe`.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::fmt;

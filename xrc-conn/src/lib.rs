@@ -42,6 +42,7 @@
 //! This crate may not depend on any other crate of the workspace.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod wire;
 

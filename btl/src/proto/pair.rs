@@ -168,11 +168,11 @@ impl Pair {
 
     /// Takes every side's pending acts.
     fn collect(&mut self) {
-        for s in 0..2 {
+        for (s, rank) in RANKS.into_iter().enumerate() {
             while let Some(a) = self.rndv[s].poll() {
                 match a {
                     Act::Send { peer, tag, ctl } => {
-                        self.msgs.push_back((side_of(peer), RANKS[s], tag, ctl))
+                        self.msgs.push_back((side_of(peer), rank, tag, ctl))
                     }
                     Act::Rdma { rdma, .. } => {
                         // The data moves now, in order with the messages

@@ -21,6 +21,7 @@
 //! This module touches application memory only through `memory.rs`, and only
 //! after the key checks.
 
+mod alloc;
 mod arena;
 mod cm;
 mod faults;
@@ -33,6 +34,7 @@ mod world;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use alloc::CountingAlloc;
 pub use faults::{CmAction, CmFault, CmMsgKind};
 pub use handles::{
     inside, SimCmChannel, SimCmId, SimContext, SimCq, SimMr, SimPd, SimProcess, SimQp, SimSrq,

@@ -6,8 +6,10 @@
 //! depend on (`Arc`): an MR keeps its PD, a QP its PD, CQs, SRQ and XRC
 //! domain; dropping the last handle destroys the verbs object.
 //!
-//! This module and `buf.rs`/`sim/memory.rs` are the only places with
-//! `unsafe`; every block says why it is sound.
+//! `unsafe` lives in this module and in `buf.rs`, `usermem.rs`, `reg.rs`,
+//! `memmon.rs`, `sim/memory.rs` and `sim/alloc.rs` (and the `reg_mr`
+//! contract of the `Context` trait), nowhere else in the workspace; every
+//! block says why it is sound.
 
 mod cm;
 mod objects;

@@ -895,9 +895,10 @@ impl World {
                 }
             }
             SendOp::Write(r) | SendOp::WriteWithImm(r, _) => {
-                let allowed = qp_access.contains(Access::REMOTE_WRITE)
-                    && self.remote_ok(dst_dev, pd, &r, d.len, Access::REMOTE_WRITE);
-                if !allowed {
+                if !qp_access.contains(Access::REMOTE_WRITE) {
+                    return self.not_enabled(dst, &d);
+                }
+                if !self.remote_ok(dst_dev, pd, &r, d.len, Access::REMOTE_WRITE) {
                     self.responder_error(dst, &d, WcStatus::RemoteAccess, QpErrorEvent::Access);
                     return;
                 }
@@ -928,9 +929,10 @@ impl World {
                 }
             }
             SendOp::Read(r) => {
-                let allowed = qp_access.contains(Access::REMOTE_READ)
-                    && self.remote_ok(dst_dev, pd, &r, d.len, Access::REMOTE_READ);
-                if !allowed {
+                if !qp_access.contains(Access::REMOTE_READ) {
+                    return self.not_enabled(dst, &d);
+                }
+                if !self.remote_ok(dst_dev, pd, &r, d.len, Access::REMOTE_READ) {
                     self.responder_error(dst, &d, WcStatus::RemoteAccess, QpErrorEvent::Access);
                     return;
                 }
@@ -942,6 +944,13 @@ impl World {
                 return;
             }
             SendOp::FetchAdd { remote: r, .. } | SendOp::CompareSwap { remote: r, .. } => {
+                if !qp_access.contains(Access::REMOTE_ATOMIC) {
+                    return self.not_enabled(dst, &d);
+                }
+                if !self.remote_ok(dst_dev, pd, &r, 8, Access::REMOTE_ATOMIC) {
+                    self.responder_error(dst, &d, WcStatus::RemoteAccess, QpErrorEvent::Access);
+                    return;
+                }
                 if r.addr % 8 != 0 {
                     self.responder_error(
                         dst,
@@ -949,12 +958,6 @@ impl World {
                         WcStatus::RemoteInvalidRequest,
                         QpErrorEvent::Request,
                     );
-                    return;
-                }
-                let allowed = qp_access.contains(Access::REMOTE_ATOMIC)
-                    && self.remote_ok(dst_dev, pd, &r, 8, Access::REMOTE_ATOMIC);
-                if !allowed {
-                    self.responder_error(dst, &d, WcStatus::RemoteAccess, QpErrorEvent::Access);
                     return;
                 }
                 let found = self.read_remote(dst_dev, &r, 8);
@@ -980,6 +983,14 @@ impl World {
         }
         self.qps.get_mut(dst).expect("indexed").expected_psn += 1;
         self.respond(dst, &d, Resp::Ack);
+    }
+
+    /// The responder QP does not enable this class of operation (its
+    /// remote-access rights): an invalid request, as the IB transport and
+    /// rdma_rxe answer it (a key the region does not grant is a remote
+    /// access error instead).
+    fn not_enabled(&mut self, dst: Id<QpObj>, d: &Delivery) {
+        self.responder_error(dst, d, WcStatus::RemoteInvalidRequest, QpErrorEvent::Request);
     }
 
     fn has_recv(&self, dst: Id<QpObj>, srq: Option<Id<SrqObj>>) -> bool {

@@ -159,7 +159,11 @@ impl<C: Context> Btl<C> {
 
     /// What the BTL counted.
     pub fn stats(&self) -> BtlStats {
-        self.lock().stats.clone()
+        let core = self.lock();
+        BtlStats {
+            pending_max: core.eps.pending_max,
+            ..core.stats.clone()
+        }
     }
 
     /// The registration cache's counters.
@@ -608,7 +612,11 @@ impl<C: Context> Btl<C> {
     fn deliver_all(&self) -> usize {
         let mut n = 0;
         loop {
-            if self.delivering.swap(true, Ordering::SeqCst) {
+            // Whoever queues a delivery runs this afterwards: nothing
+            // queued now is nothing to do.
+            if self.queued.load(Ordering::SeqCst) == 0
+                || self.delivering.swap(true, Ordering::SeqCst)
+            {
                 return n;
             }
             let flag = Delivering(&self.delivering);

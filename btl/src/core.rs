@@ -111,6 +111,8 @@ pub(crate) struct Core<C: Context> {
     recv_batch: Option<Batch<WorkCompletion>>,
     pub ring_blocked: VecDeque<u32>,
     pub ring_served: VecDeque<u32>,
+    /// Where inline messages are gathered.
+    pub inline: Box<[u8; crate::post::INLINE_MAX]>,
 }
 
 impl<C: Context> Core<C> {
@@ -157,6 +159,7 @@ impl<C: Context> Core<C> {
             drained: false,
             ring_blocked: VecDeque::new(),
             ring_served: VecDeque::new(),
+            inline: Box::new([0; crate::post::INLINE_MAX]),
         })
     }
 
@@ -211,24 +214,20 @@ impl<C: Context> Core<C> {
     /// Does what is due: connection events, completions, pending work.
     /// Returns how much it found.
     pub fn poll(&mut self) -> usize {
-        let mut n = self.control();
-        n += self.poll_send();
-        n += self.poll_recv();
-        n += self.run_rndv();
-        n += self.drain_pending();
-        n
-    }
-
-    /// Connection and async events cost system calls (the CM's and the
-    /// device's event descriptors); completions do not. A progress loop
-    /// spinning on a CQ looks at them every `CONTROL_EVERY` calls only.
-    fn control(&mut self) -> usize {
+        // Connection and async events cost system calls (the CM's and the
+        // device's event descriptors); completions do not. A progress loop
+        // spinning on a CQ looks at them every `CONTROL_EVERY` calls only.
         let due = self.control_tick % self.control_every == 0;
         self.control_tick = self.control_tick.wrapping_add(1);
-        if !due {
-            return 0;
+        let mut n = if due { self.control_now() } else { 0 };
+        // The send CQ holds completions of posted work (and, rarely, of the
+        // driver's hello, seen on the control ticks).
+        if due || !self.slab.is_empty() {
+            n += self.poll_send();
         }
-        self.control_now()
+        n += self.poll_recv();
+        n += self.run_rndv();
+        n + self.drain_pending()
     }
 
     /// Looks at connection and async events now.
@@ -685,7 +684,6 @@ impl<C: Context> Core<C> {
                 }
             }
         }
-        self.stats.pending_max = self.stats.pending_max.max(self.eps.pending_now);
         n
     }
 
@@ -779,7 +777,6 @@ impl<C: Context> Core<C> {
         }
         self.eps.get_mut(ei).tx.take();
         self.stats.eager_sent += 1;
-        self.stats.pending_max = self.stats.pending_max.max(self.eps.pending_now);
         true
     }
 

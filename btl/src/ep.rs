@@ -182,6 +182,8 @@ pub(crate) struct Endpoints {
     ready: VecDeque<u32>,
     /// Items waiting in all pending queues.
     pub pending_now: u64,
+    /// The most that ever waited at once.
+    pub pending_max: u64,
 }
 
 impl Endpoints {
@@ -246,6 +248,7 @@ impl Endpoints {
         };
         e.pending.push_back(item);
         self.pending_now += 1;
+        self.pending_max = self.pending_max.max(self.pending_now);
         self.mark_ready(i);
     }
 
@@ -264,6 +267,7 @@ impl Endpoints {
         let at = e.pending.partition_point(|x| x.order < item.order);
         e.pending.insert(at, item);
         self.pending_now += 1;
+        self.pending_max = self.pending_max.max(self.pending_now);
     }
 
     /// Queues an item that was never queued, or that failed in flight, at
@@ -273,6 +277,7 @@ impl Endpoints {
         let at = e.pending.partition_point(|x| x.order < item.order);
         e.pending.insert(at, item);
         self.pending_now += 1;
+        self.pending_max = self.pending_max.max(self.pending_now);
         self.mark_ready(i);
     }
 
@@ -290,6 +295,11 @@ impl Endpoints {
         let items: Vec<Item> = self.list[i as usize].pending.drain(..).collect();
         self.pending_now -= items.len() as u64;
         items
+    }
+
+    /// Whether any endpoint waits in the ring.
+    pub fn any_ready(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     /// The ring of endpoints with work, taken for a round.

@@ -6,7 +6,7 @@
 //! A message goes as one work request: its header is written in front of
 //! the body in the message's bounce slot and the slot is posted, or, when
 //! the whole message fits the QP's inline limit, header and body are
-//! gathered on the stack and posted inline (the slot stays with the message
+//! gathered in a scratch buffer and posted inline (the slot stays with the message
 //! until it completes: it is what a retransmission sends). Before posting,
 //! the work must have a path, nothing in flight on an older path, room in
 //! the QP's send queue, a bounce slot (messages), and, where the device has
@@ -21,7 +21,8 @@ use crate::iface::Slots;
 use crate::wire::{Header, Kind, HEADER};
 use crate::wr_id::WrId;
 
-/// The largest message posted inline (the stack buffer it is gathered in).
+/// The largest message posted inline (the scratch buffer it is gathered
+/// in).
 pub(crate) const INLINE_MAX: usize = 1024;
 
 /// A credit-only message, to queue ahead of everything.
@@ -94,7 +95,6 @@ impl<C: Context> Core<C> {
             self.stats.no_resource += 1;
             return Err(item);
         }
-        let mut inline = [0u8; INLINE_MAX];
         let mut sgl = [Sge::default()];
         let mut inline_len = 0;
         let mut returned = 0u16;
@@ -132,16 +132,15 @@ impl<C: Context> Core<C> {
                 }
                 .encode(&mut hdr);
                 if total <= caps.max_inline as usize && total <= INLINE_MAX {
-                    // Gathered on the stack: a body kept on the heap needs
-                    // no slot.
+                    // Gathered in the core's scratch: a body kept on the
+                    // heap needs no slot.
+                    let inline = &mut self.inline[..total];
                     inline[..HEADER].copy_from_slice(&hdr);
                     match &m.store {
                         Store::Slot(s) => {
-                            self.iface
-                                .bounce
-                                .read_to(*s, HEADER, &mut inline[HEADER..total])
+                            self.iface.bounce.read_to(*s, HEADER, &mut inline[HEADER..])
                         }
-                        Store::Heap(body) => inline[HEADER..total].copy_from_slice(body),
+                        Store::Heap(body) => inline[HEADER..].copy_from_slice(body),
                     }
                     inline_len = total;
                 } else {
@@ -189,7 +188,7 @@ impl<C: Context> Core<C> {
             item,
         }));
         let payload = if inline_len > 0 {
-            Payload::Inline(&inline[..inline_len])
+            Payload::Inline(&self.inline[..inline_len])
         } else {
             Payload::Sgl(&sgl)
         };
@@ -236,6 +235,9 @@ impl<C: Context> Core<C> {
     pub(crate) fn drain_pending(&mut self) -> usize {
         let mut work = 0;
         loop {
+            if !self.eps.any_ready() {
+                return work;
+            }
             let mut ring = self.eps.take_ready();
             if ring.is_empty() {
                 self.eps.restore_ready(ring);

@@ -575,6 +575,10 @@ pub struct ConnManager {
     actions: VecDeque<Action>,
     notices: VecDeque<Notice>,
     counters: Counters,
+    /// The earliest timer, as last computed; cleared by every input (only
+    /// inputs arm or disarm timers), so that a driver asking at every
+    /// progress does not scan every INI and endpoint each time.
+    next_timer: std::cell::Cell<Option<Option<Duration>>>,
 }
 
 impl ConnManager {
@@ -601,6 +605,7 @@ impl ConnManager {
             actions: VecDeque::new(),
             notices: VecDeque::new(),
             counters: Counters::default(),
+            next_timer: std::cell::Cell::new(None),
         }
     }
 
@@ -681,13 +686,18 @@ impl ConnManager {
 
     /// When [`ConnManager::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Duration> {
+        if let Some(t) = self.next_timer.get() {
+            return t;
+        }
         let inis = self.inis.values().filter_map(|i| i.retry_at);
         let eps = self.eps.values().filter_map(|e| e.retry_at);
         let leave = match self.phase {
             Phase::Leaving { deadline } => Some(deadline),
             _ => None,
         };
-        inis.chain(eps).chain(leave).min()
+        let t = inis.chain(eps).chain(leave).min();
+        self.next_timer.set(Some(t));
+        t
     }
 
     // ---- commands ----------------------------------------------------------
@@ -696,6 +706,7 @@ impl ConnManager {
     /// [`Notice::Ready`] follows (at once, if it already exists).
     pub fn connect(&mut self, now: Duration, rank: Rank) {
         self.now = now;
+        self.next_timer.set(None);
         if self.phase != Phase::Running {
             return;
         }
@@ -742,6 +753,7 @@ impl ConnManager {
     /// and every handle is released. [`Notice::Drained`] follows.
     pub fn shutdown(&mut self, now: Duration) {
         self.now = now;
+        self.next_timer.set(None);
         if self.phase != Phase::Running {
             return;
         }
@@ -763,6 +775,7 @@ impl ConnManager {
     /// Handles an event from the driver.
     pub fn handle(&mut self, now: Duration, ev: Event) {
         self.now = now;
+        self.next_timer.set(None);
         match ev {
             Event::QpCreateFailed { qp } => self.on_qp_create_failed(qp),
             Event::TgtCreated { tgt, qpn } => self.on_tgt_ready(tgt, Some(qpn)),
@@ -783,6 +796,7 @@ impl ConnManager {
     /// Runs the timers due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
         self.now = now;
+        self.next_timer.set(None);
         let due_inis: Vec<u64> = self
             .inis
             .iter()

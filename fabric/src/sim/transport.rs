@@ -990,7 +990,12 @@ impl World {
     /// rdma_rxe answer it (a key the region does not grant is a remote
     /// access error instead).
     fn not_enabled(&mut self, dst: Id<QpObj>, d: &Delivery) {
-        self.responder_error(dst, d, WcStatus::RemoteInvalidRequest, QpErrorEvent::Request);
+        self.responder_error(
+            dst,
+            d,
+            WcStatus::RemoteInvalidRequest,
+            QpErrorEvent::Request,
+        );
     }
 
     fn has_recv(&self, dst: Id<QpObj>, srq: Option<Id<SrqObj>>) -> bool {

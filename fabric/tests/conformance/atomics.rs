@@ -168,7 +168,11 @@ fn atomics_need_access<H: Harness>(h: &H) -> Outcome {
         },
         0,
     )?;
-    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 2, WcStatus::RemoteInvalidRequest)?;
+    check_wc(
+        &wait_cq(h, &ea.cq, 1)?[0],
+        2,
+        WcStatus::RemoteInvalidRequest,
+    )?;
     ensure_eq!(read_u64(&w, 8), 5);
     ensure_eq!(ea.qp.state()?, QpState::Error);
     Ok(())
@@ -184,10 +188,17 @@ fn atomics_misaligned<H: Harness>(h: &H) -> Outcome {
         add: 1,
     };
     // Refused at post (rdma_rxe checks there) or by the responder.
-    match ea.qp.post_send(&SendWr::new(1, misaligned, Payload::Sgl(&sge))) {
+    match ea
+        .qp
+        .post_send(&SendWr::new(1, misaligned, Payload::Sgl(&sge)))
+    {
         Err(Error::InvalidArgument(_)) => {}
         Err(e) => return Err(Failure(format!("a misaligned atomic failed with {e:?}"))),
-        Ok(()) => check_wc(&wait_cq(h, &ea.cq, 1)?[0], 1, WcStatus::RemoteInvalidRequest)?,
+        Ok(()) => check_wc(
+            &wait_cq(h, &ea.cq, 1)?[0],
+            1,
+            WcStatus::RemoteInvalidRequest,
+        )?,
     }
     ensure_eq!(read_u64(&w, 8), 5);
     ensure_eq!(read_u64(&w, 16), 0);

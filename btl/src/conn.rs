@@ -223,11 +223,13 @@ impl<C: Context> ConnDriver<C> {
     /// reported again).
     pub fn connect(&mut self, now: Duration, rank: Rank) {
         self.mgr.connect(now, rank);
+        self.react(now);
     }
 
     /// Starts a clean exit; progress until [`ConnEvent::Drained`].
     pub fn shutdown(&mut self, now: Duration) {
         self.mgr.shutdown(now);
+        self.react(now);
     }
 
     /// The next event for the data path.
@@ -260,6 +262,7 @@ impl<C: Context> ConnDriver<C> {
         if let Some(Some(s)) = self.slots.get(slot as usize) {
             let qp = s.r;
             self.mgr.handle(now, Event::QpFailed { qp });
+            self.react(now);
         }
     }
 
@@ -281,6 +284,7 @@ impl<C: Context> ConnDriver<C> {
         {
             let qp = s.r;
             self.mgr.handle(now, Event::FirstReceive { qp });
+            self.react(now);
         }
     }
 
@@ -289,36 +293,53 @@ impl<C: Context> ConnDriver<C> {
         self.next_ref
     }
 
-    /// Does whatever is pending: CM and async events, timers, the manager's
-    /// actions. Returns how much work it found.
+    /// Does whatever is pending: CM and async events, timers, and the
+    /// manager's actions. Each input is acted on before the next is looked
+    /// at, so that nothing the manager asked for waits behind another poll.
+    /// Returns how much work it found.
     pub fn progress(&mut self, now: Duration) -> usize {
-        let mut total = 0;
+        let mut total = self.react(now);
         loop {
             let mut work = 0;
             while let Some(ev) = self.ch.poll_event() {
                 work += 1;
                 self.on_cm_event(now, ev);
+                work += self.react(now);
             }
             while let Some(ev) = self.ctx.poll_async_event() {
                 work += 1;
                 self.on_async(now, ev);
+                work += self.react(now);
             }
             if self.mgr.poll_timeout().is_some_and(|t| t <= now) {
                 work += 1;
                 self.mgr.handle_timeout(now);
-            }
-            while let Some(a) = self.mgr.poll_action() {
-                work += 1;
-                self.execute(now, a);
-            }
-            while let Some(n) = self.mgr.poll_notice() {
-                work += 1;
-                self.on_notice(n);
+                work += self.react(now);
             }
             if work == 0 {
                 return total;
             }
             total += work;
+        }
+    }
+
+    /// Carries out what the manager asks, and passes on its notices.
+    fn react(&mut self, now: Duration) -> usize {
+        let mut work = 0;
+        loop {
+            let mut n = 0;
+            while let Some(a) = self.mgr.poll_action() {
+                n += 1;
+                self.execute(now, a);
+            }
+            while let Some(notice) = self.mgr.poll_notice() {
+                n += 1;
+                self.on_notice(notice);
+            }
+            if n == 0 {
+                return work;
+            }
+            work += n;
         }
     }
 

@@ -213,6 +213,34 @@ fn atomics(device: SimDevice) {
     assert_eq!(theirs.read_u64(64), now);
     b.send(3, TAG, &[], b"still here").unwrap();
     c.run_until(LIMIT, |c| c.got(3).iter().any(|g| g.data == b"still here"));
+    // On user memory the peer registered, across a remap of it.
+    let mut buf = MappedBuf::new(4096).unwrap();
+    let peer = c.btl(3);
+    let reg = peer
+        .register_mem(buf.user_mem(), Access::REMOTE_ATOMIC)
+        .unwrap();
+    out.lock().unwrap().clear();
+    b.fetch_add(3, reg.remote().at(16), 9, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert_eq!(out.lock().unwrap()[0].1, Ok(Some(0)));
+    assert_eq!(buf.read(16, 8), 9u64.to_le_bytes());
+    peer.deregister_mem(reg).unwrap();
+    buf.remap().unwrap();
+    buf.write(16, &100u64.to_le_bytes());
+    let reg = peer
+        .register_mem(buf.user_mem(), Access::REMOTE_ATOMIC)
+        .unwrap();
+    b.compare_swap(3, reg.remote().at(16), 100, 5, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 2);
+    assert_eq!(
+        out.lock().unwrap()[1].1,
+        Ok(Some(100)),
+        "the new pages were reached"
+    );
+    assert_eq!(buf.read(16, 8), 5u64.to_le_bytes());
+    peer.deregister_mem(reg).unwrap();
     c.shutdown(LIMIT);
 }
 

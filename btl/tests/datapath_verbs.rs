@@ -366,6 +366,40 @@ fn atomics_where_the_device_has_them_and_a_clear_refusal_where_not() {
     let v = theirs.read_u64(64);
     assert!(v == 7 || v == 8, "{v}");
     assert_eq!(theirs.read_u64(8), 11);
+    // On user memory the peer registered, across a remap of it.
+    let mut buf = MappedBuf::new(4096).unwrap();
+    let peer = &rs.btl[2];
+    let reg = peer
+        .register_mem(buf.user_mem(), Access::REMOTE_ATOMIC)
+        .unwrap();
+    out.lock().unwrap().clear();
+    rs.btl[0]
+        .fetch_add(2, reg.remote().at(16), 9, recorder(&out))
+        .unwrap();
+    rs.until("an atomic on user memory", |_| {
+        out.lock().unwrap().len() == 1
+    });
+    assert_eq!(out.lock().unwrap()[0], Ok(Some(0)));
+    assert_eq!(buf.read(16, 8), 9u64.to_le_bytes());
+    peer.deregister_mem(reg).unwrap();
+    buf.remap().unwrap();
+    buf.write(16, &100u64.to_le_bytes());
+    let reg = peer
+        .register_mem(buf.user_mem(), Access::REMOTE_ATOMIC)
+        .unwrap();
+    rs.btl[0]
+        .compare_swap(2, reg.remote().at(16), 100, 5, recorder(&out))
+        .unwrap();
+    rs.until("an atomic after the remap", |_| {
+        out.lock().unwrap().len() == 2
+    });
+    assert_eq!(
+        out.lock().unwrap()[1],
+        Ok(Some(100)),
+        "the new pages were reached"
+    );
+    assert_eq!(buf.read(16, 8), 5u64.to_le_bytes());
+    peer.deregister_mem(reg).unwrap();
     rs.shutdown();
 }
 

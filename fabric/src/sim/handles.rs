@@ -415,8 +415,10 @@ impl Context for SimContext {
         let mut w = self.world();
         let pop = |w: &mut World| w.ctxs.get_mut(self.0.id).and_then(|c| c.events.pop_front());
         if let Some(e) = pop(&mut w) {
+            w.polled(self.0.id, true);
             return Some(e);
         }
+        w.polled(self.0.id, false);
         w.poll_progress();
         pop(&mut w)
     }
@@ -532,16 +534,23 @@ impl Cq for SimCq {
 
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let mut w = self.0.ctx.world();
+        let ctx = self.0.ctx.0.id;
         let n = w.poll_cq(self.0.id, out)?;
         if n > 0 || out.is_empty() {
+            w.polled(ctx, n > 0);
             return Ok(n);
         }
+        w.polled(ctx, false);
         w.poll_progress();
-        w.poll_cq(self.0.id, out)
+        let n = w.poll_cq(self.0.id, out)?;
+        w.polled(ctx, n > 0);
+        Ok(n)
     }
 
     fn wait(&self, timeout: std::time::Duration) -> Result<bool> {
         let mut w = self.0.ctx.world();
+        // Waiting is being idle.
+        w.polled(self.0.ctx.0.id, false);
         let deadline = w.now + timeout.as_nanos() as u64;
         loop {
             let c = w.cqs.get(self.0.id).ok_or(Error::ProcessGone)?;
@@ -755,13 +764,16 @@ impl CmChannel for SimCmChannel {
                 .get_mut(self.0.id)
                 .and_then(|c| c.events.pop_front())
         };
+        let ctx = self.0.ctx.0.id;
         let ev = match pop(&mut w) {
             Some(e) => e,
             None => {
+                w.polled(ctx, false);
                 w.poll_progress();
                 pop(&mut w)?
             }
         };
+        w.polled(ctx, true);
         drop(w);
         Some(CmEvent {
             id: ev.id.raw(),

@@ -398,10 +398,12 @@ impl SimFabric {
     /// Makes the automatic clock causal, for processes progressed by
     /// threads of their own: an empty poll moves time on only while no
     /// process has completions, CM events or async events queued that it
-    /// has not polled yet, so that a thread that is slow to run (or
-    /// descheduled) sees everything at the virtual instant it happened
-    /// instead of after its peers' timers ran out. Every process must keep
-    /// polling all its queues.
+    /// has not polled yet, and none is still reacting to what it took (a
+    /// process reacts from a poll that found something until it polls an
+    /// empty queue or waits), so that a thread that is slow to run (or
+    /// descheduled) sees and answers everything at the virtual instant it
+    /// happened instead of after its peers' timers ran out. Every process
+    /// must keep polling its queues.
     pub fn set_causal(&self, causal: bool) {
         self.shared.lock().causal = causal;
     }

@@ -51,6 +51,9 @@ pub(crate) struct Proc {
     /// an async event, a CM event): a harness progresses only processes
     /// whose count moved.
     pub activity: u64,
+    /// It took something from one of its queues and has not polled an
+    /// empty one since: it is still reacting (the causal clock waits).
+    pub busy: bool,
 }
 
 pub(crate) struct Ctx {
@@ -490,14 +493,25 @@ impl World {
     }
 
     /// Whether the causal clock holds time back: some process has
-    /// completions, CM events or async events it has not polled yet (it
-    /// must see them at the instant they happened, however slowly its
-    /// thread runs).
+    /// completions, CM events or async events it has not polled yet, or is
+    /// still reacting to what it took (it must see and answer them at the
+    /// instant they happened, however slowly its thread runs).
     pub(crate) fn held_back(&self) -> bool {
         self.causal
-            && (self.cqs.iter().any(|(_, c)| !c.entries.is_empty())
+            && (self.procs.iter().any(|(_, p)| p.alive && p.busy)
+                || self.cqs.iter().any(|(_, c)| !c.entries.is_empty())
                 || self.channels.iter().any(|(_, c)| !c.events.is_empty())
                 || self.ctxs.iter().any(|(_, c)| !c.events.is_empty()))
+    }
+
+    /// The process of `ctx` polled one of its queues and `found` something
+    /// (it is reacting until it polls an empty one).
+    pub(crate) fn polled(&mut self, ctx: Id<Ctx>, found: bool) {
+        if let Some(p) = self.ctxs.get(ctx).map(|c| c.proc) {
+            if let Some(p) = self.procs.get_mut(p) {
+                p.busy = found;
+            }
+        }
     }
 
     /// Runs the events due at the current time.
@@ -642,6 +656,7 @@ impl World {
             pid,
             alive: true,
             activity: 0,
+            busy: false,
         }))
     }
 

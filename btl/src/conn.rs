@@ -23,8 +23,8 @@ use xrcbtl_fabric::{
     PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RejectReason, Result, SendWr,
 };
 use xrcbtl_xrc_conn::{
-    Action, CmFailure, CmRef, ConnManager, Event, FailReason, Mode, Node, Notice, QpKind, QpRef,
-    Rank, RouteRef, TgtRef,
+    Action, CmFailure, CmRef, ConnManager, Event, Mode, Node, Notice, QpKind, QpRef, Rank,
+    RouteRef, TgtRef,
 };
 
 use crate::config::BtlConfig;
@@ -49,25 +49,9 @@ pub enum ConnEvent {
         /// The peer's SRQ numbers by class.
         srqns: Vec<u32>,
     },
-    /// The path to `rank` broke; it is rebuilt when next wanted.
-    Lost {
-        /// The peer.
-        rank: Rank,
-    },
-    /// `rank` left cleanly.
-    Closed {
-        /// The peer.
-        rank: Rank,
-    },
-    /// `rank` cannot be reached.
-    Failed {
-        /// The peer.
-        rank: Rank,
-        /// Why.
-        reason: FailReason,
-    },
-    /// The clean exit is complete.
-    Drained,
+    /// Any other notice of the manager: a path lost (rebuilt when next
+    /// wanted), a peer gone cleanly or unreachable, the clean exit done.
+    Notice(Notice),
     /// The QP in `slot` is gone: work posted on it will never complete.
     Destroyed {
         /// Its slot (free for reuse from now on).
@@ -359,15 +343,9 @@ impl<C: Context> ConnDriver<C> {
                         srqns: path.srqns.clone(),
                     }
                 }
-                None => ConnEvent::Lost { rank: *rank },
+                None => ConnEvent::Notice(Notice::Lost { rank: *rank }),
             },
-            Notice::Lost { rank } => ConnEvent::Lost { rank: *rank },
-            Notice::Closed { rank } => ConnEvent::Closed { rank: *rank },
-            Notice::Failed { rank, reason } => ConnEvent::Failed {
-                rank: *rank,
-                reason: *reason,
-            },
-            Notice::Drained => ConnEvent::Drained,
+            other => ConnEvent::Notice(other.clone()),
         };
         self.events.push_back(ev);
         self.notices.push(n);

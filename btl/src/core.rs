@@ -15,7 +15,7 @@ use xrcbtl_fabric::{
     Access, Context, Cq, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
 };
 use xrcbtl_progress::{Batch, WrSlab};
-use xrcbtl_xrc_conn::Rank;
+use xrcbtl_xrc_conn::{Notice, Rank};
 
 use crate::config::BtlConfig;
 use crate::conn::{ConnDriver, ConnEvent};
@@ -259,7 +259,7 @@ impl<C: Context> Core<C> {
                     self.eps.mark_ready(ei);
                 }
             }
-            ConnEvent::Lost { rank } => {
+            ConnEvent::Notice(Notice::Lost { rank }) => {
                 if let Some(ei) = self.eps.find(rank) {
                     let ep = self.eps.get_mut(ei);
                     ep.connecting = false;
@@ -267,11 +267,14 @@ impl<C: Context> Core<C> {
                     self.eps.mark_ready(ei);
                 }
             }
-            ConnEvent::Closed { rank } => self.fail_rank(rank, BtlError::Closed(rank)),
-            ConnEvent::Failed { rank, reason } => {
+            ConnEvent::Notice(Notice::Closed { rank }) => {
+                self.fail_rank(rank, BtlError::Closed(rank))
+            }
+            ConnEvent::Notice(Notice::Failed { rank, reason }) => {
                 self.fail_rank(rank, BtlError::Unreachable(rank, reason))
             }
-            ConnEvent::Drained => self.drained = true,
+            ConnEvent::Notice(Notice::Drained) => self.drained = true,
+            ConnEvent::Notice(Notice::Ready { .. }) => {}
             ConnEvent::Destroyed { slot, qpn } => {
                 if let Some(u) = self.sq_used.get_mut(slot as usize) {
                     *u = 0;

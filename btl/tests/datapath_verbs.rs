@@ -21,6 +21,10 @@ use xrcbtl_btl::{
 use xrcbtl_fabric::verbs::{VerbsContext, VerbsFabric};
 use xrcbtl_fabric::{Error, Fabric};
 
+#[path = "util/pattern.rs"]
+mod util;
+use util::pattern;
+
 const TAG: u8 = 3;
 
 type Inbox = Arc<Mutex<Vec<(u32, Vec<u8>)>>>;
@@ -116,18 +120,6 @@ impl Ranks {
         }
         self.until("clean exit", |rs| rs.btl.iter().all(|b| b.is_drained()));
     }
-}
-
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(len as u32) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 fn sizes() -> Vec<usize> {

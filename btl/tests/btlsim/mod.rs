@@ -16,6 +16,11 @@ use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess
 #[allow(unused_imports)]
 pub use xrcbtl_btl::sim::JOB;
 
+#[path = "../util/pattern.rs"]
+mod pattern;
+#[allow(unused_imports)]
+pub use pattern::pattern;
+
 /// The tag every rank records.
 pub const TAG: u8 = 7;
 /// The tag of cluster exchanges.
@@ -365,17 +370,4 @@ impl Cluster {
             assert_eq!(v.tgt_qps.len(), live, "node {n}: {:?}", v.tgt_qps);
         }
     }
-}
-
-/// Bytes of a test message: a pattern from the sizes and a seed.
-pub fn pattern(seed: u32, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(len as u32) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }

@@ -219,7 +219,11 @@ impl<C: Context> Btl<C> {
         }
     }
 
-    /// Drops endpoints: their outstanding operations fail with `Closed`.
+    /// Drops endpoints: their outstanding operations fail with `Closed`,
+    /// and their error callbacks run. A rank added again afterwards gets a
+    /// fresh endpoint whose messages start a new sequence: the peer must
+    /// have dropped (or never had) its endpoint to this rank too, as at the
+    /// end of an MPI job.
     pub fn del_procs(&self, ranks: &[Rank]) {
         let mut core = self.lock();
         for &r in ranks {

@@ -210,7 +210,7 @@ impl<C: Context> ConnDriver<C> {
         self.react(now);
     }
 
-    /// Starts a clean exit; progress until [`ConnEvent::Drained`].
+    /// Starts a clean exit; progress until [`Notice::Drained`] comes.
     pub fn shutdown(&mut self, now: Duration) {
         self.mgr.shutdown(now);
         self.react(now);

@@ -15,11 +15,17 @@
 //! the next `drain` reports it. Ranges are watched in write-protect mode,
 //! which never causes faults (nothing is write-protected), so watching has no
 //! effect on the memory's use.
+//!
+//! Lifetime: the monitor lives while someone uses it ([`MemMonitor::acquire`]
+//! hands out shared references, each [`Subscriber`] holds one); when the
+//! last goes, its thread is woken, joined, and the descriptor closed (which
+//! stops the watching). A library loaded into a process and unloaded again
+//! (an Open MPI component) leaves no thread behind.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use crate::{Error, Result};
@@ -93,6 +99,8 @@ impl Ring {
 
 struct Inner {
     fd: OwnedFd,
+    /// Written to wake the reader thread when the monitor stops.
+    wake: OwnedFd,
     /// One queue per live subscriber, indexed by subscriber id.
     queues: Mutex<[Option<Box<Ring>>; MAX_SUBSCRIBERS]>,
     /// Bumped after every batch of events is queued.
@@ -143,10 +151,10 @@ impl Inner {
 }
 
 /// Watches memory ranges and reports when they stop holding the pages they
-/// held (see the module documentation). One per process: userfaultfd lets a
-/// range be watched by one descriptor only, so every user (the registration
-/// cache, the simulated device) shares [`MemMonitor::global`] through its
-/// own [`Subscriber`].
+/// held (see the module documentation). One per process at a time:
+/// userfaultfd lets a range be watched by one descriptor only, so every user
+/// (the registration cache, the simulated device) shares the one
+/// [`MemMonitor::acquire`] returns, through its own [`Subscriber`].
 pub struct MemMonitor {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
@@ -168,14 +176,22 @@ fn page_size() -> usize {
     }
 }
 
-static GLOBAL: OnceLock<Option<MemMonitor>> = OnceLock::new();
+/// The process's monitor while anyone holds it.
+static CURRENT: Mutex<Weak<MemMonitor>> = Mutex::new(Weak::new());
 
 impl MemMonitor {
-    /// The process's monitor, started on first use; `None` where the kernel
-    /// or its settings do not allow userfaultfd (`vm.unprivileged_userfaultfd`,
-    /// seccomp): registrations are then not cached.
-    pub fn global() -> Option<&'static MemMonitor> {
-        GLOBAL.get_or_init(|| MemMonitor::new().ok()).as_ref()
+    /// The process's monitor, started if nobody holds one; `None` where
+    /// the kernel or its settings do not allow userfaultfd
+    /// (`vm.unprivileged_userfaultfd`, seccomp): registrations are then not
+    /// cached. It stops when the last reference (and subscriber) is gone.
+    pub fn acquire() -> Option<Arc<MemMonitor>> {
+        let mut cur = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cur.upgrade() {
+            return Some(m);
+        }
+        let m = Arc::new(MemMonitor::new().ok()?);
+        *cur = Arc::downgrade(&m);
+        Some(m)
     }
 
     /// Opens a userfaultfd with the unmap, remap and remove events and
@@ -215,8 +231,16 @@ impl MemMonitor {
                 "userfaultfd without unmap/remap/remove events",
             ));
         }
+        // SAFETY: eventfd takes a count and flags only.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wake < 0 {
+            return Err(Error::NoResource("eventfd for the memory monitor"));
+        }
+        // SAFETY: eventfd returned a new descriptor we now own.
+        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
         let inner = Arc::new(Inner {
             fd,
+            wake,
             queues: Mutex::new(std::array::from_fn(|_| None)),
             generation: AtomicU64::new(0),
             reading: AtomicBool::new(false),
@@ -228,16 +252,18 @@ impl MemMonitor {
             .name("xrcbtl-memmon".into())
             .spawn(move || {
                 // Unmapping threads wait for their event to be read: read
-                // promptly, and wake up now and then to see whether to stop.
+                // promptly; the wake descriptor says when to stop.
                 while !worker.stop.load(Ordering::Acquire) {
-                    let mut pfd = libc::pollfd {
-                        fd: worker.fd.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    let r = unsafe { libc::poll(&mut pfd, 1, 50) };
-                    if r > 0 {
+                    let mut pfd = [worker.fd.as_raw_fd(), worker.wake.as_raw_fd()].map(|fd| {
+                        libc::pollfd {
+                            fd,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        }
+                    });
+                    // SAFETY: two valid pollfds.
+                    let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, -1) };
+                    if r > 0 && pfd[0].revents != 0 {
                         let mut queues = worker.queues.lock().unwrap_or_else(|e| e.into_inner());
                         worker.read_events(&mut queues[..]);
                     }
@@ -255,7 +281,7 @@ impl MemMonitor {
 
     /// A new subscriber: it receives every invalidation from now on.
     /// `None` when `MAX_SUBSCRIBERS` (128) are alive.
-    pub fn subscribe(&'static self) -> Option<Subscriber> {
+    pub fn subscribe(self: &Arc<Self>) -> Option<Subscriber> {
         // Allocated before the lock is taken (see `Ring`).
         let ring = Box::new(Ring {
             items: [Invalidation { start: 0, end: 0 }; RING],
@@ -268,7 +294,7 @@ impl MemMonitor {
         let id = queues.iter().position(Option::is_none)?;
         queues[id] = Some(ring);
         Some(Subscriber {
-            monitor: self,
+            monitor: self.clone(),
             id,
             seen: AtomicU64::new(self.inner.generation.load(Ordering::SeqCst)),
         })
@@ -310,7 +336,7 @@ impl MemMonitor {
 
 /// One user's view of the [`MemMonitor`]: its own queue of invalidations.
 pub struct Subscriber {
-    monitor: &'static MemMonitor,
+    monitor: Arc<MemMonitor>,
     id: usize,
     /// The generation last drained.
     seen: AtomicU64,
@@ -324,8 +350,8 @@ impl std::fmt::Debug for Subscriber {
 
 impl Subscriber {
     /// The monitor it listens to.
-    pub fn monitor(&self) -> &'static MemMonitor {
-        self.monitor
+    pub fn monitor(&self) -> &MemMonitor {
+        &self.monitor
     }
 
     /// Moves every invalidation seen so far into `out`. Once `munmap` (or
@@ -392,6 +418,9 @@ impl Drop for Subscriber {
 impl Drop for MemMonitor {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a local buffer to our eventfd.
+        let _ = unsafe { libc::write(self.inner.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -428,7 +457,7 @@ mod tests {
 
     #[test]
     fn munmap_madvise_mremap_and_map_fixed_are_reported() {
-        let mon = MemMonitor::global().expect("userfaultfd on this machine");
+        let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
         let m = mon.subscribe().unwrap();
         let other = mon.subscribe().unwrap();
         let page = page_size();
@@ -511,7 +540,7 @@ mod tests {
 
     #[test]
     fn memory_that_cannot_be_watched_is_refused() {
-        let m = MemMonitor::global().expect("userfaultfd on this machine");
+        let m = MemMonitor::acquire().expect("userfaultfd on this machine");
         // A read-only file mapping.
         let f = std::fs::File::open("/proc/self/exe").unwrap();
         // SAFETY: maps a page of a file read-only; unmapped below.

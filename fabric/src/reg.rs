@@ -114,7 +114,7 @@ impl<C: Context> MemCache<C> {
     /// process's limit. Without userfaultfd, nothing is cached.
     pub fn new(ctx: C, pd: C::Pd, mut cfg: Config) -> Self {
         cfg.memlock_bytes = cfg.memlock_bytes.min(memlock_limit());
-        let monitor = MemMonitor::global().and_then(|m| m.subscribe());
+        let monitor = MemMonitor::acquire().and_then(|m| m.subscribe());
         MemCache {
             caching: monitor.is_some(),
             cache: RegCache::new(MrRegistrar { ctx, pd }, monitor, cfg),

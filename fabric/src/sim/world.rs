@@ -430,7 +430,7 @@ impl World {
             trace: 0xcbf2_9ce4_8422_2325,
             auto_advance: true,
             causal: false,
-            unmaps: crate::MemMonitor::global().and_then(|m| m.subscribe()),
+            unmaps: crate::MemMonitor::acquire().and_then(|m| m.subscribe()),
             unmapped: Vec::new(),
         }
     }

@@ -445,7 +445,9 @@ impl<C: Context> Btl<C> {
         })
     }
 
-    /// Gives a user registration back. Operations still using it fail.
+    /// Gives a user registration back: operations started with it
+    /// afterwards are refused; those already posted finish (the cache may
+    /// keep the memory registered until it is unmapped).
     pub fn deregister_mem(&self, reg: MemReg) -> Result<()> {
         if reg.id == 0 {
             return Err(Error::invalid(
@@ -517,7 +519,10 @@ impl<C: Context> Btl<C> {
         len: usize,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        self.start_rdma(dst, done, |_, op| transfer(op, true, from, to, len as u64))
+        self.start_rdma(dst, done, |core, op| {
+            core.check_reg(&from.reg)?;
+            transfer(op, true, from, to, len as u64)
+        })
     }
 
     /// Reads `len` bytes of the peer's memory at `from` into `to`.
@@ -529,7 +534,10 @@ impl<C: Context> Btl<C> {
         len: usize,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        self.start_rdma(dst, done, |_, op| transfer(op, false, to, from, len as u64))
+        self.start_rdma(dst, done, |core, op| {
+            core.check_reg(&to.reg)?;
+            transfer(op, false, to, from, len as u64)
+        })
     }
 
     fn start_atomic(

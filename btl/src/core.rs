@@ -26,7 +26,9 @@ use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner};
-use crate::types::{AmCallback, BtlError, BtlStats, ErrorCallback, OnDone, OpResult, Tag};
+use crate::types::{
+    AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Tag,
+};
 use crate::wire::{self, Header, Kind, HEADER};
 use crate::wr_id::WrId;
 
@@ -781,6 +783,20 @@ impl<C: Context> Core<C> {
         self.eps.get_mut(ei).tx.take();
         self.stats.eager_sent += 1;
         true
+    }
+
+    /// Checks that a user registration named by an operation is a live one
+    /// of this BTL (memory from `alloc_mem`, id 0, is its own proof).
+    pub fn check_reg(&self, reg: &MemReg) -> Result<()> {
+        if reg.id == 0 {
+            return Ok(());
+        }
+        match self.regs.get(reg.id - 1) {
+            Some(r) if r.lkey() == reg.lkey => Ok(()),
+            _ => Err(xrcbtl_fabric::Error::invalid(
+                "not a live registration of this BTL (deregistered, or never handed out)",
+            )),
+        }
     }
 
     /// Whether nothing is outstanding: no pending or in-flight work, no

@@ -43,7 +43,7 @@ pub use crate::config::{BtlConfig, Clock, RndvProtocol};
 pub use crate::threaded::Threaded;
 pub use crate::types::{
     AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,
-    OpResult, OpStatus, Peer, RegMem, RemoteMem, RemotePtr, Tag,
+    OpResult, OpStatus, Peer, RawMemReg, RegMem, RemoteMem, RemotePtr, Tag,
 };
 pub use bytes::Bytes;
 pub use xrcbtl_fabric::{Access, MappedBuf, UserMem};

@@ -108,9 +108,10 @@ pub struct Peer {
 
 /// Registered local memory: a user registration
 /// ([`Btl::register_mem`]) or memory the BTL allocated
-/// ([`Btl::alloc_mem`]). A plain handle: deregistering it
-/// ([`Btl::deregister_mem`]) or dropping the allocation while operations
-/// use it makes them fail, never reach other memory.
+/// ([`Btl::alloc_mem`]). A plain handle: operations started with a user
+/// registration given back ([`Btl::deregister_mem`]) are refused, and
+/// dropping an allocation while operations use it makes them fail; neither
+/// reaches other memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemReg {
     /// The user registration's id (0 for BTL-allocated memory).
@@ -153,6 +154,47 @@ impl MemReg {
             rkey: self.rkey,
         }
     }
+
+    /// Its parts, for a C ABI that hands registrations out as plain values.
+    pub fn to_raw(&self) -> RawMemReg {
+        RawMemReg {
+            id: self.id,
+            addr: self.addr,
+            len: self.len,
+            lkey: self.lkey,
+            rkey: self.rkey,
+        }
+    }
+
+    /// A registration from its parts. Operations check a user
+    /// registration's id and key against the live registrations of the BTL
+    /// they run on: parts that were never handed out, or belong to a
+    /// registration given back since, make the operation fail before
+    /// anything is posted.
+    pub fn from_raw(raw: RawMemReg) -> MemReg {
+        MemReg {
+            id: raw.id,
+            addr: raw.addr,
+            len: raw.len,
+            lkey: raw.lkey,
+            rkey: raw.rkey,
+        }
+    }
+}
+
+/// The parts of a [`MemReg`] (see [`MemReg::to_raw`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawMemReg {
+    /// The user registration's id (0 for BTL-allocated memory).
+    pub id: u64,
+    /// First byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
 }
 
 /// A place in registered local memory (checked against the registration

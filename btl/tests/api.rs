@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, TAG};
-use xrcbtl_btl::{Access, Btl, MappedBuf, OpId, OpResult, OpStatus, Peer, RemoteMem};
+use xrcbtl_btl::{
+    Access, Btl, MappedBuf, MemReg, OpId, OpResult, OpStatus, Peer, RawMemReg, RemoteMem,
+};
 use xrcbtl_fabric::sim::{SimContext, SimDevice};
 use xrcbtl_fabric::Error;
 
@@ -117,16 +119,26 @@ fn user_memory_follows_a_remapped_buffer(device: SimDevice) {
     assert!(b
         .get(3, remote.at(0), reg.at(64 * 1024 - 8), 16, None)
         .is_err());
-    b.deregister_mem(reg).unwrap();
-    let bad = b
-        .put(3, reg.at(0), remote.at(0), 8, recorder(&out))
+    // A registration in its raw parts (as a C ABI keeps it) works while it
+    // lives; a forged key, or the same parts after deregistration, fail
+    // before anything is posted.
+    let raw = reg.to_raw();
+    let op = b
+        .put(3, MemReg::from_raw(raw).at(0), remote.at(0), 8, None)
         .unwrap();
-    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 3);
-    let last = out.lock().unwrap()[2].clone();
-    assert_eq!(last.0, bad);
-    // A cached registration may outlive the user's: the put then works,
-    // which is allowed; it still reads only this buffer.
-    assert!(theirs.read(0, 8).iter().all(|&x| x == 0xB2), "{last:?}");
+    c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
+    assert_eq!(b.test(op), OpStatus::Done);
+    let forged = MemReg::from_raw(RawMemReg {
+        lkey: raw.lkey ^ 1,
+        ..raw
+    });
+    assert!(b.put(3, forged.at(0), remote.at(0), 8, None).is_err());
+    b.deregister_mem(reg).unwrap();
+    assert!(b
+        .put(3, reg.at(0), remote.at(0), 8, recorder(&out))
+        .is_err());
+    assert!(b.get(3, remote.at(0), reg.at(0), 8, None).is_err());
+    assert_eq!(out.lock().unwrap().len(), 2, "no callback for a refused op");
     c.shutdown(LIMIT);
 }
 

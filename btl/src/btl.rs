@@ -242,6 +242,12 @@ impl<C: Context> Btl<C> {
         self.lock().am[tag as usize] = Some(Arc::new(cb));
     }
 
+    /// Removes the callback of `tag`: its messages are then dropped (and
+    /// counted in [`BtlStats::unhandled`]).
+    pub fn deregister_am(&self, tag: Tag) {
+        self.lock().am[tag as usize] = None;
+    }
+
     /// Sets the callback run when the endpoint to `rank` fails for good.
     pub fn set_error_callback(
         &self,

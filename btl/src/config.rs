@@ -28,6 +28,41 @@ use std::time::{Duration, Instant};
 use xrcbtl_fabric::{Error, Result, XrcdKey};
 use xrcbtl_xrc_conn::{Node, Rank};
 
+/// One setting: its variable, default and meaning (the table above, for
+/// programs that list them: the C ABI, the Open MPI component's MCA
+/// parameters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The variable, `XRCBTL_` and the name.
+    pub name: &'static str,
+    /// Its default, as text.
+    pub default: &'static str,
+    /// What it means.
+    pub help: &'static str,
+}
+
+/// Every setting [`BtlConfig::with_vars`] reads, in the order of the table
+/// above.
+pub const SETTINGS: &[Setting] = &[
+    Setting { name: "XRCBTL_EAGER_LIMIT", default: "8192", help: "Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous." },
+    Setting { name: "XRCBTL_MAX_INLINE", default: "128", help: "Largest message (header included) posted inline, when the device allows that much." },
+    Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "get", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS) or put (RTS, RTR, the sender RDMA-writes, FIN)." },
+    Setting { name: "XRCBTL_RNDV_FRAG_SIZE", default: "524288", help: "Bytes per RDMA fragment of a rendezvous." },
+    Setting { name: "XRCBTL_RNDV_PIPELINE", default: "4", help: "Fragments of one rendezvous in flight at once." },
+    Setting { name: "XRCBTL_SEND_SLOTS", default: "256", help: "Bounce buffers for eager sends." },
+    Setting { name: "XRCBTL_SMALL_SIZE", default: "256", help: "Buffer size of the small receive class (0: one class only)." },
+    Setting { name: "XRCBTL_SRQ_DEPTH", default: "256", help: "Receives posted per class at start." },
+    Setting { name: "XRCBTL_SRQ_MAX_DEPTH", default: "1024", help: "Receives a class may grow to when its SRQ runs low." },
+    Setting { name: "XRCBTL_SRQ_REFILL", default: "16", help: "Consumed receives reposted together." },
+    Setting { name: "XRCBTL_CREDITS", default: "16", help: "iWARP (no RNR) only: messages a rank may have outstanding in one peer's SRQ; the receiver keeps peers x (credits + 1) + refill receives posted and returns credits as it reposts. At least 4." },
+    Setting { name: "XRCBTL_CQ_BATCH", default: "32", help: "Completions taken per CQ poll." },
+    Setting { name: "XRCBTL_SQ_MAX", default: "0", help: "Deepest send queue of a QP (0: the device's maximum); a shared XRC INI QP grows up to it as endpoints join." },
+    Setting { name: "XRCBTL_FORCE_RC", default: "0", help: "1: RC + SRQ even where the device has XRC." },
+    Setting { name: "XRCBTL_RCACHE_MAX_REGIONS", default: "4096", help: "Registrations the cache keeps." },
+    Setting { name: "XRCBTL_RCACHE_MAX_BYTES", default: "4294967296", help: "Bytes the cache keeps registered (also bounded by RLIMIT_MEMLOCK)." },
+    Setting { name: "XRCBTL_RETRIES", default: "5", help: "Connection attempts before a peer is declared unreachable." },
+];
+
 /// Which RDMA operation moves a rendezvous's data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RndvProtocol {
@@ -252,5 +287,59 @@ impl BtlConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> BtlConfig {
+        let mut c = BtlConfig::new(
+            0,
+            0,
+            1,
+            XrcdKey::new("t"),
+            "127.0.0.1:0".parse().expect("an address"),
+        );
+        c.clock = Clock::from_fn(|| Duration::ZERO);
+        c
+    }
+
+    #[test]
+    fn the_settings_table_matches_the_documented_one() {
+        let src = include_str!("config.rs");
+        let doc: Vec<(String, String)> = src
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | `XRCBTL_"))
+            .map(|row| {
+                let mut f = row.split('|').map(str::trim);
+                let name = format!("XRCBTL_{}", f.next().unwrap_or("").trim_end_matches('`'));
+                let default = f.next().unwrap_or("").trim_matches('`').to_string();
+                (name, default)
+            })
+            .collect();
+        let table: Vec<(String, String)> = SETTINGS
+            .iter()
+            .map(|s| (s.name.to_string(), s.default.to_string()))
+            .collect();
+        assert_eq!(doc, table);
+    }
+
+    #[test]
+    fn every_setting_is_read_and_its_default_is_the_default() {
+        for s in SETTINGS {
+            let bad = cfg().with_vars(|k| (k == s.name).then(|| "not-a-value".to_string()));
+            assert!(bad.is_err(), "{} is not read", s.name);
+            let same = cfg()
+                .with_vars(|k| (k == s.name).then(|| s.default.to_string()))
+                .expect("the default is valid");
+            assert_eq!(
+                format!("{same:?}"),
+                format!("{:?}", cfg()),
+                "{}'s default differs from BtlConfig::new",
+                s.name
+            );
+        }
     }
 }

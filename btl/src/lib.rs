@@ -39,7 +39,7 @@ pub mod wire;
 mod wr_id;
 
 pub use crate::btl::Btl;
-pub use crate::config::{BtlConfig, Clock, RndvProtocol};
+pub use crate::config::{BtlConfig, Clock, RndvProtocol, Setting, SETTINGS};
 pub use crate::threaded::Threaded;
 pub use crate::types::{
     AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,

@@ -254,6 +254,80 @@ pub fn job_xrcd_key(job: &str, device: &str) -> Result<XrcdKey> {
     Ok(XrcdKey(dir.join(format!("xrcd-{job}-{device}"))))
 }
 
+/// The network interfaces of a verbs device: for RoCE and iWARP the netdev
+/// its GIDs are bound to (`ports/1/gid_attrs/ndevs/*`), for InfiniBand the
+/// IPoIB interfaces of its PCI device (`device/net/*`).
+fn device_netdevs(device: &str) -> Vec<String> {
+    let base = PathBuf::from("/sys/class/infiniband").join(device);
+    let mut out: Vec<String> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(base.join("ports/1/gid_attrs/ndevs")) {
+        for e in dir.flatten() {
+            if let Ok(name) = std::fs::read_to_string(e.path()) {
+                let name = name.trim().to_string();
+                if !name.is_empty() && !out.contains(&name) {
+                    out.push(name);
+                }
+            }
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir(base.join("device/net")) {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// The IPv4 address of a verbs device's network interface: where its RDMA
+/// CM listener is reached. `NotFound` when the device has no interface
+/// with an IPv4 address.
+pub fn device_ip(device: &str) -> Result<std::net::IpAddr> {
+    let netdevs = device_netdevs(device);
+    let mut found = None;
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return Err(last_error("getifaddrs"));
+    }
+    let mut cur = ifap;
+    while !cur.is_null() && found.is_none() {
+        // SAFETY: `cur` is an entry of the list getifaddrs returned.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null address of the entry; its family says its type.
+        if i32::from(unsafe { (*ifa.ifa_addr).sa_family }) != libc::AF_INET {
+            continue;
+        }
+        // SAFETY: the entry's name is a NUL-terminated string.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
+        if netdevs.iter().any(|n| *n == name) {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            found = Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(
+                sin.sin_addr.s_addr,
+            ))));
+        }
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(ifap) };
+    found.ok_or_else(|| {
+        Error::not_found(format!(
+            "an IPv4 address on the interfaces of verbs device {device} ({})",
+            if netdevs.is_empty() {
+                "none found".to_string()
+            } else {
+                netdevs.join(", ")
+            }
+        ))
+    })
+}
+
 impl Context for VerbsContext {
     type Pd = VerbsPd;
     type Mr = VerbsMr;

@@ -89,6 +89,8 @@ pub struct Btl<C: Context> {
     mode: Mode,
     caps: DeviceCaps,
     listen: Option<SocketAddr>,
+    device: String,
+    credits: bool,
     max_message: usize,
     recv_cq: C::Cq,
 }
@@ -111,6 +113,8 @@ impl<C: Context> Btl<C> {
             mode: core.iface.mode,
             caps: core.iface.caps.clone(),
             listen: core.drv.listen_addr(),
+            device: core.iface.ctx.name().to_string(),
+            credits: core.fc,
             max_message: core.iface.max_message(),
             recv_cq: core.iface.recv_cq.clone(),
             core: Mutex::new(core),
@@ -139,6 +143,17 @@ impl<C: Context> Btl<C> {
     /// XRC or RC (from the device caps).
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The device's name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Whether messages are flow-controlled by credits (a device without
+    /// RNR: iWARP).
+    pub fn uses_credits(&self) -> bool {
+        self.credits
     }
 
     /// The device's capabilities.
@@ -219,11 +234,11 @@ impl<C: Context> Btl<C> {
         }
     }
 
-    /// Drops endpoints: their outstanding operations fail with `Closed`,
-    /// and their error callbacks run. A rank added again afterwards gets a
-    /// fresh endpoint whose messages start a new sequence: the peer must
-    /// have dropped (or never had) its endpoint to this rank too, as at the
-    /// end of an MPI job.
+    /// Drops endpoints: their outstanding operations fail with `Closed`
+    /// (error callbacks do not run: nothing failed). A rank added again
+    /// afterwards gets a fresh endpoint whose messages start a new
+    /// sequence: the peer must have dropped (or never had) its endpoint to
+    /// this rank too, as at the end of an MPI job.
     pub fn del_procs(&self, ranks: &[Rank]) {
         let mut core = self.lock();
         for &r in ranks {
@@ -248,7 +263,9 @@ impl<C: Context> Btl<C> {
         self.lock().am[tag as usize] = None;
     }
 
-    /// Sets the callback run when the endpoint to `rank` fails for good.
+    /// Sets the callback run when the endpoint to `rank` fails for good
+    /// (unreachable, its process gone); not when the peer leaves cleanly or
+    /// the endpoint is deleted.
     pub fn set_error_callback(
         &self,
         rank: Rank,
@@ -432,12 +449,17 @@ impl<C: Context> Btl<C> {
     /// memory unmapped or remapped since is registered afresh. `access`
     /// says what peers may do (`REMOTE_READ`, `REMOTE_WRITE`,
     /// `REMOTE_ATOMIC`; local writes, which gets and remote writes need, are
-    /// added). Give it back with [`Btl::deregister_mem`].
+    /// added, and on iWARP, where the sink of an RDMA read must take remote
+    /// writes, so is `REMOTE_WRITE`). Give it back with
+    /// [`Btl::deregister_mem`].
     pub fn register_mem(&self, mem: UserMem, access: Access) -> Result<MemReg> {
         if access.contains(Access::REMOTE_ATOMIC) && !self.caps.atomics {
             return Err(Error::Unsupported("the device has no atomics"));
         }
-        let access = access | Access::LOCAL_WRITE;
+        let mut access = access | Access::LOCAL_WRITE;
+        if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
+            access |= Access::REMOTE_WRITE;
+        }
         let mut core = self.lock();
         let reg = core.cache.register_user(&mem, access)?;
         let (lkey, rkey) = (reg.lkey(), reg.rkey());

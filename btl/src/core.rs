@@ -478,7 +478,8 @@ impl<C: Context> Core<C> {
     }
 
     /// The endpoint is gone for good: everything to and from it fails, and
-    /// its error callbacks run.
+    /// unless it closed (the peer left cleanly, or this rank deleted it) its
+    /// error callbacks run.
     pub fn fail_endpoint(&mut self, ei: u32, e: BtlError) {
         let ep = self.eps.get_mut(ei);
         if matches!(ep.state, EpState::Gone(_)) {
@@ -498,7 +499,9 @@ impl<C: Context> Core<C> {
             self.finish_op(op, Err(e.clone()));
         }
         self.run_rndv();
-        self.deliver(Delivery::Failed { rank, err: e });
+        if !matches!(e, BtlError::Closed(_)) {
+            self.deliver(Delivery::Failed { rank, err: e });
+        }
     }
 
     // ---- receiving ---------------------------------------------------------

@@ -25,6 +25,11 @@ impl OpId {
     pub fn raw(self) -> u64 {
         self.0
     }
+
+    /// The id whose [`OpId::raw`] is `raw` (for a C ABI).
+    pub fn from_raw(raw: u64) -> OpId {
+        OpId(raw)
+    }
 }
 
 /// Where an operation is.
@@ -88,7 +93,10 @@ pub struct Incoming<'a> {
 pub type AmCallback<C> = Arc<dyn Fn(&Btl<C>, &Incoming<'_>) + Send + Sync>;
 
 /// An error callback: runs (like [`AmCallback`]) when the endpoint to a
-/// rank fails for good.
+/// rank fails for good: the peer became unreachable or its process died.
+/// A peer that leaves cleanly, or an endpoint deleted with
+/// [`Btl::del_procs`], fails what was outstanding to it with
+/// [`BtlError::Closed`] but is not an error to report.
 pub type ErrorCallback<C> = Arc<dyn Fn(&Btl<C>, Rank, &BtlError) + Send + Sync>;
 
 /// An operation's completion callback: runs once (like [`AmCallback`])

@@ -157,6 +157,33 @@ fn put_and_get_on_user_memory_follow_a_remapped_buffer_over_iwarp() {
     user_memory_follows_a_remapped_buffer(SimDevice::iwarp("sim0"));
 }
 
+/// A get lands in user memory registered for local use only: on iWARP
+/// the BTL adds the remote write access an RDMA read's sink needs.
+fn get_into_local_only_memory(device: SimDevice) {
+    let mut c = Cluster::new(23, 2, 1, device);
+    let (theirs, remote) = exposed(&mut c, 1, 0, 8192);
+    let data = pattern(3, 8192);
+    theirs.write(0, &data);
+    let buf = MappedBuf::new(8192).unwrap();
+    let b = c.btl(0);
+    let reg = b.register_mem(buf.user_mem(), Access::from_bits(0)).unwrap();
+    let op = b.get(1, remote.at(0), reg.at(0), 8192, None).unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
+    assert_eq!(c.btl(0).test(op), OpStatus::Done);
+    assert_eq!(buf.read(0, 8192), data);
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn a_get_lands_in_local_only_memory_over_xrc() {
+    get_into_local_only_memory(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn a_get_lands_in_local_only_memory_over_iwarp() {
+    get_into_local_only_memory(SimDevice::iwarp("sim0"));
+}
+
 fn atomics(device: SimDevice) {
     let mut c = Cluster::new(5, 2, 2, device);
     let (theirs, remote) = exposed(&mut c, 3, 0, 4096);

@@ -9,7 +9,7 @@ mod btlsim;
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, Got, TAG};
-use xrcbtl_btl::{BtlConfig, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol};
+use xrcbtl_btl::{BtlConfig, BtlError, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol};
 use xrcbtl_fabric::sim::SimDevice;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -414,6 +414,50 @@ fn a_crashed_peer_fails_its_operations_and_calls_the_error_callbacks() {
     );
     assert!(b.send(99, TAG, &[], b"nobody").is_err(), "unknown peer");
     assert!(b.stats().lost >= 1);
+}
+
+#[test]
+fn a_peer_leaving_cleanly_or_deleted_is_not_an_error() {
+    let mut c = Cluster::new(6, 2, 2, SimDevice::ib("sim0"));
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    for r in 0..3 {
+        let e = errors.clone();
+        c.btl(r)
+            .register_error(move |b, peer, err| e.lock().unwrap().push((b.rank(), peer, err.clone())));
+    }
+    c.connect_all(LIMIT);
+    c.btl(0).send(3, TAG, &[], b"hello").unwrap();
+    c.run_until(LIMIT, |c| c.got_count(3) == 1);
+    // Rank 3 leaves cleanly: its peers hear of it.
+    c.exit(3, LIMIT);
+    c.settle(LIMIT);
+    assert!(c.btl(0).send(3, TAG, &[], b"after").is_err(), "rank 3 is gone");
+    // Rank 0 deletes its endpoint to rank 2, with a rendezvous in flight.
+    let done = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let d = done.clone();
+    c.btl(0)
+        .send_bytes(
+            2,
+            TAG,
+            Bytes::from(pattern(2, 100_000)),
+            Some(Box::new(move |_, _, r| *d.lock().unwrap() = Some(r))),
+        )
+        .unwrap();
+    c.btl(0).del_procs(&[2]);
+    c.settle(LIMIT);
+    assert_eq!(
+        *done.lock().unwrap(),
+        Some(Err(BtlError::Closed(2))),
+        "what was outstanding fails"
+    );
+    assert_eq!(*errors.lock().unwrap(), vec![], "but nothing is an error");
+    // A crash is one.
+    c.crash(1);
+    c.btl(0).send(1, TAG, &[], b"to the dead").unwrap();
+    c.run_until(LIMIT, |_| !errors.lock().unwrap().is_empty());
+    let errs = errors.lock().unwrap().clone();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!((errs[0].0, errs[0].1), (0, 1));
 }
 
 #[test]

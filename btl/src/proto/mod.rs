@@ -19,6 +19,8 @@ pub(crate) mod pair;
 pub(crate) mod rma;
 pub(crate) mod rndv;
 
+pub use rma::MAX_RMA;
+
 use xrcbtl_fabric::{RemoteAddr, SendOp, Sge};
 use xrcbtl_xrc_conn::Rank;
 

@@ -9,7 +9,7 @@ use crate::types::{inside, LocalPtr, RemotePtr};
 
 /// The longest one-sided transfer (verbs carries up to 2^31 bytes per work
 /// request).
-pub(crate) const MAX_RMA: u64 = 1 << 30;
+pub const MAX_RMA: u64 = 1 << 30;
 
 /// The work of put (`write`) or get for operation `op`: `len` bytes between
 /// `local` and `remote`.

@@ -26,9 +26,7 @@ use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner};
-use crate::types::{
-    AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Tag,
-};
+use crate::types::{AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Tag};
 use crate::wire::{self, Header, Kind, HEADER};
 use crate::wr_id::WrId;
 

@@ -166,7 +166,9 @@ fn get_into_local_only_memory(device: SimDevice) {
     theirs.write(0, &data);
     let buf = MappedBuf::new(8192).unwrap();
     let b = c.btl(0);
-    let reg = b.register_mem(buf.user_mem(), Access::from_bits(0)).unwrap();
+    let reg = b
+        .register_mem(buf.user_mem(), Access::from_bits(0))
+        .unwrap();
     let op = b.get(1, remote.at(0), reg.at(0), 8192, None).unwrap();
     c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
     assert_eq!(c.btl(0).test(op), OpStatus::Done);

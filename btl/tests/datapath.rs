@@ -422,8 +422,9 @@ fn a_peer_leaving_cleanly_or_deleted_is_not_an_error() {
     let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     for r in 0..3 {
         let e = errors.clone();
-        c.btl(r)
-            .register_error(move |b, peer, err| e.lock().unwrap().push((b.rank(), peer, err.clone())));
+        c.btl(r).register_error(move |b, peer, err| {
+            e.lock().unwrap().push((b.rank(), peer, err.clone()))
+        });
     }
     c.connect_all(LIMIT);
     c.btl(0).send(3, TAG, &[], b"hello").unwrap();
@@ -431,7 +432,10 @@ fn a_peer_leaving_cleanly_or_deleted_is_not_an_error() {
     // Rank 3 leaves cleanly: its peers hear of it.
     c.exit(3, LIMIT);
     c.settle(LIMIT);
-    assert!(c.btl(0).send(3, TAG, &[], b"after").is_err(), "rank 3 is gone");
+    assert!(
+        c.btl(0).send(3, TAG, &[], b"after").is_err(),
+        "rank 3 is gone"
+    );
     // Rank 0 deletes its endpoint to rank 2, with a rendezvous in flight.
     let done = std::sync::Arc::new(std::sync::Mutex::new(None));
     let d = done.clone();

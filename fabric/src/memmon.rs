@@ -254,13 +254,12 @@ impl MemMonitor {
                 // Unmapping threads wait for their event to be read: read
                 // promptly; the wake descriptor says when to stop.
                 while !worker.stop.load(Ordering::Acquire) {
-                    let mut pfd = [worker.fd.as_raw_fd(), worker.wake.as_raw_fd()].map(|fd| {
-                        libc::pollfd {
+                    let mut pfd =
+                        [worker.fd.as_raw_fd(), worker.wake.as_raw_fd()].map(|fd| libc::pollfd {
                             fd,
                             events: libc::POLLIN,
                             revents: 0,
-                        }
-                    });
+                        });
                     // SAFETY: two valid pollfds.
                     let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, -1) };
                     if r > 0 && pfd[0].revents != 0 {

@@ -309,9 +309,9 @@ pub fn device_ip(device: &str) -> Result<std::net::IpAddr> {
         if netdevs.iter().any(|n| *n == name) {
             // SAFETY: an AF_INET address is a sockaddr_in.
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            found = Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(
-                sin.sin_addr.s_addr,
-            ))));
+            found = Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(
+                u32::from_be(sin.sin_addr.s_addr),
+            )));
         }
     }
     // SAFETY: the list getifaddrs returned, freed once.

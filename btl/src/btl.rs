@@ -108,7 +108,10 @@ impl<C: Context> Btl<C> {
     pub fn new(ctx: C, cfg: BtlConfig) -> Result<Self> {
         cfg.validate()?;
         let queued = Arc::new(AtomicUsize::new(0));
-        let core = Core::new(ctx, cfg.clone(), queued.clone())?;
+        let mut core = Core::new(ctx, cfg.clone(), queued.clone())?;
+        // A rank always knows itself: messages to it are copied, one-sided
+        // work goes through the loopback.
+        core.eps.add(cfg.rank);
         Ok(Btl {
             mode: core.iface.mode,
             caps: core.iface.caps.clone(),
@@ -498,12 +501,12 @@ impl<C: Context> Btl<C> {
         done: Option<OnDone<C>>,
         make: impl FnOnce(&mut Core<C>, u64) -> Result<crate::proto::Rdma>,
     ) -> Result<OpId> {
-        if dst == self.cfg.rank {
-            return Err(Error::invalid(
-                "one-sided operations reach other ranks (this rank's own memory is the caller's)",
+        let mut core = self.lock();
+        if dst == self.cfg.rank && !core.drv.has_loopback() {
+            return Err(Error::Unsupported(
+                "one-sided work on this rank's own memory (an iWARP device has no loopback)",
             ));
         }
-        let mut core = self.lock();
         let ei = Self::endpoint(&core, dst)?;
         let op = core.ops.start(dst, done);
         let rdma = match make(&mut core, op) {
@@ -538,7 +541,9 @@ impl<C: Context> Btl<C> {
     /// completion means the source may be reused; on InfiniBand and RoCE
     /// the data has then landed, on iWARP (where a write completes once it
     /// has left) it has landed by the time anything sent to the peer after
-    /// it arrives.
+    /// it arrives. `dst` may be this rank: one-sided work and atomics on
+    /// its own memory go through the device's loopback (`Unsupported` on
+    /// iWARP), so that they are atomic with the peers' atomics there.
     pub fn put(
         &self,
         dst: Rank,

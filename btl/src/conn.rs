@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use xrcbtl_fabric::{
     Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, InitAttr,
-    PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RejectReason, Result, SendWr,
+    PortAddr, PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RejectReason, Result, RtrAttr,
+    RtsAttr, SendWr, Transport,
 };
 use xrcbtl_xrc_conn::{
     Action, CmFailure, CmRef, ConnManager, Event, Mode, Node, Notice, QpKind, QpRef, Rank,
@@ -82,6 +83,21 @@ struct Slot<C: Context> {
     caps: QpCaps,
 }
 
+/// A pair of RC QPs joined to each other on this rank's own port: one-sided
+/// operations and atomics on the rank's own memory go through the device
+/// like a peer's, so that its atomics stay atomic with the peers' on the
+/// same memory. Made on first use, outside the manager (no CM, no peer);
+/// not on iWARP, whose connections need the CM.
+struct Loopback<C: Context> {
+    /// Its slot (taken from the slot numbers, never in `slots`).
+    slot: u32,
+    /// Where work is posted.
+    req: C::Qp,
+    /// The responder.
+    _resp: C::Qp,
+    caps: QpCaps,
+}
+
 /// References the driver makes for CM ids of incoming requests start here,
 /// far above those the manager makes, so that the two never meet.
 const DRIVER_REFS: u64 = 1 << 62;
@@ -89,6 +105,8 @@ const DRIVER_REFS: u64 = 1 << 62;
 /// Runs the connection manager of one rank against a fabric context.
 pub struct ConnDriver<C: Context> {
     mgr: ConnManager,
+    me: Rank,
+    loopback: Option<Loopback<C>>,
     mode: Mode,
     // Connection objects; dropped before the queues they use.
     cms: HashMap<CmRef, CmIdOf<C>>,
@@ -145,6 +163,8 @@ impl<C: Context> ConnDriver<C> {
         }
         Ok(ConnDriver {
             mgr,
+            me: cfg.rank,
+            loopback: None,
             mode,
             cms: HashMap::new(),
             cm_of_key: HashMap::new(),
@@ -204,10 +224,102 @@ impl<C: Context> ConnDriver<C> {
     }
 
     /// Asks for a connection to `rank` (made on demand; a ready one is
-    /// reported again).
+    /// reported again). This rank's own is the loopback.
     pub fn connect(&mut self, now: Duration, rank: Rank) {
+        if rank == self.me {
+            return self.open_loopback();
+        }
         self.mgr.connect(now, rank);
         self.react(now);
+    }
+
+    /// Whether one-sided work can reach this rank's own memory (through the
+    /// loopback: not on iWARP).
+    pub fn has_loopback(&self) -> bool {
+        self.ctx.caps().transport != Transport::Iwarp
+    }
+
+    /// Reports the loopback ready, made first if need be.
+    fn open_loopback(&mut self) {
+        if self.loopback.is_none() {
+            match self.make_loopback() {
+                Ok(lb) => self.loopback = Some(lb),
+                Err(_) => {
+                    let n = Notice::Failed {
+                        rank: self.me,
+                        reason: xrcbtl_xrc_conn::FailReason::NoResource,
+                    };
+                    self.notices.push(n.clone());
+                    self.events.push_back(ConnEvent::Notice(n));
+                    return;
+                }
+            }
+        }
+        let lb = self.loopback.as_ref().expect("just made");
+        self.events.push_back(ConnEvent::Ready {
+            rank: self.me,
+            slot: lb.slot,
+            qpn: lb.req.qp_num(),
+            srqns: Vec::new(),
+        });
+    }
+
+    fn make_loopback(&mut self) -> Result<Loopback<C>> {
+        let port = self.ctx.query_port(1)?;
+        let dest = PortAddr {
+            lid: port.lid,
+            gid: port.gid,
+        };
+        let caps = QpCaps {
+            max_send_wr: 64.min(self.ctx.caps().max_qp_wr),
+            // Only RDMA and atomics travel: nothing is ever received.
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 0,
+        };
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            send_cq: &self.send_cq,
+            recv_cq: Some(&self.recv_cq),
+            srq: None,
+            caps,
+        };
+        let req = self.ctx.create_qp(&self.pd, &init)?;
+        let resp = self.ctx.create_qp(&self.pd, &init)?;
+        for (q, peer) in [(&req, resp.qp_num()), (&resp, req.qp_num())] {
+            q.modify(&QpTransition::Init(InitAttr {
+                access: self.init_access,
+                ..InitAttr::default()
+            }))?;
+            q.modify(&QpTransition::Rtr(RtrAttr::new(dest, peer)))?;
+            q.modify(&QpTransition::Rts(RtsAttr::default()))?;
+        }
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        Ok(Loopback {
+            slot,
+            caps: req.caps(),
+            req,
+            _resp: resp,
+        })
+    }
+
+    /// The loopback failed (an operation's error broke its QPs): its work
+    /// is posted again on a fresh one.
+    fn close_loopback(&mut self) {
+        if let Some(lb) = self.loopback.take() {
+            self.free_slots.push(lb.slot);
+            self.events.push_back(ConnEvent::Destroyed {
+                slot: lb.slot,
+                qpn: lb.req.qp_num(),
+            });
+        }
     }
 
     /// Starts a clean exit; progress until [`Notice::Drained`] comes.
@@ -233,6 +345,9 @@ impl<C: Context> ConnDriver<C> {
 
     /// The QP in `slot` and its granted sizes.
     pub fn qp(&self, slot: u32) -> Option<(&C::Qp, QpCaps)> {
+        if let Some(lb) = self.loopback.as_ref().filter(|l| l.slot == slot) {
+            return Some((&lb.req, lb.caps));
+        }
         self.slots
             .get(slot as usize)
             .and_then(|s| s.as_ref())
@@ -243,6 +358,9 @@ impl<C: Context> ConnDriver<C> {
     /// it is broken.
     pub fn handle_send_failure(&mut self, now: Duration, slot: u32) {
         self.stats.send_errors += 1;
+        if self.loopback.as_ref().is_some_and(|l| l.slot == slot) {
+            return self.close_loopback();
+        }
         if let Some(Some(s)) = self.slots.get(slot as usize) {
             let qp = s.r;
             self.mgr.handle(now, Event::QpFailed { qp });
@@ -253,6 +371,10 @@ impl<C: Context> ConnDriver<C> {
     /// A send on QP number `qpn` completed with an error (a completion
     /// whose work the data path no longer knows).
     pub fn handle_send_failure_qpn(&mut self, now: Duration, qpn: u32) {
+        if let Some(lb) = self.loopback.as_ref().filter(|l| l.req.qp_num() == qpn) {
+            let slot = lb.slot;
+            return self.handle_send_failure(now, slot);
+        }
         if let Some(&slot) = self.slot_of_num.get(&qpn) {
             self.handle_send_failure(now, slot);
         }

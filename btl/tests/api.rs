@@ -157,6 +157,96 @@ fn put_and_get_on_user_memory_follow_a_remapped_buffer_over_iwarp() {
     user_memory_follows_a_remapped_buffer(SimDevice::iwarp("sim0"));
 }
 
+/// One-sided work and atomics on a rank's own memory go through the
+/// device's loopback: atomics from the rank itself and from a peer on the
+/// same word are atomic with each other; an error breaks the loopback's
+/// QPs, and the next operation gets fresh ones. iWARP has no loopback.
+fn own_memory_through_the_loopback(device: SimDevice) {
+    let mut c = Cluster::new(29, 2, 1, device);
+    let mine = c.btl(0).alloc_mem(8192).unwrap();
+    let remote = mine.remote();
+    let src = c.btl(0).alloc_mem(4096).unwrap();
+    src.write(0, &pattern(4, 4096));
+    let out: Outcomes = Arc::default();
+    let b = c.btl(0);
+    b.put(0, src.reg().at(0), remote.at(1000), 4096, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert_eq!(out.lock().unwrap()[0].1, Ok(None));
+    assert_eq!(mine.read(1000, 4096), pattern(4, 4096));
+    let back = c.btl(0).alloc_mem(4096).unwrap();
+    let op = b
+        .get(0, remote.at(1000), back.reg().at(0), 4096, None)
+        .unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
+    assert_eq!(back.read(0, 4096), pattern(4, 4096));
+
+    // 50 fetch-adds from the rank itself and 50 from its peer, interleaved,
+    // on one word: every value is seen once.
+    mine.write(0, &0u64.to_le_bytes());
+    for _ in 0..50 {
+        c.btl(0)
+            .fetch_add(0, remote.at(0), 1, recorder(&out))
+            .unwrap();
+        c.btl(1)
+            .fetch_add(0, remote.at(0), 1, recorder(&out))
+            .unwrap();
+    }
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 101);
+    let mut seen: Vec<u64> = out.lock().unwrap()[1..]
+        .iter()
+        .map(|(_, r)| r.clone().unwrap().unwrap())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..100).collect::<Vec<_>>());
+    assert_eq!(mine.read_u64(0), 100);
+
+    // A bad key fails its operation and the loopback's QPs; the next
+    // operation goes on fresh ones.
+    let forged = RemoteMem {
+        rkey: remote.rkey ^ 0x5555,
+        ..remote
+    };
+    out.lock().unwrap().clear();
+    let b = c.btl(0);
+    b.put(0, src.reg().at(0), forged.at(0), 8, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert!(
+        out.lock().unwrap()[0].1.is_err(),
+        "{:?}",
+        out.lock().unwrap()
+    );
+    b.compare_swap(0, remote.at(0), 100, 7, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 2);
+    assert_eq!(out.lock().unwrap()[1].1, Ok(Some(100)));
+    assert_eq!(mine.read_u64(0), 7);
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn own_memory_through_the_loopback_over_xrc() {
+    own_memory_through_the_loopback(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn own_memory_through_the_loopback_over_rc() {
+    own_memory_through_the_loopback(SimDevice::roce("sim0"));
+}
+
+#[test]
+fn no_loopback_on_iwarp() {
+    let mut c = Cluster::new(31, 2, 1, SimDevice::iwarp("sim0"));
+    let mine = c.btl(0).alloc_mem(4096).unwrap();
+    let err = c
+        .btl(0)
+        .put(0, mine.reg().at(0), mine.remote().at(64), 8, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    c.shutdown(LIMIT);
+}
+
 /// A get lands in user memory registered for local use only: on iWARP
 /// the BTL adds the remote write access an RDMA read's sink needs.
 fn get_into_local_only_memory(device: SimDevice) {

@@ -4,7 +4,8 @@
 //! exhaustion and refill, one-sided put and get, and on user memory
 //! (registered through the cache) across a remap, where only a real device
 //! shows what a stale registration would send (the old, pinned pages);
-//! atomics where the device has them; gathered sends; two threads per rank
+//! atomics where the device has them; one-sided work on a rank's own
+//! memory through the loopback; gathered sends; two threads per rank
 //! sending and progressing at once. Ranks are BTLs of this process on the
 //! one device. The tests are ignored unless asked for (`--ignored`, as
 //! scripts/guest-tests does); asked for without a device, they fail.
@@ -392,6 +393,49 @@ fn atomics_where_the_device_has_them_and_a_clear_refusal_where_not() {
     );
     assert_eq!(buf.read(16, 8), 5u64.to_le_bytes());
     peer.deregister_mem(reg).unwrap();
+    rs.shutdown();
+}
+
+#[test]
+#[ignore = "needs a device: XRCBTL_TEST_DEVICE (scripts/guest-tests runs these)"]
+fn own_memory_through_the_loopback_or_a_clear_refusal_on_iwarp() {
+    let rs = setup(2, |_, _| {});
+    let mine = rs.btl[1].alloc_mem(8192).unwrap();
+    let remote = mine.remote();
+    let src = rs.btl[1].alloc_mem(4096).unwrap();
+    src.write(0, &pattern(6, 4096));
+    let out: Outcomes = Arc::default();
+    let put = rs.btl[1].put(1, src.reg().at(0), remote.at(4096), 4096, recorder(&out));
+    if rs.btl[1].caps().transport == xrcbtl_fabric::Transport::Iwarp {
+        assert!(matches!(put, Err(Error::Unsupported(_))), "{put:?}");
+        eprintln!("iWARP: no loopback, refused as unsupported");
+        return rs.shutdown();
+    }
+    put.unwrap();
+    rs.until("a put to itself", |_| out.lock().unwrap().len() == 1);
+    assert_eq!(out.lock().unwrap()[0], Ok(None));
+    assert_eq!(mine.read(4096, 4096), pattern(6, 4096));
+    if rs.btl[1].caps().atomics {
+        // The rank and its peer add to one word: each value is seen once.
+        out.lock().unwrap().clear();
+        for _ in 0..100 {
+            for r in 0..2 {
+                rs.btl[r]
+                    .fetch_add(1, remote.at(64), 1, recorder(&out))
+                    .unwrap();
+            }
+        }
+        rs.until("200 fetch-adds", |_| out.lock().unwrap().len() == 200);
+        let mut seen: Vec<u64> = out
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.clone().unwrap().unwrap())
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..200).collect::<Vec<_>>());
+        assert_eq!(mine.read_u64(64), 200);
+    }
     rs.shutdown();
 }
 

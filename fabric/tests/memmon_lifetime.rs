@@ -16,19 +16,34 @@ fn monitor_threads() -> usize {
         .count()
 }
 
+/// The count once it reaches `want`, or whatever it is after five seconds: a
+/// new thread names itself once it runs, so its name shows up a little after
+/// the spawn returns, and a joined thread's task can outlive the join by a
+/// moment.
+fn settle(want: usize) -> usize {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let n = monitor_threads();
+        if n == want || std::time::Instant::now() > until {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn the_monitor_thread_ends_with_its_last_user() {
     assert_eq!(monitor_threads(), 0);
     let m = MemMonitor::acquire().expect("userfaultfd on this machine");
     let again = MemMonitor::acquire().expect("the same monitor");
     assert!(Arc::ptr_eq(&m, &again), "one monitor per process at a time");
-    assert_eq!(monitor_threads(), 1);
+    assert_eq!(settle(1), 1);
     let sub = m.subscribe().expect("a subscriber");
     drop(m);
     drop(again);
-    assert_eq!(monitor_threads(), 1, "a subscriber keeps the monitor");
+    assert_eq!(settle(1), 1, "a subscriber keeps the monitor");
     drop(sub);
-    assert_eq!(monitor_threads(), 0, "joined with its last user");
+    assert_eq!(settle(0), 0, "joined with its last user");
 
     // A later user starts a fresh monitor that works.
     let m = MemMonitor::acquire().expect("a new monitor");
@@ -53,5 +68,5 @@ fn the_monitor_thread_ends_with_its_last_user() {
     assert!(sub.drain(&mut got));
     assert_eq!(got.len(), 1, "{got:?}");
     drop((m, sub));
-    assert_eq!(monitor_threads(), 0);
+    assert_eq!(settle(0), 0);
 }

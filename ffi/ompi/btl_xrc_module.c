@@ -126,6 +126,10 @@ static struct mca_btl_base_endpoint_t *endpoint_for(mca_btl_xrc_module_t *m, opa
     if (rank < m->eps_len && NULL != m->eps[rank]) {
         return m->eps[rank];
     }
+    if (proc == opal_proc_local_get()) {
+        /* xrcbtl always knows its own rank. */
+        goto make;
+    }
     if (proc->proc_name.jobid != OPAL_PROC_MY_NAME.jobid) {
         /* Another job (MPI_Comm_spawn): ranks are vpids of one job only. */
         XRC_VERBOSE(2, "%s is in another job: not reachable", OPAL_NAME_PRINT(proc->proc_name));
@@ -144,6 +148,7 @@ static struct mca_btl_base_endpoint_t *endpoint_for(mca_btl_xrc_module_t *m, opa
         XRC_VERBOSE(1, "peer %s refused: %s", OPAL_NAME_PRINT(proc->proc_name), msg);
         return NULL;
     }
+make:
     if (rank >= m->eps_len) {
         uint32_t len2 = m->eps_len ? m->eps_len : 16;
         struct mca_btl_base_endpoint_t **grown;
@@ -179,8 +184,13 @@ static int xrc_add_procs(mca_btl_base_module_t *btl, size_t nprocs, opal_proc_t 
 
     OPAL_THREAD_LOCK(&m->ep_lock);
     for (size_t i = 0; i < nprocs; i++) {
-        if (procs[i] == opal_proc_local_get()) {
-            /* btl/self carries this rank's own traffic. */
+        if (procs[i] == opal_proc_local_get() && !(m->info.flags & XRCBTL_INFO_ATOMICS)) {
+            /* btl/self carries this rank's own traffic. With atomics, the
+             * rank reaches itself too (xrcbtl's loopback): osc/rdma wants
+             * one BTL with atomics that reaches every rank, itself
+             * included, so that all atomics on a window go through the
+             * device. ob1 still sends to itself through btl/self, whose
+             * exclusivity is higher. */
             peers[i] = NULL;
             continue;
         }
@@ -313,9 +323,9 @@ static int xrc_finalize(mca_btl_base_module_t *btl)
         xrcbtl_last_error(msg, sizeof msg);
         XRC_VERBOSE(1, "leaving: %s (going anyway)", msg);
     }
-    XRC_VERBOSE(1, "carried: sends %ld, sendi %ld, received %ld, puts %ld, gets %ld, atomics %ld, "
+    XRC_VERBOSE(1, "rank %u carried: sends %ld, sendi %ld, received %ld, puts %ld, gets %ld, atomics %ld, "
                    "registrations %ld, peers %ld",
-                (long) k->sends, (long) k->sendi, (long) k->received, (long) k->puts, (long) k->gets,
+                m->info.rank, (long) k->sends, (long) k->sendi, (long) k->received, (long) k->puts, (long) k->gets,
                 (long) k->atomics, (long) k->registrations, (long) k->add_procs);
     rc = xrcbtl_destroy(m->xrc);
     for (uint32_t i = 0; i < m->eps_len; i++) {

@@ -215,26 +215,24 @@ impl<C: Context> Btl<C> {
     /// again keeps its endpoint (one deleted is made afresh).
     pub fn add_procs(&self, peers: &[Peer]) {
         let mut core = self.lock();
-        let core = &mut *core;
         for p in peers {
-            if p.rank != self.cfg.rank {
-                core.drv.add_peer(p.rank, p.node, p.addr);
-            }
-            core.eps.add(p.rank);
+            core.add_peer(p);
         }
-        if core.fc {
-            let peers = core.eps.len().saturating_sub(1) as u32;
-            match core
-                .iface
-                .provision(peers, self.cfg.credits, self.cfg.srq_refill)
-            {
-                Ok((added, short)) => {
-                    core.stats.srq_grown += u64::from(added);
-                    core.stats.overcommitted = u64::from(short);
-                }
-                Err(_) => core.stats.no_resource += 1,
-            }
-        }
+    }
+
+    /// Sets how to find a rank that asks for a connection before this rank
+    /// knows it (an MPI library adds peers lazily, when it first sends to
+    /// them, so the first message between two ranks may come from a peer
+    /// not added yet). `resolve` gets the rank and returns its [`Peer`]
+    /// (from the library's address exchange), or `None` to refuse the
+    /// connection. It runs inside progress with the BTL's lock held: it
+    /// must not call into the BTL. Without a resolver such requests are
+    /// refused.
+    pub fn set_peer_resolver(
+        &self,
+        resolve: impl Fn(Rank) -> Option<Peer> + Send + Sync + 'static,
+    ) {
+        self.lock().resolver = Some(Arc::new(resolve));
     }
 
     /// Drops endpoints: their outstanding operations fail with `Closed`

@@ -213,6 +213,12 @@ impl<C: Context> ConnDriver<C> {
         self.mgr.add_peer(rank, node);
     }
 
+    /// `rank` asked for a connection while unknown and stays unknown: its
+    /// requests are refused.
+    pub fn unknown_peer(&mut self, now: Duration, rank: Rank) {
+        self.mgr.unknown_peer(now, rank);
+    }
+
     /// The connection manager (counters, state).
     pub fn manager(&self) -> &ConnManager {
         &self.mgr

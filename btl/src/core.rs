@@ -26,7 +26,10 @@ use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner};
-use crate::types::{AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Tag};
+use crate::types::{
+    AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Peer, PeerResolver,
+    Tag,
+};
 use crate::wire::{self, Header, Kind, HEADER};
 use crate::wr_id::WrId;
 
@@ -98,6 +101,7 @@ pub(crate) struct Core<C: Context> {
     pub am: Vec<Option<AmCallback<C>>>,
     pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
     pub err_all: Option<ErrorCallback<C>>,
+    pub resolver: Option<PeerResolver>,
     pub deliveries: VecDeque<Delivery<C>>,
     /// Deliveries queued, readable without the lock.
     pub queued: Arc<AtomicUsize>,
@@ -116,6 +120,28 @@ pub(crate) struct Core<C: Context> {
 }
 
 impl<C: Context> Core<C> {
+    /// Makes an endpoint for `p` (connected on first use); a known peer
+    /// keeps its endpoint. On iWARP the receive queues grow with the peers.
+    pub fn add_peer(&mut self, p: &Peer) {
+        if p.rank != self.cfg.rank {
+            self.drv.add_peer(p.rank, p.node, p.addr);
+        }
+        self.eps.add(p.rank);
+        if self.fc {
+            let peers = self.eps.len().saturating_sub(1) as u32;
+            match self
+                .iface
+                .provision(peers, self.cfg.credits, self.cfg.srq_refill)
+            {
+                Ok((added, short)) => {
+                    self.stats.srq_grown += u64::from(added);
+                    self.stats.overcommitted = u64::from(short);
+                }
+                Err(_) => self.stats.no_resource += 1,
+            }
+        }
+    }
+
     /// Sets the rank up on its device.
     pub fn new(ctx: C, cfg: BtlConfig, queued: Arc<AtomicUsize>) -> Result<Self> {
         let iface = Iface::new(ctx.clone(), &cfg)?;
@@ -150,6 +176,7 @@ impl<C: Context> Core<C> {
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
             err_all: None,
+            resolver: None,
             deliveries: VecDeque::new(),
             queued,
             stats: BtlStats::default(),
@@ -274,6 +301,21 @@ impl<C: Context> Core<C> {
                 self.fail_rank(rank, BtlError::Unreachable(rank, reason))
             }
             ConnEvent::Notice(Notice::Drained) => self.drained = true,
+            ConnEvent::Notice(Notice::UnknownPeer { rank }) => {
+                // The resolver runs under the lock: it must not call into
+                // the BTL (it reads the library's address exchange).
+                let found = self.resolver.as_ref().and_then(|f| f(rank));
+                match found {
+                    Some(p) if p.rank == rank => {
+                        self.stats.peers_resolved += 1;
+                        self.add_peer(&p);
+                    }
+                    _ => {
+                        let now = self.cfg.clock.now();
+                        self.drv.unknown_peer(now, rank);
+                    }
+                }
+            }
             ConnEvent::Notice(Notice::Ready { .. }) => {}
             ConnEvent::Destroyed { slot, qpn } => {
                 if let Some(u) = self.sq_used.get_mut(slot as usize) {

@@ -44,7 +44,7 @@ pub use crate::proto::MAX_RMA;
 pub use crate::threaded::Threaded;
 pub use crate::types::{
     AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,
-    OpResult, OpStatus, Peer, RawMemReg, RegMem, RemoteMem, RemotePtr, Tag,
+    OpResult, OpStatus, Peer, PeerResolver, RawMemReg, RegMem, RemoteMem, RemotePtr, Tag,
 };
 pub use bytes::Bytes;
 pub use xrcbtl_fabric::{Access, MappedBuf, UserMem};

@@ -85,8 +85,24 @@ impl SimJob {
     }
 
     /// A job on a fabric configured by `cfg` (its first device), each rank's
-    /// configuration passed through `tune` first.
+    /// configuration passed through `tune` first, every peer added
+    /// everywhere.
     pub fn with(cfg: SimConfig, per_node: usize, tune: impl Fn(&mut BtlConfig)) -> Result<SimJob> {
+        let job = Self::unintroduced(cfg, per_node, tune)?;
+        let peers: Vec<Peer> = (0..job.size() as Rank).map(|r| job.peer(r)).collect();
+        for r in job.ranks.iter().flatten() {
+            r.btl.add_procs(&peers);
+        }
+        Ok(job)
+    }
+
+    /// As [`SimJob::with`], but every rank knows only itself: the test adds
+    /// peers ([`SimJob::peer`]) as an MPI library would, lazily.
+    pub fn unintroduced(
+        cfg: SimConfig,
+        per_node: usize,
+        tune: impl Fn(&mut BtlConfig),
+    ) -> Result<SimJob> {
         let nodes = cfg.nodes;
         let name = cfg.devices[0].name.clone();
         let sim = SimFabric::new(cfg)?;
@@ -113,18 +129,6 @@ impl SimJob {
                 }));
             }
         }
-        let peers: Vec<Peer> = ranks
-            .iter()
-            .flatten()
-            .map(|r| Peer {
-                rank: r.btl.rank(),
-                node: r.node as u32,
-                addr: r.btl.listen_addr().expect("a listener"),
-            })
-            .collect();
-        for r in ranks.iter().flatten() {
-            r.btl.add_procs(&peers);
-        }
         let rank_of_pid = ranks
             .iter()
             .flatten()
@@ -141,6 +145,17 @@ impl SimJob {
             max_qps: 0,
             track_qps: false,
         })
+    }
+
+    /// What peers need to know of rank `r` to reach it (as an MPI library
+    /// would publish it).
+    pub fn peer(&self, r: Rank) -> Peer {
+        let j = self.get(r);
+        Peer {
+            rank: r,
+            node: j.node as u32,
+            addr: j.btl.listen_addr().expect("a listener"),
+        }
     }
 
     /// Records, after every step, the most sending QPs any rank holds

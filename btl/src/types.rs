@@ -99,6 +99,10 @@ pub type AmCallback<C> = Arc<dyn Fn(&Btl<C>, &Incoming<'_>) + Send + Sync>;
 /// [`BtlError::Closed`] but is not an error to report.
 pub type ErrorCallback<C> = Arc<dyn Fn(&Btl<C>, Rank, &BtlError) + Send + Sync>;
 
+/// Finds a rank this rank does not know when it asks for a connection
+/// ([`Btl::set_peer_resolver`]).
+pub type PeerResolver = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
+
 /// An operation's completion callback: runs once (like [`AmCallback`])
 /// when the operation ends.
 pub type OnDone<C> = Box<dyn FnOnce(&Btl<C>, OpId, OpResult) + Send>;
@@ -377,6 +381,9 @@ pub struct BtlStats {
     pub send_errors: u64,
     /// Times a post found no send-queue slot or bounce buffer.
     pub no_resource: u64,
+    /// Peers made known by the resolver when they asked for a connection
+    /// ([`Btl::set_peer_resolver`]).
+    pub peers_resolved: u64,
     /// Eager messages that found no free bounce buffer when sent and waited
     /// in a heap copy.
     pub spilled: u64,

@@ -222,6 +222,16 @@ typedef struct xrcbtl_sim_t xrcbtl_sim_t;
 typedef struct xrcbtl_t xrcbtl_t;
 
 /**
+ * Finds a rank that asks for a connection before this rank added it (an
+ * MPI library adds peers lazily): writes the address `rank` published
+ * (`xrcbtl_address`) into `buf`, which has `cap` bytes
+ * (`XRCBTL_ADDRESS_MAX`), and returns its length, or 0 to refuse the
+ * connection. Runs inside `xrcbtl_progress` with the rank's lock held: it
+ * must not call into xrcbtl.
+ */
+typedef size_t (*xrcbtl_resolve_cb_t)(xrcbtl_t *btl, uint32_t rank, void *buf, size_t cap, void *arg);
+
+/**
  * An active-message callback: `len` bytes from rank `src` with `tag`
  * (the header and the payload of the send, contiguous), valid during the
  * call. Runs on a thread in `xrcbtl_progress`, with no lock of the library
@@ -490,6 +500,22 @@ int xrcbtl_address(xrcbtl_t *btl, void *buf, size_t *len);
  * `btl` is a live handle; `addr` points to `len` readable bytes.
  */
 int xrcbtl_add_peer(xrcbtl_t *btl, uint32_t rank, const void *addr, size_t len);
+
+/**
+ * Sets how this rank finds a peer that asks for a connection before it
+ * was added with `xrcbtl_add_peer` (an MPI library adds peers lazily, when
+ * it first sends to them, so the first message between two ranks may
+ * come from a rank the receiver has not added): `cb` writes the address
+ * that rank published, which is checked and added as `xrcbtl_add_peer`
+ * would. Without a resolver, or when `cb` returns 0, such connections are
+ * refused and the sender sees the rank as unreachable. `cb` `NULL`
+ * removes the resolver.
+ *
+ * # Safety
+ * `btl` is a live handle; `cb` and `arg` stay usable while the handle
+ * lives.
+ */
+int xrcbtl_set_peer_resolver(xrcbtl_t *btl, xrcbtl_resolve_cb_t cb, void *arg);
 
 /**
  * Drops peer `rank`: its outstanding operations fail with

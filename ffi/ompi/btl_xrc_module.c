@@ -72,6 +72,7 @@ mca_btl_xrc_module_t mca_btl_xrc_module_template = {
 };
 
 static void on_peer_failed(xrcbtl_t *xrc, uint32_t rank, int status, const char *reason, void *arg);
+static size_t resolve_peer(xrcbtl_t *xrc, uint32_t rank, void *buf, size_t cap, void *arg);
 
 int mca_btl_xrc_module_init(mca_btl_xrc_module_t *m)
 {
@@ -98,6 +99,10 @@ int mca_btl_xrc_module_init(mca_btl_xrc_module_t *m)
         if (XRCBTL_OK != rc) {
             return mca_btl_xrc_rc(rc);
         }
+    }
+    rc = xrcbtl_set_peer_resolver(m->xrc, resolve_peer, m);
+    if (XRCBTL_OK != rc) {
+        return mca_btl_xrc_rc(rc);
     }
     return mca_btl_xrc_rc(xrcbtl_set_error_callback(m->xrc, on_peer_failed, m));
 }
@@ -341,4 +346,29 @@ static int xrc_finalize(mca_btl_base_module_t *btl)
     }
     free(m);
     return mca_btl_xrc_rc(rc);
+}
+
+/* ob1 adds a peer on another node when it first sends to it, so the first
+ * message between two ranks may come from a rank this one has not added:
+ * xrcbtl asks here, inside progress, and gets the address the rank
+ * published in the modex. Must not call into xrcbtl. */
+static size_t resolve_peer(xrcbtl_t *xrc, uint32_t rank, void *buf, size_t cap, void *arg)
+{
+    opal_process_name_t name = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = rank};
+    uint8_t *addr = NULL;
+    size_t len = 0;
+    int rc;
+    (void) xrc;
+    (void) arg;
+
+    OPAL_MODEX_RECV(rc, &mca_btl_xrc_component.super.btl_version, &name, (void **) &addr, &len);
+    if (OPAL_SUCCESS != rc || NULL == addr || len > cap) {
+        XRC_VERBOSE(1, "rank %u asked to connect, but its xrc address is unknown", rank);
+        free(addr);
+        return 0;
+    }
+    memcpy(buf, addr, len);
+    free(addr);
+    XRC_VERBOSE(2, "rank %u asked to connect before it was added: found in the modex", rank);
+    return len;
 }

@@ -154,6 +154,48 @@ pub unsafe extern "C" fn xrcbtl_add_peer(
     })
 }
 
+/// Sets how this rank finds a peer that asks for a connection before it
+/// was added with `xrcbtl_add_peer` (an MPI library adds peers lazily, when
+/// it first sends to them, so the first message between two ranks may
+/// come from a rank the receiver has not added): `cb` writes the address
+/// that rank published, which is checked and added as `xrcbtl_add_peer`
+/// would. Without a resolver, or when `cb` returns 0, such connections are
+/// refused and the sender sees the rank as unreachable. `cb` `NULL`
+/// removes the resolver.
+///
+/// # Safety
+/// `btl` is a live handle; `cb` and `arg` stay usable while the handle
+/// lives.
+#[no_mangle]
+pub unsafe extern "C" fn xrcbtl_set_peer_resolver(
+    btl: *mut xrcbtl_t,
+    cb: xrcbtl_resolve_cb_t,
+    arg: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's promise.
+        let h = unsafe { handle(btl) }?;
+        let (hp, arg) = (HandlePtr(btl), Arg(arg));
+        on_btl!(h, b => b.set_peer_resolver(move |rank| {
+            let (hp, arg) = (&hp, &arg);
+            let f = cb?;
+            let mut buf = [0u8; XRCBTL_ADDRESS_MAX];
+            // SAFETY: the C callback with the arguments it was given for;
+            // `buf` has `buf.len()` writable bytes.
+            let len = unsafe { f(hp.0, rank, buf.as_mut_ptr().cast(), buf.len(), arg.0) };
+            let a = Address::decode(buf.get(..len)?).ok()?;
+            if len == 0 || a.rank != rank {
+                return None;
+            }
+            // SAFETY: the BTL calling this lives inside the handle, so the
+            // handle is live while it runs.
+            let h = unsafe { &*hp.0 };
+            Some(Peer { rank, node: h.node_of(&a.node_key), addr: a.listen })
+        }));
+        Ok(XRCBTL_OK)
+    })
+}
+
 /// Drops peer `rank`: its outstanding operations fail with
 /// `XRCBTL_ERR_CLOSED` and the error callback runs. Needs nothing from
 /// the peer (which may be gone).

@@ -157,6 +157,16 @@ pub type xrcbtl_error_cb_t = Option<
     ),
 >;
 
+/// Finds a rank that asks for a connection before this rank added it (an
+/// MPI library adds peers lazily): writes the address `rank` published
+/// (`xrcbtl_address`) into `buf`, which has `cap` bytes
+/// (`XRCBTL_ADDRESS_MAX`), and returns its length, or 0 to refuse the
+/// connection. Runs inside `xrcbtl_progress` with the rank's lock held: it
+/// must not call into xrcbtl.
+pub type xrcbtl_resolve_cb_t = Option<
+    unsafe extern "C" fn(btl: *mut xrcbtl_t, rank: u32, buf: *mut c_void, cap: usize, arg: *mut c_void) -> usize,
+>;
+
 /// The rank uses XRC: one INI QP per remote node, one SRQ per receive
 /// class.
 pub const XRCBTL_MODE_XRC: u32 = 0;

@@ -304,6 +304,14 @@ pub enum Notice {
     },
     /// The clean exit is complete: the driver may tear everything down.
     Drained,
+    /// `rank`, which this rank does not know, asks for a connection (an MPI
+    /// library adds its peers lazily, when it first sends to them). The
+    /// request waits: [`Manager::add_peer`] serves it,
+    /// [`Manager::unknown_peer`] refuses it.
+    UnknownPeer {
+        /// The peer.
+        rank: Rank,
+    },
 }
 
 /// Why a CM request got no connection.
@@ -564,6 +572,9 @@ pub struct ConnManager {
     eps: BTreeMap<Rank, Endpoint>,
     tgts: BTreeMap<TgtRef, Tgt>,
     pending: Vec<Pending>,
+    /// Requests from ranks not known yet, waiting for `add_peer` or
+    /// `unknown_peer`: the CM id and the private data.
+    parked: Vec<(CmRef, Rank, Vec<u8>)>,
     cms: BTreeMap<CmRef, CmUse>,
     /// RC: which QP a peer's connection uses (for FirstReceive and failures).
     qp_owner: BTreeMap<QpRef, u64>,
@@ -596,6 +607,7 @@ impl ConnManager {
             eps: BTreeMap::new(),
             tgts: BTreeMap::new(),
             pending: Vec::new(),
+            parked: Vec::new(),
             cms: BTreeMap::new(),
             qp_owner: BTreeMap::new(),
             routes: BTreeMap::new(),
@@ -609,9 +621,38 @@ impl ConnManager {
         }
     }
 
-    /// Makes a rank known (processes may join at any time).
+    /// Makes a rank known (processes may join at any time), and serves
+    /// the requests it made while unknown.
     pub fn add_peer(&mut self, rank: Rank, node: Node) {
         self.node_of.insert(rank, node);
+        self.unpark(rank, None);
+    }
+
+    /// `rank` asked for a connection while unknown
+    /// ([`Notice::UnknownPeer`]) and cannot be made known: its requests
+    /// are refused (`WrongRank`).
+    pub fn unknown_peer(&mut self, now: Duration, rank: Rank) {
+        self.now = now;
+        self.unpark(rank, Some(Reason::WrongRank));
+    }
+
+    /// Serves (or refuses with `refuse`) the parked requests of `rank`.
+    fn unpark(&mut self, rank: Rank, refuse: Option<Reason>) {
+        let mut i = 0;
+        while i < self.parked.len() {
+            if self.parked[i].1 != rank {
+                i += 1;
+                continue;
+            }
+            let (cm, _, data) = self.parked.swap_remove(i);
+            match refuse {
+                Some(reason) => {
+                    let tag = wire::peek_tag(&data);
+                    self.refuse(cm, rank, tag, reason);
+                }
+                None => self.on_request(cm, &data),
+            }
+        }
     }
 
     // ---- getters -----------------------------------------------------------
@@ -760,6 +801,11 @@ impl ConnManager {
         self.phase = Phase::Leaving {
             deadline: now + self.cfg.leave_timeout,
         };
+        // Nobody is served any more, known or not.
+        for (cm, rank, data) in std::mem::take(&mut self.parked) {
+            let tag = wire::peek_tag(&data);
+            self.refuse(cm, rank, tag, Reason::Leaving);
+        }
         let peers: Vec<Rank> = match self.cfg.mode {
             Mode::Xrc => self.senders.iter().copied().collect(),
             Mode::Rc { .. } => Vec::new(),
@@ -1483,8 +1529,20 @@ impl ConnManager {
         if !msg.is_request() {
             return self.refuse(cm, msg.src, msg.tag, Reason::BadKind);
         }
-        if msg.dst != self.cfg.rank || !self.node_of.contains_key(&msg.src) {
+        if msg.dst != self.cfg.rank {
             return self.refuse(cm, msg.src, msg.tag, Reason::WrongRank);
+        }
+        if !self.node_of.contains_key(&msg.src) {
+            if msg.kind == Kind::Leave || self.phase != Phase::Running {
+                return self.refuse(cm, msg.src, msg.tag, Reason::WrongRank);
+            }
+            // Ask once per rank; the request waits for the answer.
+            if !self.parked.iter().any(|p| p.1 == msg.src) {
+                self.notices
+                    .push_back(Notice::UnknownPeer { rank: msg.src });
+            }
+            self.parked.push((cm, msg.src, data.to_vec()));
+            return;
         }
         if msg.kind == Kind::Leave {
             return self.on_leave(cm, msg);
@@ -1687,6 +1745,7 @@ impl ConnManager {
     /// it never came up): break the TGT QP we anchored for it, so every
     /// holder lets go; in RC mode, the peer's endpoint goes with it.
     fn served_gone(&mut self, cm: CmRef, peer: Rank) {
+        self.parked.retain(|p| p.0 != cm);
         let anchored: Vec<TgtRef> = self
             .tgts
             .iter()

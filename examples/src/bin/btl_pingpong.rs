@@ -1,9 +1,10 @@
 //! The smallest complete BTL program: two ranks on two simulated
 //! InfiniBand nodes (XRC) exchange active messages, a rendezvous, a put
-//! into registered user memory and an atomic, with completion callbacks.
+//! into registered user memory and an atomic, with completion callbacks,
+//! and checks what arrived.
 //!
 //! ```sh
-//! cargo run -p xrcbtl-btl --example pingpong
+//! cargo run -p xrcbtl-examples --bin btl_pingpong
 //! ```
 
 #![forbid(unsafe_code)]
@@ -35,7 +36,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let p = pongs.clone();
     zero.register_am(PONG, move |_, m| {
         println!("rank 0 got {:?}", String::from_utf8_lossy(m.data));
-        p.fetch_add(1, Ordering::Relaxed);
+        let n = p.fetch_add(1, Ordering::Relaxed);
+        let want: &[u8] = if n == 0 { b"ping eager" } else { &[7; 16] };
+        assert_eq!(&m.data[..6], b"pong: ");
+        assert_eq!(&m.data[6..], want, "pong {n}");
     });
 
     // An eager message: a header and a payload, gathered.
@@ -74,7 +78,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         String::from_utf8_lossy(&exposed.read(100, 16)),
         exposed.read_u64(8)
     );
+    for (op, result) in done.lock().unwrap().iter() {
+        assert!(result.is_ok(), "operation {op:?}: {result:?}");
+    }
+    assert_eq!(exposed.read(100, 16), b"written by a put");
+    assert_eq!(exposed.read_u64(8), 42);
     zero.deregister_mem(reg)?;
     job.shutdown(LIMIT)?;
+    println!("PASS btl_pingpong");
     Ok(())
 }

@@ -35,7 +35,8 @@ fn senders_are_resolved_by_receivers_that_never_added_them(device: SimDevice) {
         let p = peers.clone();
         b.set_peer_resolver(move |rank| p.get(rank as usize).copied());
         b.register_am(PING, |btl, m| {
-            btl.send(m.src, PONG, &[], m.data).expect("a reply to a resolved peer");
+            btl.send(m.src, PONG, &[], m.data)
+                .expect("a reply to a resolved peer");
         });
         let n = pongs.clone();
         b.register_am(PONG, move |btl, m| {
@@ -97,7 +98,10 @@ fn an_unknown_sender_is_refused_without_a_resolver() {
         assert!(
             matches!(
                 got[0],
-                (2, BtlError::Unreachable(2, FailReason::Refused(Reason::WrongRank)))
+                (
+                    2,
+                    BtlError::Unreachable(2, FailReason::Refused(Reason::WrongRank))
+                )
             ),
             "{got:?}"
         );

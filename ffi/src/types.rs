@@ -164,7 +164,13 @@ pub type xrcbtl_error_cb_t = Option<
 /// connection. Runs inside `xrcbtl_progress` with the rank's lock held: it
 /// must not call into xrcbtl.
 pub type xrcbtl_resolve_cb_t = Option<
-    unsafe extern "C" fn(btl: *mut xrcbtl_t, rank: u32, buf: *mut c_void, cap: usize, arg: *mut c_void) -> usize,
+    unsafe extern "C" fn(
+        btl: *mut xrcbtl_t,
+        rank: u32,
+        buf: *mut c_void,
+        cap: usize,
+        arg: *mut c_void,
+    ) -> usize,
 >;
 
 /// The rank uses XRC: one INI QP per remote node, one SRQ per receive

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <mpi.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -492,6 +493,46 @@ static void test_kill(void)
     free(b);
 }
 
+/* After MPI_Finalize: the component has released everything. No thread of
+ * xrcbtl's is left (Open MPI unloads the component), and the kernel holds no
+ * verbs object of this process (`rdma resource show`, where the tool
+ * exists). Prints "released: rank N" or why not, and returns 0 if so. */
+static int check_released(int me)
+{
+    int bad = 0;
+    char path[64], name[64], cmd[128], line[512];
+    DIR *tasks = opendir("/proc/self/task");
+    struct dirent *t;
+    while (tasks && (t = readdir(tasks))) {
+        FILE *f;
+        snprintf(path, sizeof path, "/proc/self/task/%.16s/comm", t->d_name);
+        if (NULL == (f = fopen(path, "r"))) continue;
+        if (fgets(name, sizeof name, f) && !strncmp(name, "xrcbtl", 6)) {
+            fprintf(stderr, "rank %d: thread %s (%.*s) outlived MPI_Finalize\n", me, t->d_name, (int) strcspn(name, "\n"), name);
+            bad = 1;
+        }
+        fclose(f);
+    }
+    if (tasks) closedir(tasks);
+    if (0 == system("command -v rdma >/dev/null 2>&1")) {
+        const char *kinds[] = {"qp", "cq", "mr", "pd"};
+        for (int k = 0; k < 4; k++) {
+            FILE *p;
+            snprintf(cmd, sizeof cmd, "rdma resource show %s pid %d 2>/dev/null", kinds[k], (int) getpid());
+            if (NULL == (p = popen(cmd, "r"))) continue;
+            while (fgets(line, sizeof line, p)) {
+                if (strspn(line, " \n") == strlen(line)) continue;
+                fprintf(stderr, "rank %d: still held after MPI_Finalize: %s", me, line);
+                bad = 1;
+            }
+            pclose(p);
+        }
+    }
+    if (!bad) printf("released: rank %d\n", me);
+    fflush(stdout);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     int provided, want = MPI_THREAD_SINGLE;
@@ -522,5 +563,5 @@ int main(int argc, char **argv)
         }
     }
     MPI_Finalize();
-    return 0;
+    return check_released(rank);
 }

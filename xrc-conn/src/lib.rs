@@ -306,8 +306,8 @@ pub enum Notice {
     Drained,
     /// `rank`, which this rank does not know, asks for a connection (an MPI
     /// library adds its peers lazily, when it first sends to them). The
-    /// request waits: [`Manager::add_peer`] serves it,
-    /// [`Manager::unknown_peer`] refuses it.
+    /// request waits: [`ConnManager::add_peer`] serves it,
+    /// [`ConnManager::unknown_peer`] refuses it.
     UnknownPeer {
         /// The peer.
         rank: Rank,

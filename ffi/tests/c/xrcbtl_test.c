@@ -375,6 +375,7 @@ static void argument_checks(void)
     FAILS(xrcbtl_sim_create(&sp, &s), XRCBTL_ERR_INVALID);
     FAILS(xrcbtl_sim_create(NULL, &s), XRCBTL_ERR_INVALID);
     FAILS(xrcbtl_progress(NULL), XRCBTL_ERR_INVALID);
+    FAILS(xrcbtl_set_peer_resolver(NULL, NULL, NULL), XRCBTL_ERR_INVALID);
     FAILS(xrcbtl_send(NULL, 0, 0, NULL, 0, NULL, 0), XRCBTL_ERR_INVALID);
     EXPECT(xrcbtl_max_send_size(NULL) == 0);
     EXPECT(strcmp(xrcbtl_strerror(XRCBTL_ERR_AGAIN), xrcbtl_strerror(XRCBTL_OK)) != 0);

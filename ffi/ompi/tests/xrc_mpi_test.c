@@ -495,8 +495,9 @@ static void test_kill(void)
 
 /* After MPI_Finalize: the component has released everything. No thread of
  * xrcbtl's is left (Open MPI unloads the component), and the kernel holds no
- * verbs object of this process (`rdma resource show`, where the tool
- * exists). Prints "released: rank N" or why not, and returns 0 if so. */
+ * verbs object of this process but librdmacm's own (`rdma resource show`,
+ * where the tool exists). Prints "released: rank N" or why not, and returns
+ * 0 if so. */
 static int check_released(int me)
 {
     int bad = 0;
@@ -515,17 +516,34 @@ static int check_released(int me)
     }
     if (tasks) closedir(tasks);
     if (0 == system("command -v rdma >/dev/null 2>&1")) {
-        const char *kinds[] = {"qp", "cq", "mr", "pd"};
-        for (int k = 0; k < 4; k++) {
+        /* librdmacm keeps the device contexts it opened, each with one
+         * protection domain of its own and nothing in it, until the process
+         * ends: at most one unused PD per context may remain. Anything else
+         * (a QP, CQ, MR, CM id, or a PD in use or beyond that) is ours. */
+        const char *kinds[] = {"qp", "cq", "mr", "cm_id", "pd", "ctx"};
+        int pds = 0, ctxs = 0;
+        for (int k = 0; k < 6; k++) {
             FILE *p;
             snprintf(cmd, sizeof cmd, "rdma resource show %s pid %d 2>/dev/null", kinds[k], (int) getpid());
             if (NULL == (p = popen(cmd, "r"))) continue;
             while (fgets(line, sizeof line, p)) {
                 if (strspn(line, " \n") == strlen(line)) continue;
+                if (!strcmp(kinds[k], "ctx")) {
+                    ctxs++;
+                    continue;
+                }
+                if (!strcmp(kinds[k], "pd") && strstr(line, " users 0 ")) {
+                    pds++;
+                    continue;
+                }
                 fprintf(stderr, "rank %d: still held after MPI_Finalize: %s", me, line);
                 bad = 1;
             }
             pclose(p);
+        }
+        if (pds > ctxs) {
+            fprintf(stderr, "rank %d: %d unused PDs left for %d device contexts\n", me, pds, ctxs);
+            bad = 1;
         }
     }
     if (!bad) printf("released: rank %d\n", me);

@@ -625,7 +625,9 @@ impl ConnManager {
     /// the requests it made while unknown.
     pub fn add_peer(&mut self, rank: Rank, node: Node) {
         self.node_of.insert(rank, node);
-        self.unpark(rank, None);
+        for (cm, _, data) in self.take_parked(Some(rank)) {
+            self.on_request(cm, &data);
+        }
     }
 
     /// `rank` asked for a connection while unknown
@@ -633,25 +635,24 @@ impl ConnManager {
     /// are refused (`WrongRank`).
     pub fn unknown_peer(&mut self, now: Duration, rank: Rank) {
         self.now = now;
-        self.unpark(rank, Some(Reason::WrongRank));
+        self.refuse_parked(Some(rank), Reason::WrongRank);
     }
 
-    /// Serves (or refuses with `refuse`) the parked requests of `rank`.
-    fn unpark(&mut self, rank: Rank, refuse: Option<Reason>) {
-        let mut i = 0;
-        while i < self.parked.len() {
-            if self.parked[i].1 != rank {
-                i += 1;
-                continue;
-            }
-            let (cm, _, data) = self.parked.swap_remove(i);
-            match refuse {
-                Some(reason) => {
-                    let tag = wire::peek_tag(&data);
-                    self.refuse(cm, rank, tag, reason);
-                }
-                None => self.on_request(cm, &data),
-            }
+    /// Takes the parked requests of `rank` (of every rank with `None`), in
+    /// the order they came.
+    fn take_parked(&mut self, rank: Option<Rank>) -> Vec<(CmRef, Rank, Vec<u8>)> {
+        let (taken, kept) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| rank.is_none_or(|r| p.1 == r));
+        self.parked = kept;
+        taken
+    }
+
+    /// Refuses the parked requests of `rank` (of every rank with `None`).
+    fn refuse_parked(&mut self, rank: Option<Rank>, reason: Reason) {
+        for (cm, src, data) in self.take_parked(rank) {
+            let tag = wire::peek_tag(&data);
+            self.refuse(cm, src, tag, reason);
         }
     }
 
@@ -802,10 +803,7 @@ impl ConnManager {
             deadline: now + self.cfg.leave_timeout,
         };
         // Nobody is served any more, known or not.
-        for (cm, rank, data) in std::mem::take(&mut self.parked) {
-            let tag = wire::peek_tag(&data);
-            self.refuse(cm, rank, tag, Reason::Leaving);
-        }
+        self.refuse_parked(None, Reason::Leaving);
         let peers: Vec<Rank> = match self.cfg.mode {
             Mode::Xrc => self.senders.iter().copied().collect(),
             Mode::Rc { .. } => Vec::new(),

@@ -652,3 +652,57 @@ fn a_gone_anchor_is_replaced_by_the_next_rank_of_its_node() {
     assert_eq!(m.counters().reanchors, 1);
     assert_eq!(m.live_qps(), 1);
 }
+
+/// The CM ids and reasons of the `Reject`s in `actions`.
+fn rejected(actions: &[Action]) -> Vec<(CmRef, Option<Reason>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Reject { cm, data, .. } => Some((*cm, Msg::decode(data, JOB).unwrap().reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
+    let mut m = mgr(1, 1);
+    let request = |m: &mut ConnManager, cm: u64, src: Rank| {
+        m.handle(
+            T0,
+            Event::Request {
+                cm: CmRef(cm),
+                data: Msg::new(Kind::Connect, JOB, src, 1, cm as u32).encode(),
+            },
+        );
+    };
+    // Rank 7 asks twice (a retry): one notice, nothing answered yet.
+    request(&mut m, 700, 7);
+    request(&mut m, 701, 7);
+    assert!(drain(&mut m).is_empty());
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 7 }]);
+    // Rank 8 cannot be found: refused as a wrong rank.
+    request(&mut m, 800, 8);
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 8 }]);
+    m.unknown_peer(T0, 8);
+    assert_eq!(
+        rejected(&drain(&mut m)),
+        [(CmRef(800), Some(Reason::WrongRank))]
+    );
+    // Rank 7 is added: its first request is served first.
+    m.add_peer(7, 2);
+    let a = drain(&mut m);
+    assert!(
+        matches!(a.first(), Some(Action::CreateTgt { .. })),
+        "the oldest request makes the TGT QP: {a:?}"
+    );
+    // Rank 9 is still unknown when the rank leaves: refused, leaving.
+    request(&mut m, 900, 9);
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 9 }]);
+    m.shutdown(T0);
+    let a = drain(&mut m);
+    assert!(
+        rejected(&a).contains(&(CmRef(900), Some(Reason::Leaving))),
+        "{a:?}"
+    );
+}

@@ -9,11 +9,11 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::time::{Duration, Instant};
 
 use xrcbtl_btl::{
-    Access, Btl, MemReg, Mode, OnDone, OpId, OpStatus, Peer, RawMemReg, RemoteMem, UserMem,
+    Access, Btl, LocalPtr, MemReg, Mode, OnDone, OpId, OpStatus, RawMemReg, RemoteMem, RemotePtr,
+    UserMem,
 };
 use xrcbtl_fabric::Context;
 
-use crate::addr::Address;
 use crate::handle::{handle, on_btl, xrcbtl_t, Arg, HandlePtr};
 use crate::status::*;
 use crate::types::*;
@@ -136,19 +136,7 @@ pub unsafe extern "C" fn xrcbtl_add_peer(
         // SAFETY: the caller's promise.
         let h = unsafe { handle(btl) }?;
         // SAFETY: the caller's promise.
-        let raw = unsafe { bytes(addr, len, "addr") }?;
-        let a = Address::decode(raw).map_err(Failure::invalid)?;
-        if a.rank != rank {
-            return Err(Failure::invalid(format!(
-                "the address is rank {}'s, not rank {rank}'s",
-                a.rank
-            )));
-        }
-        let peer = Peer {
-            rank,
-            node: h.node_of(&a.node_key),
-            addr: a.listen,
-        };
+        let peer = h.peer(rank, unsafe { bytes(addr, len, "addr") }?)?;
         on_btl!(h, b => b.add_procs(&[peer]));
         Ok(XRCBTL_OK)
     })
@@ -183,14 +171,10 @@ pub unsafe extern "C" fn xrcbtl_set_peer_resolver(
             // SAFETY: the C callback with the arguments it was given for;
             // `buf` has `buf.len()` writable bytes.
             let len = unsafe { f(hp.0, rank, buf.as_mut_ptr().cast(), buf.len(), arg.0) };
-            let a = Address::decode(buf.get(..len)?).ok()?;
-            if len == 0 || a.rank != rank {
-                return None;
-            }
             // SAFETY: the BTL calling this lives inside the handle, so the
             // handle is live while it runs.
             let h = unsafe { &*hp.0 };
-            Some(Peer { rank, node: h.node_of(&a.node_key), addr: a.listen })
+            h.peer(rank, buf.get(..len)?).ok()
         }));
         Ok(XRCBTL_OK)
     })
@@ -466,14 +450,25 @@ pub unsafe extern "C" fn xrcbtl_mem_pack(mem: *const xrcbtl_mem_t, out: *mut u8)
     })
 }
 
-/// A peer's packed handle.
+/// Address `addr` of a peer's memory, given by its packed handle.
 ///
 /// # Safety
 /// `p` is `NULL` or has `XRCBTL_REMOTE_MEM_SIZE` readable bytes.
-unsafe fn remote(p: *const u8) -> Outcome<RemoteMem> {
+unsafe fn remote_at(p: *const u8, addr: u64) -> Outcome<RemotePtr> {
     // SAFETY: the caller's promise.
     let raw = unsafe { bytes(p.cast(), RemoteMem::PACKED_LEN, "remote") }?;
-    RemoteMem::unpack(raw).ok_or_else(|| Failure::invalid("not a packed memory handle"))
+    let r = RemoteMem::unpack(raw).ok_or_else(|| Failure::invalid("not a packed memory handle"))?;
+    Ok(r.at(addr.wrapping_sub(r.addr)))
+}
+
+/// Address `addr` of a local registration.
+///
+/// # Safety
+/// `m` is `NULL` or readable.
+unsafe fn local_at(m: *const xrcbtl_mem_t, addr: *const c_void) -> Outcome<LocalPtr> {
+    // SAFETY: the caller's promise.
+    let l = mem_reg(unsafe { m.as_ref() }.ok_or_else(|| Failure::invalid("local is NULL"))?);
+    Ok(l.at((addr as u64).wrapping_sub(l.addr())))
 }
 
 /// The completion closure of a C callback.
@@ -535,12 +530,9 @@ pub unsafe extern "C" fn xrcbtl_put(
         // SAFETY: the caller's promise.
         let h = unsafe { handle(btl) }?;
         // SAFETY: the caller's promise.
-        let l =
-            mem_reg(unsafe { local.as_ref() }.ok_or_else(|| Failure::invalid("local is NULL"))?);
+        let from = unsafe { local_at(local, local_addr) }?;
         // SAFETY: the caller's promise.
-        let r = unsafe { self::remote(remote) }?;
-        let from = l.at((local_addr as u64).wrapping_sub(l.addr()));
-        let to = r.at(remote_addr.wrapping_sub(r.addr));
+        let to = unsafe { remote_at(remote, remote_addr) }?;
         let op = on_btl!(h, b => b.put(dst, from, to, len, on_done(btl, cb, arg)))?;
         // SAFETY: the caller's promise.
         unsafe { started(op, op_out) }
@@ -570,12 +562,9 @@ pub unsafe extern "C" fn xrcbtl_get(
         // SAFETY: the caller's promise.
         let h = unsafe { handle(btl) }?;
         // SAFETY: the caller's promise.
-        let l =
-            mem_reg(unsafe { local.as_ref() }.ok_or_else(|| Failure::invalid("local is NULL"))?);
+        let to = unsafe { local_at(local, local_addr.cast_const()) }?;
         // SAFETY: the caller's promise.
-        let r = unsafe { self::remote(remote) }?;
-        let to = l.at((local_addr as u64).wrapping_sub(l.addr()));
-        let from = r.at(remote_addr.wrapping_sub(r.addr));
+        let from = unsafe { remote_at(remote, remote_addr) }?;
         let op = on_btl!(h, b => b.get(dst, from, to, len, on_done(btl, cb, arg)))?;
         // SAFETY: the caller's promise.
         unsafe { started(op, op_out) }
@@ -604,8 +593,7 @@ pub unsafe extern "C" fn xrcbtl_fetch_add(
         // SAFETY: the caller's promise.
         let h = unsafe { handle(btl) }?;
         // SAFETY: the caller's promise.
-        let r = unsafe { self::remote(remote) }?;
-        let at = r.at(remote_addr.wrapping_sub(r.addr));
+        let at = unsafe { remote_at(remote, remote_addr) }?;
         let op = on_btl!(h, b => b.fetch_add(dst, at, add, on_done(btl, cb, arg)))?;
         // SAFETY: the caller's promise.
         unsafe { started(op, op_out) }
@@ -634,8 +622,7 @@ pub unsafe extern "C" fn xrcbtl_compare_swap(
         // SAFETY: the caller's promise.
         let h = unsafe { handle(btl) }?;
         // SAFETY: the caller's promise.
-        let r = unsafe { self::remote(remote) }?;
-        let at = r.at(remote_addr.wrapping_sub(r.addr));
+        let at = unsafe { remote_at(remote, remote_addr) }?;
         let op = on_btl!(h, b => b.compare_swap(dst, at, compare, swap, on_done(btl, cb, arg)))?;
         // SAFETY: the caller's promise.
         unsafe { started(op, op_out) }
@@ -662,8 +649,7 @@ pub unsafe extern "C" fn xrcbtl_atomic_add(
         // SAFETY: the caller's promise.
         let h = unsafe { handle(btl) }?;
         // SAFETY: the caller's promise.
-        let r = unsafe { self::remote(remote) }?;
-        let at = r.at(remote_addr.wrapping_sub(r.addr));
+        let at = unsafe { remote_at(remote, remote_addr) }?;
         let op = on_btl!(h, b => b.add(dst, at, add, on_done(btl, cb, arg)))?;
         // SAFETY: the caller's promise.
         unsafe { started(op, op_out) }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use xrcbtl_btl::Btl;
+use xrcbtl_btl::{Btl, Peer};
 use xrcbtl_fabric::sim::SimContext;
 #[cfg(feature = "verbs")]
 use xrcbtl_fabric::verbs::VerbsContext;
@@ -78,6 +78,22 @@ impl xrcbtl_t {
         };
         nodes.insert(key.to_string(), n);
         n
+    }
+
+    /// Peer `rank` from the address it published (which must be its own).
+    pub(crate) fn peer(&self, rank: u32, raw: &[u8]) -> Outcome<Peer> {
+        let a = Address::decode(raw).map_err(Failure::invalid)?;
+        if a.rank != rank {
+            return Err(Failure::invalid(format!(
+                "the address is rank {}'s, not rank {rank}'s",
+                a.rank
+            )));
+        }
+        Ok(Peer {
+            rank,
+            node: self.node_of(&a.node_key),
+            addr: a.listen,
+        })
     }
 
     /// Marks the handle destroyed (a later use is caught while the memory

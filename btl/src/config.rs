@@ -20,6 +20,8 @@
 //! | `XRCBTL_RCACHE_MAX_REGIONS` | 4096 | Registrations the cache keeps. |
 //! | `XRCBTL_RCACHE_MAX_BYTES` | 4294967296 | Bytes the cache keeps registered (also bounded by `RLIMIT_MEMLOCK`). |
 //! | `XRCBTL_RETRIES` | 5 | Connection attempts before a peer is declared unreachable. |
+//! | `XRCBTL_MIN_RNR_TIMER` | 12 | RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms). |
+//! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,6 +63,8 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_RCACHE_MAX_REGIONS", default: "4096", help: "Registrations the cache keeps." },
     Setting { name: "XRCBTL_RCACHE_MAX_BYTES", default: "4294967296", help: "Bytes the cache keeps registered (also bounded by RLIMIT_MEMLOCK)." },
     Setting { name: "XRCBTL_RETRIES", default: "5", help: "Connection attempts before a peer is declared unreachable." },
+    Setting { name: "XRCBTL_MIN_RNR_TIMER", default: "12", help: "RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms)." },
+    Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },
 ];
 
 /// Which RDMA operation moves a rendezvous's data.
@@ -147,6 +151,10 @@ pub struct BtlConfig {
     pub rcache: xrcbtl_fabric::rcache::Config,
     /// Connection attempts.
     pub retries: u32,
+    /// RNR NAK timer of responder QPs (IB encoding).
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout of sending QPs (IB encoding).
+    pub ack_timeout: u8,
     /// Time source.
     pub clock: Clock,
 }
@@ -176,6 +184,8 @@ impl BtlConfig {
             force_rc: false,
             rcache: Default::default(),
             retries: 5,
+            min_rnr_timer: xrcbtl_fabric::DEFAULT_MIN_RNR_TIMER,
+            ack_timeout: xrcbtl_fabric::DEFAULT_ACK_TIMEOUT,
             clock: Clock::wall(),
         }
     }
@@ -215,6 +225,8 @@ impl BtlConfig {
         num(g, "XRCBTL_RCACHE_MAX_REGIONS", &mut self.rcache.max_regions)?;
         num(g, "XRCBTL_RCACHE_MAX_BYTES", &mut self.rcache.max_bytes)?;
         num(g, "XRCBTL_RETRIES", &mut self.retries)?;
+        num(g, "XRCBTL_MIN_RNR_TIMER", &mut self.min_rnr_timer)?;
+        num(g, "XRCBTL_ACK_TIMEOUT", &mut self.ack_timeout)?;
         if let Some(s) = g("XRCBTL_SQ_MAX") {
             let mut v = 0u32;
             num(g, "XRCBTL_SQ_MAX", &mut v)?;
@@ -278,6 +290,18 @@ impl BtlConfig {
             return bad(format!(
                 "SRQ depth {} must be at least 1 and at most the max depth {}",
                 self.srq_depth, self.srq_max_depth
+            ));
+        }
+        if self.min_rnr_timer > 31 {
+            return bad(format!(
+                "RNR timer {} outside the IB encoding 0..=31",
+                self.min_rnr_timer
+            ));
+        }
+        if !(1..=31).contains(&self.ack_timeout) {
+            return bad(format!(
+                "ACK timeout {} outside 1..=31 (0, waiting forever, would never find a dead peer)",
+                self.ack_timeout
             ));
         }
         if self.small_size != 0 && (self.small_size as usize) <= crate::wire::HEADER {

@@ -74,6 +74,72 @@ pub struct DriverStats {
     pub resize_unsupported: u64,
     /// Send failures reported by the data path.
     pub send_errors: u64,
+    /// QPs made only to lend their numbers to QP-less requests (see
+    /// [`ConnDriver`]'s placeholders).
+    pub placeholder_qps: u64,
+    /// Requests the peer's CM turned away as stale connections.
+    pub stale_rejects: u64,
+}
+
+/// QPs that only lend their numbers to QP-less requests (Reuse, Leave).
+///
+/// The IB CM turns a REQ away as a stale connection while it holds another
+/// with the same (announced QP number, sending HCA), so every QP-less
+/// request in flight from this node to one remote node needs a number of
+/// its own; numbers are unique per HCA, so a QP's is. A placeholder QP stays
+/// in RESET, never connected; one is lent per request in flight to a node,
+/// and the pool only grows to the most requests ever in flight to one node
+/// at once (at most that node's ranks).
+struct Placeholders<C: Context> {
+    qps: Vec<C::Qp>,
+    /// Which placeholders a node's requests are using.
+    busy: HashMap<Node, Vec<usize>>,
+    lent: HashMap<CmRef, (Node, usize)>,
+}
+
+impl<C: Context> Placeholders<C> {
+    fn new() -> Self {
+        Placeholders {
+            qps: Vec::new(),
+            busy: HashMap::new(),
+            lent: HashMap::new(),
+        }
+    }
+
+    /// Lends `cm` a number unused by other requests to `node`, making a
+    /// placeholder with `make` when every one is in use there.
+    fn lend(
+        &mut self,
+        cm: CmRef,
+        node: Node,
+        make: impl FnOnce() -> Result<C::Qp>,
+        made: &mut u64,
+    ) -> Option<u32> {
+        let busy = self.busy.entry(node).or_default();
+        let i = match (0..self.qps.len()).find(|i| !busy.contains(i)) {
+            Some(i) => i,
+            None => {
+                self.qps.push(make().ok()?);
+                *made += 1;
+                self.qps.len() - 1
+            }
+        };
+        busy.push(i);
+        self.lent.insert(cm, (node, i));
+        Some(self.qps[i].qp_num())
+    }
+
+    /// The request `cm` is over: its number is free for `node` again.
+    fn give_back(&mut self, cm: CmRef) {
+        if let Some((node, i)) = self.lent.remove(&cm) {
+            if let Some(b) = self.busy.get_mut(&node) {
+                b.retain(|x| *x != i);
+                if b.is_empty() {
+                    self.busy.remove(&node);
+                }
+            }
+        }
+    }
 }
 
 /// A QP the manager made, in its slot.
@@ -121,6 +187,7 @@ pub struct ConnDriver<C: Context> {
     slot_of_num: HashMap<u32, u32>,
     tgts: HashMap<TgtRef, C::Qp>,
     tgt_of_num: HashMap<u32, Vec<TgtRef>>,
+    placeholders: Placeholders<C>,
     // Lent by the interface.
     ctx: C,
     pd: C::Pd,
@@ -130,6 +197,8 @@ pub struct ConnDriver<C: Context> {
     xrcd: Option<C::Xrcd>,
     init_access: Access,
     max_inline: u32,
+    /// Timers and read depths every connection is made with.
+    conn: ConnSettings,
     routes: HashMap<RouteRef, CmRoute>,
     route_of_node: HashMap<Node, RouteRef>,
     node_of: HashMap<Rank, Node>,
@@ -177,6 +246,7 @@ impl<C: Context> ConnDriver<C> {
             slot_of_num: HashMap::new(),
             tgts: HashMap::new(),
             tgt_of_num: HashMap::new(),
+            placeholders: Placeholders::new(),
             pd: iface.pd.clone(),
             send_cq: iface.send_cq.clone(),
             recv_cq: iface.recv_cq.clone(),
@@ -184,6 +254,11 @@ impl<C: Context> ConnDriver<C> {
             xrcd: iface.xrcd.clone(),
             init_access,
             max_inline: cfg.max_inline.min(caps.max_inline),
+            conn: ConnSettings {
+                ack_timeout: cfg.ack_timeout,
+                min_rnr_timer: cfg.min_rnr_timer,
+                rd_atomic: caps.max_qp_rd_atom,
+            },
             ctx,
             routes: HashMap::new(),
             route_of_node: HashMap::new(),
@@ -569,6 +644,10 @@ impl<C: Context> ConnDriver<C> {
                 data: ev.private_data,
             },
             CmEventKind::Rejected(RejectReason::NoListener) => fail(CmFailure::NoListener),
+            CmEventKind::Rejected(RejectReason::StaleConnection) => {
+                self.stats.stale_rejects += 1;
+                fail(CmFailure::Stale)
+            }
             CmEventKind::Rejected(_) | CmEventKind::Unreachable | CmEventKind::ConnectError => {
                 fail(CmFailure::Unreachable)
             }
@@ -600,15 +679,10 @@ impl<C: Context> ConnDriver<C> {
                     srq,
                     caps: qcaps,
                 };
-                let made = self.ctx.create_qp(&self.pd, &init).and_then(|q| {
-                    // Receives go to the SRQ: INIT now, the CM does the rest.
-                    q.modify(&QpTransition::Init(InitAttr {
-                        access: self.init_access,
-                        ..InitAttr::default()
-                    }))?;
-                    Ok(q)
-                });
-                match made {
+                // Left in RESET: the CM moves it to INIT with the port and
+                // P_Key of the route it resolved, and grants the remote
+                // access the connection's read depths allow.
+                match self.ctx.create_qp(&self.pd, &init) {
                     Ok(q) => {
                         let caps = q.caps();
                         let num = q.qp_num();
@@ -708,13 +782,17 @@ impl<C: Context> ConnDriver<C> {
                 }
             }
             Action::Connect { cm, qp, data } => {
+                let mut param = self.conn.param(&data);
+                if qp.is_none() {
+                    param.qp_num = self.lend_number(cm);
+                }
                 let q = qp
                     .and_then(|q| self.slot_of_ref.get(&q))
                     .and_then(|&s| self.slots[s as usize].as_ref());
                 let r = self
                     .cms
                     .get(&cm)
-                    .map(|id| id.connect(q.map(|s| &s.qp), &ConnParam::with_data(&data)));
+                    .map(|id| id.connect(q.map(|s| &s.qp), &param));
                 if !matches!(r, Some(Ok(()))) {
                     self.mgr.handle(
                         now,
@@ -732,10 +810,8 @@ impl<C: Context> ConnDriver<C> {
                     .and_then(|&s| self.slots[s as usize].as_ref())
                     .map(|s| &s.qp)
                     .or_else(|| tgt.and_then(|t| self.tgts.get(&t)));
-                let r = self
-                    .cms
-                    .get(&cm)
-                    .map(|id| id.accept(q, &ConnParam::with_data(&data)));
+                let param = self.conn.param(&data);
+                let r = self.cms.get(&cm).map(|id| id.accept(q, &param));
                 if !matches!(r, Some(Ok(()))) {
                     self.mgr.handle(now, Event::Disconnected { cm });
                 }
@@ -751,6 +827,7 @@ impl<C: Context> ConnDriver<C> {
                     self.cm_of_key.remove(&id.key());
                 }
                 self.cm_rank.remove(&cm);
+                self.placeholders.give_back(cm);
             }
             Action::SendHello { qp } => {
                 let q = self
@@ -765,6 +842,68 @@ impl<C: Context> ConnDriver<C> {
                 }
             }
         }
+    }
+}
+
+impl<C: Context> ConnDriver<C> {
+    /// A QP number of its own for the QP-less request `cm` (0 where no IB
+    /// CM keys on it: iWARP, or no placeholder could be made).
+    fn lend_number(&mut self, cm: CmRef) -> u32 {
+        if !self.ctx.caps().transport.is_ib_family() {
+            return 0;
+        }
+        let Some(node) = self.cm_rank.get(&cm).and_then(|r| self.node_of.get(r)) else {
+            return 0;
+        };
+        let (ctx, pd, cq, srq, mode) =
+            (&self.ctx, &self.pd, &self.send_cq, &self.rc_srq, self.mode);
+        let make = || {
+            let caps = QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 0,
+                max_send_sge: 1,
+                max_recv_sge: 0,
+                max_inline: 0,
+            };
+            let (qp_type, srq) = match mode {
+                Mode::Xrc => (QpType::XrcIni, None),
+                Mode::Rc { .. } => (QpType::Rc, Some(srq)),
+            };
+            ctx.create_qp(
+                pd,
+                &QpInit {
+                    qp_type,
+                    send_cq: cq,
+                    recv_cq: Some(cq),
+                    srq,
+                    caps,
+                },
+            )
+        };
+        self.placeholders
+            .lend(cm, *node, make, &mut self.stats.placeholder_qps)
+            .unwrap_or(0)
+    }
+}
+
+/// What every connection the driver makes or accepts is set up with.
+#[derive(Debug, Clone, Copy)]
+struct ConnSettings {
+    ack_timeout: u8,
+    min_rnr_timer: u8,
+    /// The device's RDMA read depth: the CM hands the requested depths to
+    /// the QPs, and a device refuses more than it has.
+    rd_atomic: u32,
+}
+
+impl ConnSettings {
+    fn param<'a>(&self, data: &'a [u8]) -> ConnParam<'a> {
+        ConnParam {
+            ack_timeout: Some(self.ack_timeout),
+            min_rnr_timer: Some(self.min_rnr_timer),
+            ..ConnParam::with_data(data)
+        }
+        .clamp_rd_atomic(self.rd_atomic)
     }
 }
 

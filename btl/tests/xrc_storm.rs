@@ -73,6 +73,12 @@ fn storm_32x16() {
         resizes += k.sq_resizes;
     }
     let st = c.sim.stats();
+    // The IB CM's stale-connection check never fired: every QP-less request
+    // in flight between two nodes announced a QP number of its own.
+    assert_eq!(st.cm_stale_rejects, 0, "{st:?}");
+    // Every QP reached the CM in RESET, so it got the route's port and
+    // P_Key.
+    assert_eq!(st.cm_qps_init_by_hand, 0, "{st:?}");
     // Queues grew as endpoints joined.
     assert!(resizes > 0);
     c.exchange(1, Duration::from_secs(60));
@@ -80,7 +86,7 @@ fn storm_32x16() {
     eprintln!(
         "storm {NODES}x{PER_NODE}: {} endpoints ready in {:.3} ms of virtual time ({:.1} s wall); \
          INI QPs per process {NODES}; TGT QPs per node {procs} ({} held by {PER_NODE} ranks, {PER_NODE} by {}); \
-         {} CM messages, {} TGT QPs created, {} opened; resolutions {resolves} ({hits} from the node cache), \
+         {} CM messages ({} stale rejects), {} TGT QPs created, {} opened; resolutions {resolves} ({hits} from the node cache), \
          ARP queries {}, path queries {}, cached routes {}; send-queue growths {resizes}; \
          then one message each way, {:.1} s wall in all",
         procs * (procs - 1),
@@ -89,6 +95,7 @@ fn storm_32x16() {
         procs - PER_NODE,
         PER_NODE - 1,
         st.cm_messages,
+        st.cm_stale_rejects,
         st.tgt_created,
         st.tgt_opened,
         st.addr_resolutions,

@@ -31,6 +31,23 @@ pub struct ConnParam<'a> {
     /// initiator's value goes to the acceptor's QP and the acceptor's to the
     /// initiator's, as the IB CM carries them.
     pub rnr_retry_count: u8,
+    /// The QP number a request announces when no QP is given
+    /// (`rdma_conn_param.qp_num`; ignored with a QP and on iWARP). The IB
+    /// CM keys its stale-connection check on (this number, the sending
+    /// HCA): concurrent QP-less requests from one node to another need
+    /// distinct numbers, or all but the first are rejected as
+    /// [`RejectReason::StaleConnection`].
+    pub qp_num: u32,
+    /// Local ACK timeout of the QP the CM connects (IB encoding, 4.096 µs ×
+    /// 2^n), instead of the one the CM derives from the path
+    /// (`RDMA_OPTION_ID_ACK_TIMEOUT`). `None` keeps the CM's (on RoCE about
+    /// 18, i.e. 1 s per try). Ignored on iWARP.
+    pub ack_timeout: Option<u8>,
+    /// RNR NAK timer a responder QP the CM connects advertises (IB
+    /// encoding), instead of the CM's 0, which means 655 ms. Applies to RC
+    /// QPs and XRC TGT QPs (an XRC INI QP has no receive side). Ignored on
+    /// iWARP.
+    pub min_rnr_timer: Option<u8>,
 }
 
 impl<'a> ConnParam<'a> {
@@ -42,7 +59,20 @@ impl<'a> ConnParam<'a> {
             initiator_depth: 16,
             retry_count: 7,
             rnr_retry_count: 7,
+            qp_num: 0,
+            ack_timeout: None,
+            min_rnr_timer: None,
         }
+    }
+
+    /// Limits the RDMA read depths to what the device allows
+    /// (`max_qp_rd_atom`, or the peer's when known): the CM hands these to
+    /// the QPs, and a device refuses larger ones.
+    pub fn clamp_rd_atomic(mut self, max: u32) -> Self {
+        let m = max.min(u32::from(u8::MAX)) as u8;
+        self.responder_resources = self.responder_resources.min(m);
+        self.initiator_depth = self.initiator_depth.min(m);
+        self
     }
 }
 
@@ -63,6 +93,15 @@ pub enum RejectReason {
     NoListener,
     /// The peer's CM gave up waiting (e.g. our reply never arrived).
     Timeout,
+    /// The peer's IB CM holds a request or connection with the same (QP
+    /// number, sending HCA) (IB reject reason 10, stale connection): the
+    /// request never reached the application. Worth retrying, with a
+    /// distinct QP number ([`ConnParam::qp_num`]).
+    StaleConnection,
+    /// Any other reason the peer's CM gave (the IB reject reason number, or
+    /// the negated errno on iWARP): the request never reached the
+    /// application.
+    Other(i32),
 }
 
 /// What a CM event reports (`rdma_cm_event_type`).
@@ -139,16 +178,14 @@ pub enum CmMessage {
 
 /// Largest private data an application may put in a CM message. On IB and
 /// RoCE these are protocol constants: IB CM REQ 92 bytes, of which the RDMA
-/// CM takes 36 for its header in the TCP port space; REP 196; REJ 148. On
+/// CM takes 36 for its header in every port space (only AF_IB addressing
+/// spares it, which xrcbtl does not use), so 56; REP 196; REJ 148. On
 /// iWARP, MPA v2 takes 4 of its private data bytes for IRD/ORD; siw (Linux
 /// 6.12) delivers 251 bytes and refuses 252, so 251 is the portable limit.
-pub fn max_private_data(transport: Transport, ps: PortSpace, msg: CmMessage) -> usize {
+pub fn max_private_data(transport: Transport, _ps: PortSpace, msg: CmMessage) -> usize {
     match (transport, msg) {
         (Transport::Iwarp, _) => 251,
-        (_, CmMessage::Request) => match ps {
-            PortSpace::Tcp => 56,
-            PortSpace::Ib => 92,
-        },
+        (_, CmMessage::Request) => 56,
         (_, CmMessage::Reply) => 196,
         (_, CmMessage::Reject) => 148,
     }

@@ -28,6 +28,17 @@ impl Transport {
     }
 }
 
+impl DeviceCaps {
+    /// Largest inline payload a send queue of this QP type accepts.
+    pub fn max_inline_for(&self, ty: QpType) -> u32 {
+        match ty {
+            QpType::Rc => self.max_inline,
+            QpType::XrcIni => self.max_inline_xrc,
+            QpType::XrcTgt => 0,
+        }
+    }
+}
+
 impl fmt::Display for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -66,9 +77,13 @@ pub struct DeviceCaps {
     pub max_sge_rd: u32,
     /// Deepest completion queue.
     pub max_cqe: u32,
-    /// Largest inline payload a send queue accepts (on real verbs found by
-    /// creating a probe QP, as the device attributes do not carry it).
+    /// Largest inline payload an RC send queue accepts (on real verbs found
+    /// by creating a probe QP, as the device attributes do not carry it).
     pub max_inline: u32,
+    /// Largest inline payload an XRC INI send queue accepts (0 without
+    /// XRC): less than RC's where the send WQE carries the remote SRQ number
+    /// in a segment of its own (16 bytes on mlx5), so probed separately.
+    pub max_inline_xrc: u32,
     /// Largest memory region.
     pub max_mr_size: u64,
     /// Most RDMA reads a QP may have outstanding as initiator or responder.
@@ -299,6 +314,12 @@ impl Default for InitAttr {
 }
 
 /// Attributes of the INIT→RTR transition: where the peer QP is.
+///
+/// The responder attributes are optional because the kernel allows them
+/// per QP type (`qp_state_table`): an RC or XRC TGT QP must set both, an
+/// XRC INI QP (which receives nothing) must set neither, or the modify
+/// fails with `EINVAL`. [`RtrAttr::new`] is right for RC and TGT QPs,
+/// [`RtrAttr::initiator`] for INI QPs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtrAttr {
     /// Peer's port.
@@ -307,23 +328,60 @@ pub struct RtrAttr {
     pub dest_qpn: u32,
     /// First packet sequence number expected from the peer.
     pub rq_psn: u32,
-    /// RDMA reads the peer may have outstanding against this QP.
-    pub max_dest_rd_atomic: u8,
-    /// RNR NAK timer this QP advertises, in the IB 5-bit encoding.
-    pub min_rnr_timer: u8,
+    /// RDMA reads the peer may have outstanding against this QP (responder
+    /// attribute).
+    pub max_dest_rd_atomic: Option<u8>,
+    /// RNR NAK timer this QP advertises, in the IB 5-bit encoding
+    /// (responder attribute; 0 means 655.36 ms, 12 means 0.64 ms).
+    pub min_rnr_timer: Option<u8>,
 }
 
 impl RtrAttr {
-    /// RTR attributes with the usual defaults for a given peer.
+    /// RTR attributes of a responder (RC or XRC TGT) for a given peer.
     pub fn new(dest: PortAddr, dest_qpn: u32) -> Self {
         RtrAttr {
             dest,
             dest_qpn,
             rq_psn: 0,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 12,
+            max_dest_rd_atomic: Some(16),
+            min_rnr_timer: Some(DEFAULT_MIN_RNR_TIMER),
         }
     }
+
+    /// RTR attributes of an XRC INI QP: no responder attributes.
+    pub fn initiator(dest: PortAddr, dest_qpn: u32) -> Self {
+        RtrAttr {
+            max_dest_rd_atomic: None,
+            min_rnr_timer: None,
+            ..RtrAttr::new(dest, dest_qpn)
+        }
+    }
+}
+
+/// The RNR NAK timer xrcbtl's responders advertise unless configured: 12,
+/// 0.64 ms (the CM's own choice, 0, means 655.36 ms).
+pub const DEFAULT_MIN_RNR_TIMER: u8 = 12;
+
+/// The local ACK timeout xrcbtl's requesters use unless configured: 14,
+/// 4.096 µs × 2^14 = 67 ms per try, so that with 7 retries a dead peer is
+/// found in about half a second (the CM's derived value on RoCE, about
+/// 18, takes 1 s per try and 8 s in all).
+pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
+
+/// Duration of an RNR NAK timer value (IBA table 45).
+pub fn rnr_timer_duration(v: u8) -> std::time::Duration {
+    // In units of 10 µs; 0 is the longest, 655.36 ms.
+    const UNITS: [u64; 32] = [
+        65_536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+        1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+    ];
+    std::time::Duration::from_micros(UNITS[usize::from(v & 31)] * 10)
+}
+
+/// Duration of a local ACK timeout value: 4.096 µs × 2^v (0: infinite,
+/// returned as `None`).
+pub fn ack_timeout_duration(v: u8) -> Option<std::time::Duration> {
+    (v != 0).then(|| std::time::Duration::from_nanos(4096u64 << u32::from(v.min(31))))
 }
 
 /// Attributes of the RTR→RTS transition: the requester's retry policy.
@@ -345,7 +403,7 @@ impl Default for RtsAttr {
     fn default() -> Self {
         RtsAttr {
             sq_psn: 0,
-            timeout: 14,
+            timeout: DEFAULT_ACK_TIMEOUT,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 16,

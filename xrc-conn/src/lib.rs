@@ -323,6 +323,10 @@ pub enum CmFailure {
     NoListener,
     /// No answer, or the exchange broke.
     Unreachable,
+    /// The peer's CM turned the request away unread because it holds
+    /// another with the same (QP number, sending HCA) (IB stale
+    /// connection): retried like a lost request.
+    Stale,
 }
 
 /// Input from the driver.
@@ -421,6 +425,9 @@ pub struct Counters {
     /// Anchors replaced by another rank of their node (the anchor's process
     /// gone or never answering).
     pub reanchors: u64,
+    /// Requests the peer's CM turned away as stale connections (the same
+    /// announced QP number from the same HCA still held there).
+    pub stale_rejects: u64,
     /// Send-queue growths asked for.
     pub sq_resizes: u64,
     /// TGT QPs created (as anchor).
@@ -546,8 +553,9 @@ enum CmUse {
     Anchor { ini: u64 },
     /// A reuse request for an endpoint.
     Reuse { rank: Rank },
-    /// A leave message to a rank (tgt: the TGT declared dead, or 0).
-    Leave { rank: Rank, tgt: u32 },
+    /// A leave message to a rank (tgt: the TGT declared dead, or 0); sent
+    /// again when the peer's CM turned it away unread (`attempt` counts).
+    Leave { rank: Rank, tgt: u32, attempt: u32 },
     /// A request we received and are serving or have accepted.
     Served { peer: Rank },
 }
@@ -1099,8 +1107,12 @@ impl ConnManager {
     }
 
     fn send_leave(&mut self, rank: Rank, tgt: u32) {
+        self.send_leave_attempt(rank, tgt, 0);
+    }
+
+    fn send_leave_attempt(&mut self, rank: Rank, tgt: u32, attempt: u32) {
         let cm = CmRef(self.fresh());
-        self.cms.insert(cm, CmUse::Leave { rank, tgt });
+        self.cms.insert(cm, CmUse::Leave { rank, tgt, attempt });
         self.leaves_outstanding.insert(cm);
         self.counters.leaves_sent += 1;
         self.resolve(cm, rank);
@@ -1212,7 +1224,7 @@ impl ConnManager {
                     data: m.encode(),
                 });
             }
-            CmUse::Leave { rank, tgt } => {
+            CmUse::Leave { rank, tgt, .. } => {
                 let mut m = self.msg(Kind::Leave, rank, 0);
                 m.tgt = tgt;
                 self.actions.push_back(Action::Connect {
@@ -1375,6 +1387,9 @@ impl ConnManager {
         let Some(u) = self.cms.remove(&cm) else {
             return;
         };
+        if how == CmFailure::Stale {
+            self.counters.stale_rejects += 1;
+        }
         self.actions.push_back(Action::DestroyCm { cm });
         let reply = if how == CmFailure::Rejected {
             self.decode_reply(data)
@@ -1485,8 +1500,14 @@ impl ConnManager {
                     _ => self.retry_reuse(rank),
                 }
             }
-            CmUse::Leave { .. } => {
+            CmUse::Leave { rank, tgt, attempt } => {
                 self.leaves_outstanding.remove(&cm);
+                if how == CmFailure::Stale && attempt < self.cfg.max_retries {
+                    // Turned away by the peer's CM before its application
+                    // saw it: say it again.
+                    self.counters.retries += 1;
+                    return self.send_leave_attempt(rank, tgt, attempt + 1);
+                }
                 self.finish_leave_if_done();
             }
             // A connection we accepted never came up (the initiator went

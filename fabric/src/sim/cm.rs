@@ -17,6 +17,26 @@ use crate::cm::{max_private_data, CmEventKind, CmMessage, ConnParam, PortSpace, 
 use crate::types::*;
 use crate::{Error, Result};
 
+/// The RNR NAK timer the IB CM gives responders (cm_init_qp_rtr_attr):
+/// 0, which IBA reads as 655.36 ms.
+pub(crate) const CM_MIN_RNR_TIMER: u8 = 0;
+
+/// QP timers the application sets in place of the CM's.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Timers {
+    pub ack_timeout: Option<u8>,
+    pub min_rnr_timer: Option<u8>,
+}
+
+impl Timers {
+    fn of(p: &ConnParam<'_>) -> Self {
+        Timers {
+            ack_timeout: p.ack_timeout,
+            min_rnr_timer: p.min_rnr_timer,
+        }
+    }
+}
+
 /// A CM message on the wire.
 #[derive(Clone)]
 pub(crate) enum CmWire {
@@ -128,6 +148,7 @@ impl World {
             psn: 0,
             req: None,
             route_cached: false,
+            timers: Timers::default(),
         }))
     }
 
@@ -228,8 +249,14 @@ impl World {
         Ok(())
     }
 
-    fn post_cm_event(&mut self, id: Id<CmIdObj>, ev: PendingCmEvent) {
-        let Some(c) = self.cm_ids.get(id) else { return };
+    pub(crate) fn post_cm_event(&mut self, id: Id<CmIdObj>, ev: PendingCmEvent) {
+        let Some(c) = self.cm_ids.get(id) else {
+            // Nobody can accept a request whose listener is gone.
+            if let Some(new) = ev.new_id {
+                self.destroy_cm_id(new);
+            }
+            return;
+        };
         let ch = c.channel;
         if let Some(ch) = self.channels.get_mut(ch) {
             ch.events.push_back(ev);
@@ -562,7 +589,14 @@ impl World {
             QpState::Reset => {
                 self.modify_qp(qp, &QpTransition::Init(InitAttr { port: 1, access }), true)?
             }
-            QpState::Init => {}
+            QpState::Init => {
+                // The CM does not move it again: the port and P_Key stay
+                // what the application chose, which on a partitioned IB
+                // fabric or a second port is not the route's.
+                if !q.init_by_cm {
+                    self.stats.cm_qps_init_by_hand += 1;
+                }
+            }
             s => {
                 return Err(Error::state(format!(
                     "the CM needs a QP in RESET or INIT, not {s:?}"
@@ -572,6 +606,10 @@ impl World {
         Ok(())
     }
 
+    /// Moves a QP to RTR (and RTS when `rts` is given) with what the IB CM
+    /// computes: the masks the kernel allows for its type, an RNR NAK timer
+    /// of 0 (655 ms) and the ACK timeout derived from the path, unless the
+    /// application set its own ([`Timers`]).
     fn cm_connect_qp(
         &mut self,
         qp: Id<QpObj>,
@@ -579,16 +617,38 @@ impl World {
         qpn: u32,
         rq_psn: u32,
         rts: Option<RtsAttr>,
+        timers: Timers,
     ) -> Result<()> {
         let d = &self.devs[peer_dev];
         let dest = PortAddr {
             lid: d.lid,
             gid: d.gid,
         };
-        let mut rtr = RtrAttr::new(dest, qpn);
+        let q = self.qps.get(qp).ok_or(Error::ProcessGone)?;
+        let ty = q.ty;
+        // iWARP retransmits as TCP does, whatever the IB timers say: its
+        // QPs keep the fabric's usual values.
+        let iwarp = self.devs[q.dev].caps.transport == Transport::Iwarp;
+        let timers = if iwarp {
+            Timers {
+                ack_timeout: Some(DEFAULT_ACK_TIMEOUT),
+                min_rnr_timer: Some(DEFAULT_MIN_RNR_TIMER),
+            }
+        } else {
+            timers
+        };
+        let mut rtr = if ty == QpType::XrcIni {
+            RtrAttr::initiator(dest, qpn)
+        } else {
+            RtrAttr {
+                min_rnr_timer: Some(timers.min_rnr_timer.unwrap_or(CM_MIN_RNR_TIMER)),
+                ..RtrAttr::new(dest, qpn)
+            }
+        };
         rtr.rq_psn = rq_psn;
         self.modify_qp(qp, &QpTransition::Rtr(rtr), true)?;
-        if let Some(rts) = rts {
+        if let Some(mut rts) = rts {
+            rts.timeout = timers.ack_timeout.unwrap_or(self.cfg.timing.cm_ack_timeout);
             self.modify_qp(qp, &QpTransition::Rts(rts), true)?;
         }
         Ok(())
@@ -609,6 +669,7 @@ impl World {
         let private = self.pad(id, CmMessage::Request, p.private_data);
         let c = self.cm_ids.get_mut(id).expect("checked");
         c.qp = qp;
+        c.timers = Timers::of(p);
         c.psn = c.psn.max(psn);
         c.req = Some(ReqInfo {
             qpn: None,
@@ -623,10 +684,15 @@ impl World {
             c.ps,
             c.local.expect("resolved"),
         );
-        let qpn = qp.and_then(|q| self.qps.get_mut(q)).map(|q| {
-            q.cm_id = Some(id);
-            q.qpn
-        });
+        // Without a QP the request announces the number the application
+        // gives (0 if none), as rdma_connect does.
+        let qpn = match qp {
+            Some(q) => self.qps.get_mut(q).map(|q| {
+                q.cm_id = Some(id);
+                q.qpn
+            }),
+            None => (p.qp_num != 0).then_some(p.qp_num),
+        };
         let msg = CmWire::Req {
             qpn,
             psn,
@@ -667,7 +733,7 @@ impl World {
                 rnr_retry: req.rnr_retry,
                 ..RtsAttr::default()
             });
-            self.cm_connect_qp(qp, rdev, remote_qpn, req.psn, rts)?;
+            self.cm_connect_qp(qp, rdev, remote_qpn, req.psn, rts, Timers::of(p))?;
             let iwarp = self.cm_transport(id)? == Transport::Iwarp;
             let q = self.qps.get_mut(qp).expect("prepared");
             q.cm_id = Some(id);
@@ -874,6 +940,37 @@ impl World {
             }
             return;
         }
+        // The IB CM keeps every request and connection it holds in a table
+        // keyed by (the QP number the REQ announces, the sending HCA), and
+        // rejects a second REQ with the same key as a stale connection
+        // (cm_insert_remote_qpn). The key is per sending node, not per
+        // process: QP-less requests that all announce 0 collide.
+        let ib = self.devs[d.to_dev].caps.transport.is_ib_family();
+        let stale_key = (d.to_dev, qpn.unwrap_or(0), d.from_dev);
+        if ib {
+            let held = self
+                .remote_qpns
+                .get(&stale_key)
+                .and_then(|h| self.cm_ids.get(*h))
+                .is_some_and(|h| {
+                    matches!(
+                        h.state,
+                        CmState::RequestReceived
+                            | CmState::Accepting
+                            | CmState::Established
+                            | CmState::Disconnecting
+                    )
+                });
+            if held {
+                self.stats.cm_stale_rejects += 1;
+                let msg = CmWire::Rej {
+                    reason: RejectReason::StaleConnection,
+                    private: self.pad(listener, CmMessage::Reject, &[]),
+                };
+                self.send_cm(d.from, d.from_dev, CmDest::Id(d.from), msg);
+                return;
+            }
+        }
         let l = self.cm_ids.get(listener).expect("listening");
         let (ctx, channel) = (l.ctx, l.channel);
         let child = self.cm_ids.insert(CmIdObj {
@@ -899,24 +996,29 @@ impl World {
                 retry,
             }),
             route_cached: false,
+            timers: Timers::default(),
         });
+        if ib {
+            self.remote_qpns.insert(stale_key, child);
+        }
         self.cm_ids
             .get_mut(listener)
             .expect("listening")
             .children
             .insert(d.from, child);
         let remote_qpn = self.qpn_on_wire(listener, qpn);
-        self.post_cm_event(
-            listener,
-            PendingCmEvent {
-                id: listener,
-                kind: CmEventKind::ConnectRequest,
-                private_data: private,
-                remote_qpn,
-                peer: Some(from_addr),
-                new_id: Some(child),
-            },
-        );
+        // The request is held by the CM (and in its stale-connection table)
+        // until the process has seen it and answered.
+        let ev = PendingCmEvent {
+            id: listener,
+            kind: CmEventKind::ConnectRequest,
+            private_data: private,
+            remote_qpn,
+            peer: Some(from_addr),
+            new_id: Some(child),
+        };
+        let t = self.cfg.timing.cm_upcall_ns;
+        self.schedule_in(t, Event::CmUpcall(Box::new(ev)));
     }
 
     fn on_cm_to_id(&mut self, id: Id<CmIdObj>, d: CmDelivery) {
@@ -935,7 +1037,7 @@ impl World {
                 let c = self.cm_ids.get_mut(id).expect("live");
                 c.peer_id = Some(d.from);
                 let req = c.req.clone().expect("connect kept its request");
-                let (qp, rdev) = (c.qp, c.remote_dev.expect("resolved"));
+                let (qp, rdev, timers) = (c.qp, c.remote_dev.expect("resolved"), c.timers);
                 if let (Some(qp), Some(remote_qpn)) = (qp, qpn) {
                     let rts = RtsAttr {
                         sq_psn: req.psn,
@@ -944,7 +1046,7 @@ impl World {
                         ..RtsAttr::default()
                     };
                     if self
-                        .cm_connect_qp(qp, rdev, remote_qpn, psn, Some(rts))
+                        .cm_connect_qp(qp, rdev, remote_qpn, psn, Some(rts), timers)
                         .is_err()
                     {
                         let msg = CmWire::Rej {

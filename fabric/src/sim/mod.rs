@@ -73,6 +73,8 @@ impl SimDevice {
                 max_sge_rd: 30,
                 max_cqe: (1 << 22) - 1,
                 max_inline: 220,
+                // mlx5 spends 16 bytes of the WQE on the XRC segment.
+                max_inline_xrc: 204,
                 max_mr_size: u64::MAX,
                 max_qp_rd_atom: 16,
                 atomics: true,
@@ -85,6 +87,7 @@ impl SimDevice {
         let mut d = SimDevice::ib(name);
         d.caps.transport = Transport::Roce;
         d.caps.xrc = false;
+        d.caps.max_inline_xrc = 0;
         d.caps.max_sge = 32;
         d.caps.max_sge_rd = 32;
         d.caps.max_cqe = 32_767;
@@ -111,6 +114,7 @@ impl SimDevice {
                 max_sge_rd: 1,
                 max_cqe: 32_767,
                 max_inline: 96,
+                max_inline_xrc: 0,
                 max_mr_size: u64::MAX,
                 max_qp_rd_atom: 32,
                 // RDMAP (RFC 5040) has no atomics; siw offers none.
@@ -134,10 +138,20 @@ pub struct SimTiming {
     /// Time a node's CM agent spends on each incoming message; messages
     /// queue behind each other, so connection storms take time.
     pub cm_processing_ns: u64,
+    /// From the CM agent taking a connect request to the listening process
+    /// seeing it (the kernel's upcall, and the process noticing); the CM
+    /// holds the request meanwhile.
+    pub cm_upcall_ns: u64,
     /// How long a CM request, reply or disconnect waits for its answer.
     pub cm_timeout_ns: u64,
     /// How often the CM resends before giving up.
     pub cm_max_retries: u32,
+    /// The local ACK timeout (IB encoding) the CM derives from the path and
+    /// hands a requester QP unless the application sets its own: 18 (1.07
+    /// s per try), what the RDMA CM gives on RoCE
+    /// (`CMA_IBOE_PACKET_LIFETIME` 16, plus the ACK delay) and typical of
+    /// IB path records.
+    pub cm_ack_timeout: u8,
     /// Address resolution of a node not yet in the cache.
     pub arp_ns: u64,
     /// Route resolution on InfiniBand (a path record query).
@@ -156,11 +170,13 @@ impl Default for SimTiming {
             bandwidth_bytes_per_us: 12_500,
             cm_latency_ns: 10_000,
             cm_processing_ns: 3_000,
+            cm_upcall_ns: 20_000,
             // The RDMA CM waits about 4.3 s (timeout 20); 100 ms keeps
             // storms from collapsing under the agents' queues while fault
             // tests stay short.
             cm_timeout_ns: 100_000_000,
             cm_max_retries: 4,
+            cm_ack_timeout: 18,
             arp_ns: 100_000,
             route_ib_ns: 50_000,
             route_eth_ns: 1_000,
@@ -244,6 +260,12 @@ pub struct SimStats {
     pub cm_duplicated: u64,
     /// CM messages resent after a timeout.
     pub cm_retries: u64,
+    /// QPs handed to the CM already in INIT, moved there by the application
+    /// with a port and P_Key of its own choosing instead of the route's.
+    pub cm_qps_init_by_hand: u64,
+    /// Requests the IB CM rejected as stale connections (the same announced
+    /// QP number from the same HCA while it held another).
+    pub cm_stale_rejects: u64,
     /// CM events queued.
     pub cm_events: u64,
     /// Address resolutions that missed the cache.

@@ -52,21 +52,14 @@ pub(crate) const DETACHED: u8 = 0xDB;
 /// more than any requester here has outstanding).
 const ATOMIC_REPLIES: usize = 1024;
 
-/// The IB RNR timer encoding (IBA table 45), in microseconds.
-const RNR_TIMER_US: [u64; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
-    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
-    245_760, 327_680, 491_520,
-];
-
 /// RNR delay for an encoded timer value.
 pub(crate) fn rnr_delay_ns(code: u8) -> u64 {
-    RNR_TIMER_US[usize::from(code & 31)] * 1_000
+    rnr_timer_duration(code).as_nanos() as u64
 }
 
 /// Local ACK timeout for an encoded value (0 = wait forever).
 pub(crate) fn ack_timeout_ns(code: u8) -> Option<u64> {
-    (code != 0).then(|| 4_096u64 << code.min(31))
+    ack_timeout_duration(code).map(|d| d.as_nanos() as u64)
 }
 
 fn wc_opcode(op: &SendOp) -> WcOpcode {

@@ -167,6 +167,9 @@ pub(crate) struct QpObj {
     /// Peer device (None if the RTR address matched no device) and QPN.
     pub peer: Option<(Option<DevIdx>, u32)>,
     pub min_rnr_timer: u8,
+    /// The CM moved it to INIT (with the port and P_Key of its route), not
+    /// the application.
+    pub init_by_cm: bool,
     pub rts: RtsAttr,
     pub rq: VecDeque<RecvWqe>,
     // Requester.
@@ -265,6 +268,8 @@ pub(crate) struct CmIdObj {
     pub req: Option<ReqInfo>,
     /// Resolved from a cached route: route resolution is local.
     pub route_cached: bool,
+    /// Timers the application set for the QP the CM connects.
+    pub timers: super::cm::Timers,
 }
 
 /// Something that happens at a point of virtual time.
@@ -295,6 +300,8 @@ pub(crate) enum Event {
         kind: CmEventKind,
         next: CmState,
     },
+    /// A connect request reaches the listener's process.
+    CmUpcall(Box<PendingCmEvent>),
 }
 
 struct Scheduled {
@@ -344,6 +351,10 @@ pub(crate) struct World {
     pub next_pid: u32,
     /// (local node, remote node) pairs whose address is cached.
     pub arp_cache: HashSet<(usize, usize)>,
+    /// The IB CM's table of requests and connections by (receiving device,
+    /// announced QP number, sending device), for its stale-connection
+    /// check.
+    pub remote_qpns: HashMap<(DevIdx, u32, DevIdx), Id<CmIdObj>>,
     pub faults: super::faults::FaultState,
     /// When each node's CM agent is free again.
     pub cm_busy_until: Vec<u64>,
@@ -423,6 +434,7 @@ impl World {
             next_port: 20000,
             next_pid: 1,
             arp_cache: HashSet::new(),
+            remote_qpns: HashMap::new(),
             faults: Default::default(),
             cm_busy_until: vec![0; nodes_for_cm],
             touched: BTreeSet::new(),
@@ -565,6 +577,7 @@ impl World {
             Event::Cm(d) => self.on_cm(*d),
             Event::CmTimer { id, gen } => self.on_cm_timer(id, gen),
             Event::CmLocal { id, kind, next } => self.on_cm_local(id, kind, next),
+            Event::CmUpcall(ev) => self.post_cm_event(ev.id, *ev),
         }
     }
 
@@ -1030,6 +1043,7 @@ impl World {
             access: Access::NONE,
             peer: None,
             min_rnr_timer: 12,
+            init_by_cm: false,
             rts: RtsAttr::default(),
             rq: VecDeque::new(),
             sq: VecDeque::new(),
@@ -1107,10 +1121,13 @@ impl World {
                 dcaps.max_sge
             )));
         }
-        if caps.max_inline > dcaps.max_inline {
+        // The limit is the QP type's: an XRC INI WQE spends room on the
+        // remote SRQ number.
+        let max_inline = dcaps.max_inline_for(ty);
+        if caps.max_inline > max_inline {
             return Err(Error::invalid(format!(
-                "max_inline {} exceeds the device's {}",
-                caps.max_inline, dcaps.max_inline
+                "max_inline {} exceeds the device's {max_inline} for {ty:?} QPs",
+                caps.max_inline
             )));
         }
         let mut granted = caps;
@@ -1250,6 +1267,7 @@ impl World {
                     return Err(Error::invalid(format!("port {} does not exist", a.port)));
                 }
                 q.access = a.access;
+                q.init_by_cm = by_cm;
                 q.state = QpState::Init;
             }
             QpTransition::Rtr(a) => {
@@ -1261,11 +1279,26 @@ impl World {
                         "iWARP QPs are connected by the RDMA CM, not by hand",
                     ));
                 }
+                // The kernel's qp_state_table: an RC or TGT responder must
+                // set its responder attributes at RTR, an XRC INI QP (which
+                // receives nothing) must not.
+                let responder = [a.max_dest_rd_atomic, a.min_rnr_timer];
+                if q.ty == QpType::XrcIni && responder.iter().any(Option::is_some) {
+                    return Err(Error::invalid(
+                        "an XRC INI QP takes no responder attributes at RTR \
+                         (max_dest_rd_atomic, min_rnr_timer)",
+                    ));
+                }
+                if q.ty != QpType::XrcIni && responder.iter().any(Option::is_none) {
+                    return Err(Error::invalid(
+                        "an RC or XRC TGT QP needs max_dest_rd_atomic and min_rnr_timer at RTR",
+                    ));
+                }
                 let peer_dev = self.dev_by_gid(&a.dest);
                 let q = self.qps.get_mut(qp).expect("checked");
                 q.peer = Some((peer_dev, a.dest_qpn));
                 q.expected_psn = u64::from(a.rq_psn);
-                q.min_rnr_timer = a.min_rnr_timer;
+                q.min_rnr_timer = a.min_rnr_timer.unwrap_or(0);
                 q.state = QpState::Rtr;
             }
             QpTransition::Rts(a) => {

@@ -29,9 +29,28 @@ struct Entry {
     key: u64,
     ps: PortSpace,
     qp: Option<VerbsQp>,
+    /// What the application set in place of the CM's timers.
+    timers: Timers,
     /// This side asked to disconnect (so a DISCONNECTED event needs no
     /// answer).
     disconnecting: bool,
+}
+
+/// QP timers the application sets in place of the CM's
+/// ([`ConnParam::ack_timeout`], [`ConnParam::min_rnr_timer`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Timers {
+    ack_timeout: Option<u8>,
+    min_rnr_timer: Option<u8>,
+}
+
+impl Timers {
+    fn of(p: &ConnParam<'_>) -> Self {
+        Timers {
+            ack_timeout: p.ack_timeout,
+            min_rnr_timer: p.min_rnr_timer,
+        }
+    }
 }
 
 /// An event made by the provider rather than read from librdmacm.
@@ -109,6 +128,7 @@ impl VerbsCmChannel {
                     key,
                     ps,
                     qp: None,
+                    timers: Timers::default(),
                     disconnecting: false,
                 },
             );
@@ -128,15 +148,28 @@ fn transport_of(ctx: &VerbsContext) -> Transport {
 
 fn reject_reason(transport: Transport, status: i32, private_len: usize) -> RejectReason {
     match (transport, status) {
-        // IB CM reject reasons (IBA table 112).
-        (Transport::Infiniband | Transport::Roce, 8) => RejectReason::NoListener,
-        (Transport::Infiniband | Transport::Roce, 28) => RejectReason::Consumer,
-        (Transport::Infiniband | Transport::Roce, 1) => RejectReason::Timeout,
         (_, s) if s == -libc::ETIMEDOUT => RejectReason::Timeout,
+        // IB CM reject reasons (IBA table 112; ib_cm_rej_reason).
+        (Transport::Infiniband | Transport::Roce, s) => ib_reject_reason(s),
         // iWARP reports both an MPA reject and a TCP reset as ECONNREFUSED;
         // only a consumer's reject carries private data.
         (Transport::Iwarp, _) if private_len == 0 => RejectReason::NoListener,
-        _ => RejectReason::Consumer,
+        (Transport::Iwarp, _) => RejectReason::Consumer,
+    }
+}
+
+/// An IB CM reject reason number as the fabric names it.
+pub(crate) fn ib_reject_reason(status: i32) -> RejectReason {
+    match status {
+        // IB_CM_REJ_INVALID_SERVICE_ID: nobody listens.
+        8 => RejectReason::NoListener,
+        // IB_CM_REJ_CONSUMER_DEFINED: what rdma_reject sends.
+        28 => RejectReason::Consumer,
+        // IB_CM_REJ_TIMEOUT.
+        4 => RejectReason::Timeout,
+        // IB_CM_REJ_STALE_CONN.
+        10 => RejectReason::StaleConnection,
+        s => RejectReason::Other(s),
     }
 }
 
@@ -239,15 +272,15 @@ impl VerbsCmChannel {
             sys::RDMA_CM_EVENT_CONNECT_RESPONSE => {
                 // IB with an application QP: finish the handshake here.
                 let key = key_of(id)?;
-                let qp = self
+                let (qp, timers) = self
                     .0
                     .state()
                     .ids
                     .get(&(id as usize))
-                    .and_then(|e| e.qp.clone());
+                    .map_or((None, Timers::default()), |e| (e.qp.clone(), e.timers));
                 let done = qp
                     .map_or(Ok(()), |qp| {
-                        cm_transition(id, &qp, &[sys::IBV_QPS_RTR, sys::IBV_QPS_RTS])
+                        cm_transition(id, &qp, &[sys::IBV_QPS_RTR, sys::IBV_QPS_RTS], timers)
                     })
                     // SAFETY: `id` is live; RTU goes out on success.
                     .and_then(|_| check("rdma_establish", unsafe { sys::rdma_establish(id) }));
@@ -315,11 +348,17 @@ impl VerbsCmChannel {
 }
 
 /// Moves an application QP through `states` with the attributes the CM
-/// computed for this connection.
+/// computed for this connection, except the timers the application set:
+/// the CM hands every responder an RNR NAK timer of 0 (655 ms; on XRC that
+/// stalls a whole shared INI QP) and derives the ACK timeout from the path.
+/// Each is replaced only where the CM's mask carries it (the RNR timer at
+/// RC and TGT RTR, never at an INI's; the timeout at RTS), so the masks
+/// stay the ones the kernel allows for the QP type.
 fn cm_transition(
     id: *mut sys::rdma_cm_id,
     qp: &VerbsQp,
     states: &[sys::ibv_qp_state],
+    timers: Timers,
 ) -> Result<()> {
     for &s in states {
         let mut attr = sys::ibv_qp_attr {
@@ -331,6 +370,16 @@ fn cm_transition(
         check("rdma_init_qp_attr", unsafe {
             sys::rdma_init_qp_attr(id, &mut attr, &mut mask)
         })?;
+        if let Some(t) = timers.min_rnr_timer {
+            if mask & sys::IBV_QP_MIN_RNR_TIMER as i32 != 0 {
+                attr.min_rnr_timer = t;
+            }
+        }
+        if let Some(t) = timers.ack_timeout {
+            if mask & sys::IBV_QP_TIMEOUT as i32 != 0 {
+                attr.timeout = t;
+            }
+        }
         qp.modify_raw(&mut attr, mask)?;
     }
     Ok(())
@@ -518,6 +567,7 @@ impl VerbsCmId {
                 key: self.key,
                 ps: self.ps,
                 qp: None,
+                timers: Timers::default(),
                 disconnecting: false,
             },
         );
@@ -533,9 +583,10 @@ impl VerbsCmId {
         });
     }
 
-    fn remember_qp(&self, id: *mut sys::rdma_cm_id, qp: &VerbsQp) {
+    fn remember_qp(&self, id: *mut sys::rdma_cm_id, qp: &VerbsQp, timers: Timers) {
         if let Some(e) = self.chan.state().ids.get_mut(&(id as usize)) {
             e.qp = Some(qp.clone());
+            e.timers = timers;
         }
     }
 
@@ -549,7 +600,7 @@ impl VerbsCmId {
             retry_count: p.retry_count.min(7),
             rnr_retry_count: p.rnr_retry_count.min(7),
             srq: 0,
-            qp_num: qp.map_or(0, |q| q.qp_num()),
+            qp_num: qp.map_or(p.qp_num, |q| q.qp_num()),
         }
     }
 }
@@ -632,8 +683,9 @@ impl CmId for VerbsCmId {
                     qp.qp_type()
                 )));
             }
+            let timers = Timers::of(p);
             match qp.state()? {
-                QpState::Reset => cm_transition(id, qp, &[sys::IBV_QPS_INIT])?,
+                QpState::Reset => cm_transition(id, qp, &[sys::IBV_QPS_INIT], timers)?,
                 QpState::Init => {}
                 s => {
                     return Err(Error::state(format!(
@@ -641,7 +693,7 @@ impl CmId for VerbsCmId {
                     )))
                 }
             }
-            self.remember_qp(id, qp);
+            self.remember_qp(id, qp, timers);
         }
         let mut param = Self::conn_param(p, qp);
         // SAFETY: `id` is live with a resolved route; the parameters and
@@ -683,8 +735,9 @@ impl CmId for VerbsCmId {
                     states.push(sys::IBV_QPS_RTS);
                 }
             }
-            cm_transition(id, qp, &states)?;
-            self.remember_qp(id, qp);
+            let timers = Timers::of(p);
+            cm_transition(id, qp, &states, timers)?;
+            self.remember_qp(id, qp, timers);
         }
         let mut param = Self::conn_param(p, qp);
         // SAFETY: `id` is a live connect-request id.

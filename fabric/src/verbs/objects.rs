@@ -37,9 +37,10 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)
         Transport::Infiniband
     };
     let pos = |v: i32| v.max(0) as u32;
+    let xrc = a.device_cap_flags & sys::IBV_DEVICE_XRC != 0;
     let caps = DeviceCaps {
         transport,
-        xrc: a.device_cap_flags & sys::IBV_DEVICE_XRC != 0,
+        xrc,
         srq: a.max_srq > 0,
         // iWARP (RFC 5040) carries no immediate data; siw and cxgb4 refuse it.
         imm_data: !iwarp,
@@ -50,7 +51,8 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)
         max_sge: pos(a.max_sge),
         max_sge_rd: pos(a.max_sge_rd),
         max_cqe: pos(a.max_cqe),
-        max_inline: probe_max_inline(ctx)?,
+        max_inline: probe_max_inline(ctx, false)?,
+        max_inline_xrc: if xrc { probe_max_inline(ctx, true)? } else { 0 },
         max_mr_size: a.max_mr_size,
         max_qp_rd_atom: pos(a.max_qp_rd_atom),
         atomics: a.atomic_cap != sys::IBV_ATOMIC_NONE,
@@ -59,9 +61,9 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)
 }
 
 /// The device attributes do not carry the inline limit: create a probe QP
-/// asking for less and less until the provider accepts, and read what it
-/// granted.
-fn probe_max_inline(ctx: *mut sys::ibv_context) -> Result<u32> {
+/// of the type asked (RC, or XRC INI when `xrc`) asking for less and less
+/// until the provider accepts, and read what it granted.
+fn probe_max_inline(ctx: *mut sys::ibv_context, xrc: bool) -> Result<u32> {
     // SAFETY: every object made here is destroyed before returning, in
     // reverse order, and only passed to calls on the same context.
     unsafe {
@@ -76,18 +78,26 @@ fn probe_max_inline(ctx: *mut sys::ibv_context) -> Result<u32> {
         }
         let mut granted = 0;
         for want in [1024u32, 512, 256, 220, 128, 96, 64, 32] {
-            let mut init = sys::ibv_qp_init_attr {
+            let mut init = sys::ibv_qp_init_attr_ex {
                 send_cq: cq,
                 recv_cq: cq,
-                qp_type: sys::IBV_QPT_RC,
+                qp_type: if xrc {
+                    sys::IBV_QPT_XRC_SEND
+                } else {
+                    sys::IBV_QPT_RC
+                },
+                comp_mask: sys::IBV_QP_INIT_ATTR_PD,
+                pd,
                 ..Default::default()
             };
             init.cap.max_send_wr = 1;
-            init.cap.max_recv_wr = 1;
             init.cap.max_send_sge = 1;
-            init.cap.max_recv_sge = 1;
+            if !xrc {
+                init.cap.max_recv_wr = 1;
+                init.cap.max_recv_sge = 1;
+            }
             init.cap.max_inline_data = want;
-            let qp = sys::ibv_create_qp(pd, &mut init);
+            let qp = sys::ibv_create_qp_ex(ctx, &mut init);
             if !qp.is_null() {
                 granted = init.cap.max_inline_data;
                 sys::ibv_destroy_qp(qp);
@@ -806,10 +816,11 @@ impl VerbsQp {
                 "XRC TGT QPs are created in an XRC domain (create_tgt_qp)",
             ));
         }
-        if init.caps.max_inline > caps.max_inline {
+        let max_inline = caps.max_inline_for(init.qp_type);
+        if init.caps.max_inline > max_inline {
             return Err(Error::invalid(format!(
-                "max_inline {} exceeds the device's {}",
-                init.caps.max_inline, caps.max_inline
+                "max_inline {} exceeds the device's {max_inline} for {:?} QPs",
+                init.caps.max_inline, init.qp_type
             )));
         }
         let rc = init.qp_type == QpType::Rc;
@@ -983,24 +994,33 @@ impl Qp for VerbsQp {
                 a.path_mtu = port.active_mtu;
                 a.dest_qp_num = r.dest_qpn;
                 a.rq_psn = r.rq_psn;
-                a.max_dest_rd_atomic = r.max_dest_rd_atomic;
-                a.min_rnr_timer = r.min_rnr_timer;
                 a.ah_attr.dlid = r.dest.lid;
                 a.ah_attr.port_num = 1;
-                // Ethernet has no LIDs: route by GID.
+                // Ethernet has no LIDs: route by GID, from a RoCE v2 source
+                // GID (index 0 is the link-local RoCE v1 one on mlx5).
                 if r.dest.lid == 0 {
                     a.ah_attr.is_global = 1;
                     a.ah_attr.grh.dgid.raw = r.dest.gid.0;
-                    a.ah_attr.grh.sgid_index = 0;
+                    a.ah_attr.grh.sgid_index = self.0.ctx.source_gid_index(1);
                     a.ah_attr.grh.hop_limit = 64;
                 }
-                sys::IBV_QP_STATE
+                // The mask the kernel allows for the QP type: responder
+                // attributes for RC and TGT QPs, none for an INI QP
+                // (qp_state_table; EINVAL otherwise).
+                let mut mask = sys::IBV_QP_STATE
                     | sys::IBV_QP_AV
                     | sys::IBV_QP_PATH_MTU
                     | sys::IBV_QP_DEST_QPN
-                    | sys::IBV_QP_RQ_PSN
-                    | sys::IBV_QP_MAX_DEST_RD_ATOMIC
-                    | sys::IBV_QP_MIN_RNR_TIMER
+                    | sys::IBV_QP_RQ_PSN;
+                if let Some(v) = r.max_dest_rd_atomic {
+                    a.max_dest_rd_atomic = v;
+                    mask |= sys::IBV_QP_MAX_DEST_RD_ATOMIC;
+                }
+                if let Some(v) = r.min_rnr_timer {
+                    a.min_rnr_timer = v;
+                    mask |= sys::IBV_QP_MIN_RNR_TIMER;
+                }
+                mask
             }
             QpTransition::Rts(r) => {
                 if self.0.ty == QpType::XrcTgt {

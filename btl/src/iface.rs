@@ -13,7 +13,7 @@
 //!
 //! The transport (XRC, or RC + SRQ) is decided here from the device caps.
 
-use xrcbtl_fabric::{
+use xrcbtl_fabric::{Cq as _, 
     Access, Context, DeviceCaps, DmaBuf, Error, RecvWr, Result, Sge, Srq, SrqAttr, Transport,
 };
 use xrcbtl_xrc_conn::Mode;
@@ -121,6 +121,10 @@ pub(crate) struct Iface<C: Context> {
     pub pd: C::Pd,
     /// Where every send queue completes.
     pub send_cq: C::Cq,
+    /// Signalled work the data path may have outstanding on `send_cq`: its
+    /// capacity less what the connection driver's own sends (iWARP hellos)
+    /// may need.
+    pub send_budget: u32,
     /// Where every receive completes.
     pub recv_cq: C::Cq,
     /// The node's XRC domain (XRC only).
@@ -203,6 +207,7 @@ impl<C: Context> Iface<C> {
             caps,
             mode,
             pd,
+            send_budget: send_cq.capacity() - (send_cq.capacity() / 16).min(256),
             send_cq,
             recv_cq,
             xrcd,

@@ -95,6 +95,13 @@ impl<C: Context> Core<C> {
             self.stats.no_resource += 1;
             return Err(item);
         }
+        // Every posted request is signalled and completes on the one send
+        // CQ that all QPs share: past its capacity the CQ overruns and
+        // takes every QP down with it. The work waits in the pending queue.
+        if self.slab.len() >= self.iface.send_budget as usize {
+            self.stats.cq_full += 1;
+            return Err(item);
+        }
         let mut sgl = [Sge::default()];
         let mut inline_len = 0;
         let mut returned = 0u16;

@@ -381,6 +381,10 @@ pub struct BtlStats {
     pub send_errors: u64,
     /// Times a post found no send-queue slot or bounce buffer.
     pub no_resource: u64,
+    /// Times a post waited because the send CQ could not take another
+    /// completion (as much work outstanding as the CQ holds, less the room
+    /// kept for the connection driver's own sends).
+    pub cq_full: u64,
     /// Peers made known by the resolver when they asked for a connection
     /// ([`Btl::set_peer_resolver`]).
     pub peers_resolved: u64,

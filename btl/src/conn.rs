@@ -14,14 +14,14 @@
 //! valid until the driver reports the QP destroyed
 //! ([`ConnEvent::Destroyed`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use xrcbtl_fabric::{
     Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, InitAttr,
-    PortAddr, PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RejectReason, Result, RtrAttr,
-    RtsAttr, SendWr, Transport,
+    PortAddr, PortSpace, Qp, QpCaps, QpInit, QpState, QpTransition, QpType, RejectReason, Result,
+    RtrAttr, RtsAttr, SendWr, Transport,
 };
 use xrcbtl_xrc_conn::{
     Action, CmFailure, CmRef, ConnManager, Event, Mode, Node, Notice, QpKind, QpRef, Rank,
@@ -79,7 +79,15 @@ pub struct DriverStats {
     pub placeholder_qps: u64,
     /// Requests the peer's CM turned away as stale connections.
     pub stale_rejects: u64,
+    /// Held TGT QPs found in the error state by asking them (no event came).
+    pub tgts_found_dead: u64,
 }
+
+/// How often held TGT QPs are asked for their state, and how many at a
+/// time: a rank holding n handles finds a dead one within
+/// n / 64 × 50 ms.
+const TGT_CHECK_EVERY: Duration = Duration::from_millis(50);
+const TGT_CHECK_BATCH: usize = 64;
 
 /// QPs that only lend their numbers to QP-less requests (Reuse, Leave).
 ///
@@ -185,8 +193,12 @@ pub struct ConnDriver<C: Context> {
     free_slots: Vec<u32>,
     slot_of_ref: HashMap<QpRef, u32>,
     slot_of_num: HashMap<u32, u32>,
-    tgts: HashMap<TgtRef, C::Qp>,
+    tgts: BTreeMap<TgtRef, C::Qp>,
     tgt_of_num: HashMap<u32, Vec<TgtRef>>,
+    /// When the next handful of held TGT QPs is asked for its state, and
+    /// where that round-robin sweep stands.
+    tgt_check_at: Duration,
+    tgt_cursor: TgtRef,
     placeholders: Placeholders<C>,
     // Lent by the interface.
     ctx: C,
@@ -244,7 +256,9 @@ impl<C: Context> ConnDriver<C> {
             free_slots: Vec::new(),
             slot_of_ref: HashMap::new(),
             slot_of_num: HashMap::new(),
-            tgts: HashMap::new(),
+            tgts: BTreeMap::new(),
+            tgt_check_at: Duration::ZERO,
+            tgt_cursor: TgtRef(0),
             tgt_of_num: HashMap::new(),
             placeholders: Placeholders::new(),
             pd: iface.pd.clone(),
@@ -419,9 +433,48 @@ impl<C: Context> ConnDriver<C> {
         std::mem::take(&mut self.notices)
     }
 
-    /// When the manager next needs [`ConnDriver::progress`] for a timer.
+    /// When the manager next needs [`ConnDriver::progress`] for a timer, or
+    /// held TGT QPs are next asked for their state.
     pub fn next_timeout(&self) -> Option<Duration> {
-        self.mgr.poll_timeout()
+        let sweep = (!self.tgts.is_empty()).then_some(self.tgt_check_at);
+        match (self.mgr.poll_timeout(), sweep) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Asks the next few held TGT QPs for their state, and reports those in
+    /// the error state as failed. Another opener (the anchor, when the
+    /// sender it served went away) may have moved a TGT QP to the error
+    /// state by hand, which raises no event the verbs promise at the other
+    /// openers: without asking, they would hold the dead QP until they exit.
+    fn sweep_tgts(&mut self, now: Duration) -> usize {
+        if self.tgts.is_empty() || now < self.tgt_check_at {
+            return 0;
+        }
+        self.tgt_check_at = now + TGT_CHECK_EVERY;
+        let start = self.tgt_cursor;
+        let batch: Vec<TgtRef> = self
+            .tgts
+            .range(start..)
+            .chain(self.tgts.range(..start))
+            .take(TGT_CHECK_BATCH)
+            .map(|(t, _)| *t)
+            .collect();
+        self.tgt_cursor = batch.last().map_or(TgtRef(0), |t| TgtRef(t.0 + 1));
+        let mut dead = 0;
+        for tgt in batch {
+            let gone = self
+                .tgts
+                .get(&tgt)
+                .is_some_and(|q| !matches!(q.state(), Ok(QpState::Rtr | QpState::Rts)));
+            if gone {
+                dead += 1;
+                self.stats.tgts_found_dead += 1;
+                self.mgr.handle(now, Event::TgtFailed { tgt });
+            }
+        }
+        dead
     }
 
     /// The QP in `slot` and its granted sizes.
@@ -501,6 +554,10 @@ impl<C: Context> ConnDriver<C> {
             if self.mgr.poll_timeout().is_some_and(|t| t <= now) {
                 work += 1;
                 self.mgr.handle_timeout(now);
+                work += self.react(now);
+            }
+            if self.sweep_tgts(now) > 0 {
+                work += 1;
                 work += self.react(now);
             }
             if work == 0 {

@@ -13,8 +13,9 @@
 //!
 //! The transport (XRC, or RC + SRQ) is decided here from the device caps.
 
-use xrcbtl_fabric::{Cq as _, 
-    Access, Context, DeviceCaps, DmaBuf, Error, RecvWr, Result, Sge, Srq, SrqAttr, Transport,
+use xrcbtl_fabric::{
+    Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, RecvWr, Result, Sge, Srq, SrqAttr,
+    Transport,
 };
 use xrcbtl_xrc_conn::Mode;
 

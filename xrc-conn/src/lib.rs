@@ -107,9 +107,12 @@ pub struct Config {
     pub mode: Mode,
     /// This rank's XRC SRQ numbers by size class (XRC mode).
     pub srqns: Vec<u32>,
-    /// Send-queue entries an INI QP gains per endpoint it carries.
+    /// Send-queue entries an INI QP has per endpoint it may carry: it is
+    /// created with this many per rank known on its node (most devices
+    /// cannot grow a connected QP's send queue), and asks to grow when more
+    /// endpoints join than were known.
     pub sq_per_endpoint: u32,
-    /// Send-queue entries an INI QP starts with.
+    /// Fewest send-queue entries a QP is created with.
     pub sq_initial: u32,
     /// Largest send queue the device allows.
     pub sq_max: u32,
@@ -574,6 +577,9 @@ pub struct ConnManager {
     now: Duration,
     next_ref: u64,
     node_of: BTreeMap<Rank, Node>,
+    /// Ranks known on each node (this one included), to size an INI QP for
+    /// every endpoint it may carry when it is created.
+    ranks_on: BTreeMap<Node, u32>,
     inis: BTreeMap<u64, Ini>,
     /// XRC: the INI of each node.
     ini_of_node: BTreeMap<Node, u64>,
@@ -605,11 +611,17 @@ impl ConnManager {
     /// node.
     pub fn new(cfg: Config, peers: impl IntoIterator<Item = (Rank, Node)>) -> Self {
         assert!(cfg.srqns.len() <= wire::MAX_SRQS, "too many SRQ classes");
+        let node_of: BTreeMap<Rank, Node> = peers.into_iter().collect();
+        let mut ranks_on = BTreeMap::new();
+        for n in node_of.values() {
+            *ranks_on.entry(*n).or_insert(0) += 1;
+        }
         ConnManager {
             cfg,
             now: Duration::ZERO,
             next_ref: 1,
-            node_of: peers.into_iter().collect(),
+            node_of,
+            ranks_on,
             inis: BTreeMap::new(),
             ini_of_node: BTreeMap::new(),
             eps: BTreeMap::new(),
@@ -632,7 +644,12 @@ impl ConnManager {
     /// Makes a rank known (processes may join at any time), and serves
     /// the requests it made while unknown.
     pub fn add_peer(&mut self, rank: Rank, node: Node) {
-        self.node_of.insert(rank, node);
+        if let Some(old) = self.node_of.insert(rank, node) {
+            if let Some(c) = self.ranks_on.get_mut(&old) {
+                *c -= 1;
+            }
+        }
+        *self.ranks_on.entry(node).or_insert(0) += 1;
         for (cm, _, data) in self.take_parked(Some(rank)) {
             self.on_request(cm, &data);
         }
@@ -1008,7 +1025,21 @@ impl ConnManager {
             Mode::Xrc => QpKind::Ini,
             Mode::Rc { .. } => QpKind::Rc,
         };
-        let sq_depth = self.cfg.sq_initial.min(self.cfg.sq_max);
+        // Most devices cannot grow a connected QP's send queue: an INI QP
+        // is made deep enough for every rank known on its node.
+        let peers = match self.cfg.mode {
+            Mode::Xrc => {
+                let here = self.ranks_on.get(&node).copied().unwrap_or(0);
+                here.saturating_sub(u32::from(node == self.cfg.node)).max(1)
+            }
+            Mode::Rc { .. } => 1,
+        };
+        let sq_depth = self
+            .cfg
+            .sq_per_endpoint
+            .saturating_mul(peers)
+            .max(self.cfg.sq_initial)
+            .min(self.cfg.sq_max);
         self.actions
             .push_back(Action::CreateQp { qp, kind, sq_depth });
         self.counters.qps_created += 1;

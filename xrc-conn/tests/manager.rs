@@ -568,23 +568,38 @@ fn a_leaving_receiver_closes_our_endpoint() {
 }
 
 #[test]
-fn send_queue_grows_geometrically_as_endpoints_join() {
-    let mut m = mgr(0, 0);
-    let mut peers: Vec<(Rank, Node)> = (10..60).map(|r| (r, 1)).collect();
-    peers.push((0, 0));
-    let mut m2 = ConnManager::new(m.config().clone(), peers);
-    std::mem::swap(&mut m, &mut m2);
-    let mut depths = Vec::new();
-    for r in 10..60 {
-        m.connect(T0, r);
-        for a in drain(&mut m) {
-            if let Action::ResizeQp { sq_depth, .. } = a {
-                depths.push(sq_depth);
+fn an_ini_is_made_deep_enough_for_its_node_and_grows_only_for_ranks_added_later() {
+    let cfg = mgr(0, 0).config().clone();
+    let depths = |m: &mut ConnManager, ranks: std::ops::Range<Rank>, add: bool| {
+        let (mut created, mut grown) = (Vec::new(), Vec::new());
+        for r in ranks {
+            if add {
+                m.add_peer(r, 1);
+            }
+            m.connect(T0, r);
+            for a in drain(m) {
+                match a {
+                    Action::CreateQp { sq_depth, .. } => created.push(sq_depth),
+                    Action::ResizeQp { sq_depth, .. } => grown.push(sq_depth),
+                    _ => {}
+                }
             }
         }
-    }
-    // 50 endpoints x 16 entries from 64: 128, 256, 512, 1024.
-    assert_eq!(depths, vec![128, 256, 512, 1024]);
+        (created, grown)
+    };
+    // All 50 ranks of node 1 known at the start: one INI of 50 x 16
+    // entries, never grown (most devices cannot grow a connected QP).
+    let mut peers: Vec<(Rank, Node)> = (10..60).map(|r| (r, 1)).collect();
+    peers.push((0, 0));
+    let mut m = ConnManager::new(cfg.clone(), peers);
+    assert_eq!(depths(&mut m, 10..60, false), (vec![800], vec![]));
+    // Ranks made known one by one (an MPI library adding peers lazily):
+    // the INI starts at 64 and asks to double as they join.
+    let mut m = ConnManager::new(cfg, [(0, 0)]);
+    assert_eq!(
+        depths(&mut m, 10..60, true),
+        (vec![64], vec![128, 256, 512, 1024])
+    );
 }
 
 #[test]

@@ -720,6 +720,11 @@ impl Qp for SimQp {
         if q.ty == QpType::XrcTgt {
             return Err(Error::invalid("an XRC TGT QP has no send queue"));
         }
+        if !w.devs[q.dev].resizable_sq && depth > q.caps.max_send_wr {
+            return Err(Error::Unsupported(
+                "the device cannot resize a QP's send queue (IBV_QP_CAP)",
+            ));
+        }
         if depth > max {
             return Err(Error::invalid(format!(
                 "send queue of {depth} exceeds max_qp_wr {max}"

@@ -53,6 +53,16 @@ pub struct SimDevice {
     pub name: String,
     /// What the device can do.
     pub caps: DeviceCaps,
+    /// Whether a connected QP's send queue can grow. `IBV_QP_CAP` is legal
+    /// in no transition of the kernel's `qp_state_table` for RC or XRC QPs,
+    /// so mlx5 and rxe refuse; off in every device here.
+    pub resizable_send_queue: bool,
+    /// Whether an application moving an XRC TGT QP to the error state by
+    /// hand raises an event (last WQE reached) at the QP's other openers.
+    /// Verbs promise none (`IBV_EVENT_QP_FATAL` is for errors the device
+    /// found, and whether mlx5 raises last-WQE for it is undocumented), so
+    /// off in every device here: holders must find out by asking.
+    pub tgt_error_events: bool,
 }
 
 impl SimDevice {
@@ -60,6 +70,8 @@ impl SimDevice {
     pub fn ib(name: &str) -> Self {
         SimDevice {
             name: name.into(),
+            resizable_send_queue: false,
+            tgt_error_events: false,
             caps: DeviceCaps {
                 transport: Transport::Infiniband,
                 xrc: true,
@@ -101,6 +113,8 @@ impl SimDevice {
     pub fn iwarp(name: &str) -> Self {
         SimDevice {
             name: name.into(),
+            resizable_send_queue: false,
+            tgt_error_events: false,
             caps: DeviceCaps {
                 transport: Transport::Iwarp,
                 xrc: false,

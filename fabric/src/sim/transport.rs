@@ -428,7 +428,14 @@ impl World {
         q.sent = 0;
         let sq = std::mem::take(&mut q.sq);
         let rq = std::mem::take(&mut q.rq);
-        let (qpn, recv_cq, has_srq) = (q.qpn, q.recv_cq, q.srq.is_some() || q.ty == QpType::XrcTgt);
+        let (qpn, recv_cq, dev) = (q.qpn, q.recv_cq, q.dev);
+        // A QP drawing from an SRQ reports its last WQE; a TGT QP that an
+        // application moved to the error state by hand raises nothing the
+        // verbs promise, so its other openers hear of it only where the
+        // modelled device says so.
+        let by_hand_tgt = q.ty == QpType::XrcTgt && ev.is_none();
+        let has_srq = (q.srq.is_some() || q.ty == QpType::XrcTgt)
+            && !(by_hand_tgt && !self.devs[dev].tgt_error_events);
         for e in sq {
             self.complete_send(qp, e, WcStatus::WrFlush);
         }

@@ -29,6 +29,10 @@ pub(crate) struct Dev {
     pub node: usize,
     pub name: String,
     pub caps: DeviceCaps,
+    /// See [`super::SimDevice::resizable_send_queue`].
+    pub resizable_sq: bool,
+    /// See [`super::SimDevice::tgt_error_events`].
+    pub tgt_error_events: bool,
     pub lid: u16,
     pub gid: Gid,
     pub ip: Ipv4Addr,
@@ -392,6 +396,8 @@ impl World {
                     node,
                     name: d.name.clone(),
                     caps: d.caps.clone(),
+                    resizable_sq: d.resizable_send_queue,
+                    tgt_error_events: d.tgt_error_events,
                     lid: if d.caps.transport == Transport::Infiniband {
                         (devs.len() + 1) as u16
                     } else {

@@ -435,7 +435,7 @@ impl World {
         // modelled device says so.
         let by_hand_tgt = q.ty == QpType::XrcTgt && ev.is_none();
         let has_srq = (q.srq.is_some() || q.ty == QpType::XrcTgt)
-            && !(by_hand_tgt && !self.devs[dev].tgt_error_events);
+            && (!by_hand_tgt || self.devs[dev].tgt_error_events);
         for e in sq {
             self.complete_send(qp, e, WcStatus::WrFlush);
         }

@@ -273,6 +273,9 @@ pub trait Qp: Send + Sync {
     fn caps(&self) -> QpCaps;
     /// Current state.
     fn state(&self) -> Result<QpState>;
+    /// The attributes the device reports (`ibv_query_qp`): state, timers,
+    /// retry counts, inline limit.
+    fn query(&self) -> Result<QpAttr>;
     /// Changes state.
     fn modify(&self, t: &QpTransition) -> Result<()>;
     /// Posts to the send queue. `NoResource` when the queue is full.

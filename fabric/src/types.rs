@@ -411,6 +411,23 @@ impl Default for RtsAttr {
     }
 }
 
+/// What `ibv_query_qp` reports of a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Current state.
+    pub state: QpState,
+    /// RNR NAK timer it advertises as responder (IB encoding).
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout as requester (IB encoding).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries.
+    pub rnr_retry: u8,
+    /// Granted inline limit.
+    pub max_inline: u32,
+}
+
 /// A QP state change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QpTransition {

@@ -712,6 +712,20 @@ impl Qp for SimQp {
         w.post_recv(qp, wr)
     }
 
+    fn query(&self) -> Result<QpAttr> {
+        let w = self.ctx.world();
+        let qp = self.obj(&w)?;
+        let q = w.qps.get(qp).ok_or(Error::ProcessGone)?;
+        Ok(QpAttr {
+            state: q.state,
+            min_rnr_timer: q.min_rnr_timer,
+            timeout: q.rts.timeout,
+            retry_cnt: q.rts.retry_cnt,
+            rnr_retry: q.rts.rnr_retry,
+            max_inline: q.caps.max_inline,
+        })
+    }
+
     fn resize_send_queue(&self, depth: u32) -> Result<u32> {
         let mut w = self.ctx.world();
         let qp = self.obj(&w)?;

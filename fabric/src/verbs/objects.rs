@@ -971,6 +971,29 @@ impl Qp for VerbsQp {
         Ok(qp_state(attr.qp_state))
     }
 
+    fn query(&self) -> Result<QpAttr> {
+        let mut a = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        let mask = sys::IBV_QP_STATE
+            | sys::IBV_QP_MIN_RNR_TIMER
+            | sys::IBV_QP_TIMEOUT
+            | sys::IBV_QP_RETRY_CNT
+            | sys::IBV_QP_RNR_RETRY
+            | sys::IBV_QP_CAP;
+        // SAFETY: the QP is live; both structures are writable.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(self.0.qp, &mut a, mask as i32, &mut init)
+        })?;
+        Ok(QpAttr {
+            state: qp_state(a.qp_state),
+            min_rnr_timer: a.min_rnr_timer,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            max_inline: a.cap.max_inline_data,
+        })
+    }
+
     fn modify(&self, t: &QpTransition) -> Result<()> {
         let mut a = sys::ibv_qp_attr::default();
         let mask = match *t {

@@ -709,22 +709,11 @@ fn limits_send_queue_resize<H: Harness>(h: &H) -> Outcome {
         },
     )?;
     let before = ep.qp.caps().max_send_wr;
+    // IBV_QP_CAP is legal in no transition of the kernel's qp_state_table
+    // for RC or XRC QPs: a device refuses to grow a QP, and says so.
     match ep.qp.resize_send_queue(before * 4) {
-        Ok(depth) => {
-            ensure!(
-                depth >= before * 4,
-                "asked for {} entries, got {depth}",
-                before * 4
-            );
-            ensure!(
-                ep.qp.caps().max_send_wr >= before * 4,
-                "caps still say {:?}",
-                ep.qp.caps()
-            );
-        }
-        // Most verbs devices cannot resize a live QP: that must be said.
         Err(Error::Unsupported(_)) => ensure_eq!(ep.qp.caps().max_send_wr, before),
-        Err(e) => return Err(e.into()),
+        other => return Err(Failure(format!("growing a QP: {other:?}"))),
     }
     let too_big = h.caps().max_qp_wr.saturating_add(1);
     ensure!(

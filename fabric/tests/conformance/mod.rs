@@ -13,6 +13,7 @@ mod atomics;
 mod cm;
 mod data;
 mod faults;
+mod ibcm;
 mod iwarp;
 mod xrc;
 
@@ -42,6 +43,7 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
     v.extend(data::rules());
     v.extend(atomics::rules());
     v.extend(cm::rules());
+    v.extend(ibcm::rules());
     v.extend(xrc::rules());
     v.extend(iwarp::rules());
     v.extend(faults::rules());

@@ -278,10 +278,13 @@ impl VerbsCmChannel {
                     .ids
                     .get(&(id as usize))
                     .map_or((None, Timers::default()), |e| (e.qp.clone(), e.timers));
+                // INIT again first, as librdmacm's ucma_modify_qp_rtr does:
+                // only now does the CM grant remote reads and atomics (from
+                // the connection's responder resources); before the reply
+                // it granted remote writes alone.
+                let states = [sys::IBV_QPS_INIT, sys::IBV_QPS_RTR, sys::IBV_QPS_RTS];
                 let done = qp
-                    .map_or(Ok(()), |qp| {
-                        cm_transition(id, &qp, &[sys::IBV_QPS_RTR, sys::IBV_QPS_RTS], timers)
-                    })
+                    .map_or(Ok(()), |qp| cm_transition(id, &qp, &states, timers))
                     // SAFETY: `id` is live; RTU goes out on success.
                     .and_then(|_| check("rdma_establish", unsafe { sys::rdma_establish(id) }));
                 let kind = if done.is_ok() {

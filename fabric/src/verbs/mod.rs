@@ -212,37 +212,44 @@ impl VerbsContext {
         self.0.ctx
     }
 
-    /// The source GID index for routing by GID on `port`: the first RoCE v2
-    /// entry with an IPv4-mapped address, else the first RoCE v2 entry, else
-    /// 0 (InfiniBand, RoCE v1 only, or a library without
-    /// `ibv_query_gid_ex`).
+    /// The source GID index for routing by GID on `port`
+    /// ([`source_gid_index`]).
     pub(crate) fn source_gid_index(&self, port: u8) -> u8 {
-        let mut attr = sys::ibv_port_attr::default();
-        // SAFETY: the context is live; `attr` is writable.
-        if unsafe { sys::___ibv_query_port(self.raw(), port, &mut attr) } != 0 {
-            return 0;
-        }
-        let mut any_v2 = None;
-        for i in 0..attr.gid_tbl_len.clamp(0, 256) as u32 {
-            let mut e = sys::ibv_gid_entry::default();
-            // SAFETY: the context is live; `e` is writable; an index past the
-            // populated entries fails and is skipped.
-            if unsafe { sys::ibv_query_gid_ex(self.raw(), u32::from(port), i, &mut e, 0) } != 0 {
-                continue;
-            }
-            if e.gid_type != sys::IBV_GID_TYPE_ROCE_V2 {
-                continue;
-            }
-            // SAFETY: `raw` is the plain-bytes view of the union.
-            let raw = unsafe { e.gid.raw };
-            let v4_mapped = raw[..10].iter().all(|&b| b == 0) && raw[10] == 0xff && raw[11] == 0xff;
-            if v4_mapped {
-                return i as u8;
-            }
-            any_v2.get_or_insert(i as u8);
-        }
-        any_v2.unwrap_or(0)
+        source_gid_index(self.raw(), port)
     }
+}
+
+/// The GID index to route by on `port`: the first RoCE v2 entry with an
+/// IPv4-mapped address, else the first RoCE v2 entry, else 0 (InfiniBand,
+/// RoCE v1 only). Index 0 is the link-local RoCE v1 GID on mlx5. The port's
+/// advertised GID ([`Context::query_port`]) is the one at this index, so
+/// that both ends of a hand-made connection use GIDs of the same type.
+pub(crate) fn source_gid_index(ctx: *mut sys::ibv_context, port: u8) -> u8 {
+    let mut attr = sys::ibv_port_attr::default();
+    // SAFETY: the context is live; `attr` is writable.
+    if unsafe { sys::___ibv_query_port(ctx, port, &mut attr) } != 0 {
+        return 0;
+    }
+    let mut any_v2 = None;
+    for i in 0..attr.gid_tbl_len.clamp(0, 256) as u32 {
+        let mut e = sys::ibv_gid_entry::default();
+        // SAFETY: the context is live; `e` is writable; an index past the
+        // populated entries fails and is skipped.
+        if unsafe { sys::ibv_query_gid_ex(ctx, u32::from(port), i, &mut e, 0) } != 0 {
+            continue;
+        }
+        if e.gid_type != sys::IBV_GID_TYPE_ROCE_V2 {
+            continue;
+        }
+        // SAFETY: `raw` is the plain-bytes view of the union.
+        let raw = unsafe { e.gid.raw };
+        let v4_mapped = raw[..10].iter().all(|&b| b == 0) && raw[10] == 0xff && raw[11] == 0xff;
+        if v4_mapped {
+            return i as u8;
+        }
+        any_v2.get_or_insert(i as u8);
+    }
+    any_v2.unwrap_or(0)
 }
 
 /// The XRC domain key for a job on a device: a file in a directory only

@@ -117,9 +117,11 @@ pub(crate) fn query_port(ctx: *mut sys::ibv_context, port: u8) -> Result<PortAtt
         sys::___ibv_query_port(ctx, port, &mut attr)
     })?;
     let mut gid = sys::ibv_gid::default();
-    // SAFETY: as above, GID index 0 exists on every active port.
+    let index = super::source_gid_index(ctx, port);
+    // SAFETY: as above; the index is one the port's table holds (or 0,
+    // which exists on every active port).
     check("ibv_query_gid", unsafe {
-        sys::ibv_query_gid(ctx, port, 0, &mut gid)
+        sys::ibv_query_gid(ctx, port, i32::from(index), &mut gid)
     })?;
     // SAFETY: `raw` views the union's 16 bytes, always initialised.
     let raw = unsafe { gid.raw };

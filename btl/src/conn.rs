@@ -199,6 +199,7 @@ pub struct ConnDriver<C: Context> {
     /// where that round-robin sweep stands.
     tgt_check_at: Duration,
     tgt_cursor: TgtRef,
+    tgt_batch: Vec<TgtRef>,
     placeholders: Placeholders<C>,
     // Lent by the interface.
     ctx: C,
@@ -259,6 +260,7 @@ impl<C: Context> ConnDriver<C> {
             tgts: BTreeMap::new(),
             tgt_check_at: Duration::ZERO,
             tgt_cursor: TgtRef(0),
+            tgt_batch: Vec::with_capacity(TGT_CHECK_BATCH),
             tgt_of_num: HashMap::new(),
             placeholders: Placeholders::new(),
             pd: iface.pd.clone(),
@@ -454,16 +456,18 @@ impl<C: Context> ConnDriver<C> {
         }
         self.tgt_check_at = now + TGT_CHECK_EVERY;
         let start = self.tgt_cursor;
-        let batch: Vec<TgtRef> = self
-            .tgts
-            .range(start..)
-            .chain(self.tgts.range(..start))
-            .take(TGT_CHECK_BATCH)
-            .map(|(t, _)| *t)
-            .collect();
+        let mut batch = std::mem::take(&mut self.tgt_batch);
+        batch.clear();
+        batch.extend(
+            self.tgts
+                .range(start..)
+                .chain(self.tgts.range(..start))
+                .take(TGT_CHECK_BATCH)
+                .map(|(t, _)| *t),
+        );
         self.tgt_cursor = batch.last().map_or(TgtRef(0), |t| TgtRef(t.0 + 1));
         let mut dead = 0;
-        for tgt in batch {
+        for &tgt in &batch {
             let gone = self
                 .tgts
                 .get(&tgt)
@@ -474,6 +478,7 @@ impl<C: Context> ConnDriver<C> {
                 self.mgr.handle(now, Event::TgtFailed { tgt });
             }
         }
+        self.tgt_batch = batch;
         dead
     }
 

@@ -75,10 +75,9 @@ pub struct DriverStats {
     /// Send failures reported by the data path.
     pub send_errors: u64,
     /// QPs made only to lend their numbers to QP-less requests (see
-    /// [`ConnDriver`]'s placeholders).
+    /// [`ConnDriver`]'s placeholders); stale rejects are counted by the
+    /// manager ([`xrcbtl_xrc_conn::Counters::stale_rejects`]).
     pub placeholder_qps: u64,
-    /// Requests the peer's CM turned away as stale connections.
-    pub stale_rejects: u64,
     /// Held TGT QPs found in the error state by asking them (no event came).
     pub tgts_found_dead: u64,
 }
@@ -116,19 +115,12 @@ impl<C: Context> Placeholders<C> {
 
     /// Lends `cm` a number unused by other requests to `node`, making a
     /// placeholder with `make` when every one is in use there.
-    fn lend(
-        &mut self,
-        cm: CmRef,
-        node: Node,
-        make: impl FnOnce() -> Result<C::Qp>,
-        made: &mut u64,
-    ) -> Option<u32> {
+    fn lend(&mut self, cm: CmRef, node: Node, make: impl FnOnce() -> Result<C::Qp>) -> Option<u32> {
         let busy = self.busy.entry(node).or_default();
         let i = match (0..self.qps.len()).find(|i| !busy.contains(i)) {
             Some(i) => i,
             None => {
                 self.qps.push(make().ok()?);
-                *made += 1;
                 self.qps.len() - 1
             }
         };
@@ -706,10 +698,7 @@ impl<C: Context> ConnDriver<C> {
                 data: ev.private_data,
             },
             CmEventKind::Rejected(RejectReason::NoListener) => fail(CmFailure::NoListener),
-            CmEventKind::Rejected(RejectReason::StaleConnection) => {
-                self.stats.stale_rejects += 1;
-                fail(CmFailure::Stale)
-            }
+            CmEventKind::Rejected(RejectReason::StaleConnection) => fail(CmFailure::Stale),
             CmEventKind::Rejected(_) | CmEventKind::Unreachable | CmEventKind::ConnectError => {
                 fail(CmFailure::Unreachable)
             }
@@ -942,9 +931,10 @@ impl<C: Context> ConnDriver<C> {
                 },
             )
         };
-        self.placeholders
-            .lend(cm, *node, make, &mut self.stats.placeholder_qps)
-            .unwrap_or(0)
+        let qpn = self.placeholders.lend(cm, *node, make).unwrap_or(0);
+        // The pool never shrinks: its size is how many were made.
+        self.stats.placeholder_qps = self.placeholders.qps.len() as u64;
+        qpn
     }
 }
 

@@ -76,6 +76,24 @@ impl<'a> ConnParam<'a> {
     }
 }
 
+/// The QP timers an application gives the CM in place of the CM's own
+/// ([`ConnParam::ack_timeout`], [`ConnParam::min_rnr_timer`]), as the
+/// providers keep them until the QP is connected.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QpTimers {
+    pub ack_timeout: Option<u8>,
+    pub min_rnr_timer: Option<u8>,
+}
+
+impl From<&ConnParam<'_>> for QpTimers {
+    fn from(p: &ConnParam<'_>) -> Self {
+        QpTimers {
+            ack_timeout: p.ack_timeout,
+            min_rnr_timer: p.min_rnr_timer,
+        }
+    }
+}
+
 impl Default for ConnParam<'_> {
     fn default() -> Self {
         ConnParam::with_data(&[])

@@ -13,29 +13,15 @@ use super::faults::{CmAction, CmMsgKind};
 use super::world::{
     CmChannelObj, CmIdObj, CmState, Ctx, DevIdx, Event, PendingCmEvent, QpObj, ReqInfo, World,
 };
-use crate::cm::{max_private_data, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason};
+use crate::cm::{
+    max_private_data, CmEventKind, CmMessage, ConnParam, PortSpace, QpTimers, RejectReason,
+};
 use crate::types::*;
 use crate::{Error, Result};
 
 /// The RNR NAK timer the IB CM gives responders (cm_init_qp_rtr_attr):
 /// 0, which IBA reads as 655.36 ms.
 pub(crate) const CM_MIN_RNR_TIMER: u8 = 0;
-
-/// QP timers the application sets in place of the CM's.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Timers {
-    pub ack_timeout: Option<u8>,
-    pub min_rnr_timer: Option<u8>,
-}
-
-impl Timers {
-    fn of(p: &ConnParam<'_>) -> Self {
-        Timers {
-            ack_timeout: p.ack_timeout,
-            min_rnr_timer: p.min_rnr_timer,
-        }
-    }
-}
 
 /// A CM message on the wire.
 #[derive(Clone)]
@@ -148,7 +134,7 @@ impl World {
             psn: 0,
             req: None,
             route_cached: false,
-            timers: Timers::default(),
+            timers: QpTimers::default(),
         }))
     }
 
@@ -609,7 +595,7 @@ impl World {
     /// Moves a QP to RTR (and RTS when `rts` is given) with what the IB CM
     /// computes: the masks the kernel allows for its type, an RNR NAK timer
     /// of 0 (655 ms) and the ACK timeout derived from the path, unless the
-    /// application set its own ([`Timers`]).
+    /// application set its own ([`QpTimers`]).
     fn cm_connect_qp(
         &mut self,
         qp: Id<QpObj>,
@@ -617,7 +603,7 @@ impl World {
         qpn: u32,
         rq_psn: u32,
         rts: Option<RtsAttr>,
-        timers: Timers,
+        timers: QpTimers,
     ) -> Result<()> {
         let d = &self.devs[peer_dev];
         let dest = PortAddr {
@@ -630,7 +616,7 @@ impl World {
         // QPs keep the fabric's usual values.
         let iwarp = self.devs[q.dev].caps.transport == Transport::Iwarp;
         let timers = if iwarp {
-            Timers {
+            QpTimers {
                 ack_timeout: Some(DEFAULT_ACK_TIMEOUT),
                 min_rnr_timer: Some(DEFAULT_MIN_RNR_TIMER),
             }
@@ -669,7 +655,7 @@ impl World {
         let private = self.pad(id, CmMessage::Request, p.private_data);
         let c = self.cm_ids.get_mut(id).expect("checked");
         c.qp = qp;
-        c.timers = Timers::of(p);
+        c.timers = QpTimers::from(p);
         c.psn = c.psn.max(psn);
         c.req = Some(ReqInfo {
             qpn: None,
@@ -733,7 +719,7 @@ impl World {
                 rnr_retry: req.rnr_retry,
                 ..RtsAttr::default()
             });
-            self.cm_connect_qp(qp, rdev, remote_qpn, req.psn, rts, Timers::of(p))?;
+            self.cm_connect_qp(qp, rdev, remote_qpn, req.psn, rts, QpTimers::from(p))?;
             let iwarp = self.cm_transport(id)? == Transport::Iwarp;
             let q = self.qps.get_mut(qp).expect("prepared");
             q.cm_id = Some(id);
@@ -996,7 +982,7 @@ impl World {
                 retry,
             }),
             route_cached: false,
-            timers: Timers::default(),
+            timers: QpTimers::default(),
         });
         if ib {
             self.remote_qpns.insert(stale_key, child);

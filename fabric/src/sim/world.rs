@@ -273,7 +273,7 @@ pub(crate) struct CmIdObj {
     /// Resolved from a cached route: route resolution is local.
     pub route_cached: bool,
     /// Timers the application set for the QP the CM connects.
-    pub timers: super::cm::Timers,
+    pub timers: crate::cm::QpTimers,
 }
 
 /// Something that happens at a point of virtual time.

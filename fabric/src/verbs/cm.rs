@@ -19,7 +19,7 @@ use super::objects::VerbsQp;
 use super::sys;
 use super::{check, errno_error, last_error, VerbsContext};
 use crate::cm::{
-    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, RejectReason,
+    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, QpTimers, RejectReason,
 };
 use crate::types::{QpState, QpType, Transport};
 use crate::{CmChannel, CmId, Context, Error, Qp, Result};
@@ -30,27 +30,10 @@ struct Entry {
     ps: PortSpace,
     qp: Option<VerbsQp>,
     /// What the application set in place of the CM's timers.
-    timers: Timers,
+    timers: QpTimers,
     /// This side asked to disconnect (so a DISCONNECTED event needs no
     /// answer).
     disconnecting: bool,
-}
-
-/// QP timers the application sets in place of the CM's
-/// ([`ConnParam::ack_timeout`], [`ConnParam::min_rnr_timer`]).
-#[derive(Debug, Clone, Copy, Default)]
-struct Timers {
-    ack_timeout: Option<u8>,
-    min_rnr_timer: Option<u8>,
-}
-
-impl Timers {
-    fn of(p: &ConnParam<'_>) -> Self {
-        Timers {
-            ack_timeout: p.ack_timeout,
-            min_rnr_timer: p.min_rnr_timer,
-        }
-    }
 }
 
 /// An event made by the provider rather than read from librdmacm.
@@ -128,7 +111,7 @@ impl VerbsCmChannel {
                     key,
                     ps,
                     qp: None,
-                    timers: Timers::default(),
+                    timers: QpTimers::default(),
                     disconnecting: false,
                 },
             );
@@ -277,7 +260,7 @@ impl VerbsCmChannel {
                     .state()
                     .ids
                     .get(&(id as usize))
-                    .map_or((None, Timers::default()), |e| (e.qp.clone(), e.timers));
+                    .map_or((None, QpTimers::default()), |e| (e.qp.clone(), e.timers));
                 // INIT again first, as librdmacm's ucma_modify_qp_rtr does:
                 // only now does the CM grant remote reads and atomics (from
                 // the connection's responder resources); before the reply
@@ -361,7 +344,7 @@ fn cm_transition(
     id: *mut sys::rdma_cm_id,
     qp: &VerbsQp,
     states: &[sys::ibv_qp_state],
-    timers: Timers,
+    timers: QpTimers,
 ) -> Result<()> {
     for &s in states {
         let mut attr = sys::ibv_qp_attr {
@@ -570,7 +553,7 @@ impl VerbsCmId {
                 key: self.key,
                 ps: self.ps,
                 qp: None,
-                timers: Timers::default(),
+                timers: QpTimers::default(),
                 disconnecting: false,
             },
         );
@@ -586,7 +569,7 @@ impl VerbsCmId {
         });
     }
 
-    fn remember_qp(&self, id: *mut sys::rdma_cm_id, qp: &VerbsQp, timers: Timers) {
+    fn remember_qp(&self, id: *mut sys::rdma_cm_id, qp: &VerbsQp, timers: QpTimers) {
         if let Some(e) = self.chan.state().ids.get_mut(&(id as usize)) {
             e.qp = Some(qp.clone());
             e.timers = timers;
@@ -686,7 +669,7 @@ impl CmId for VerbsCmId {
                     qp.qp_type()
                 )));
             }
-            let timers = Timers::of(p);
+            let timers = QpTimers::from(p);
             match qp.state()? {
                 QpState::Reset => cm_transition(id, qp, &[sys::IBV_QPS_INIT], timers)?,
                 QpState::Init => {}
@@ -738,7 +721,7 @@ impl CmId for VerbsCmId {
                     states.push(sys::IBV_QPS_RTS);
                 }
             }
-            let timers = Timers::of(p);
+            let timers = QpTimers::from(p);
             cm_transition(id, qp, &states, timers)?;
             self.remember_qp(id, qp, timers);
         }

@@ -211,12 +211,6 @@ impl VerbsContext {
     pub(crate) fn raw(&self) -> *mut sys::ibv_context {
         self.0.ctx
     }
-
-    /// The source GID index for routing by GID on `port`
-    /// ([`source_gid_index`]).
-    pub(crate) fn source_gid_index(&self, port: u8) -> u8 {
-        source_gid_index(self.raw(), port)
-    }
 }
 
 /// The GID index to route by on `port`: the first RoCE v2 entry with an

@@ -1026,7 +1026,7 @@ impl Qp for VerbsQp {
                 if r.dest.lid == 0 {
                     a.ah_attr.is_global = 1;
                     a.ah_attr.grh.dgid.raw = r.dest.gid.0;
-                    a.ah_attr.grh.sgid_index = self.0.ctx.source_gid_index(1);
+                    a.ah_attr.grh.sgid_index = super::source_gid_index(self.0.ctx.raw(), 1);
                     a.ah_attr.grh.hop_limit = 64;
                 }
                 // The mask the kernel allows for the QP type: responder

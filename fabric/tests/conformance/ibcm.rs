@@ -101,33 +101,20 @@ fn ibcm_stale_connection<H: Harness>(h: &H) -> Outcome {
     Ok(())
 }
 
-/// Connects an RC pair through the CM with the given timers; returns the
-/// initiator's and the acceptor's QP attributes.
+/// Connects an RC pair through the CM with the given timers on both
+/// sides; returns the initiator's and the acceptor's QP attributes.
 fn connect_with<H: Harness>(
     h: &H,
     ack_timeout: Option<u8>,
     min_rnr_timer: Option<u8>,
 ) -> Result<(QpAttr, QpAttr), Failure> {
     let (a, b) = two(h)?;
-    let Dial {
-        id: ida,
-        listener: _l,
-        ep: ea,
-        cha,
-        chb,
-    } = dial(h, &a, &b, &Opts::default())?;
-    let eb = Ep::new(&b.ctx, &Opts::default())?;
-    let p = ConnParam {
+    let o = Opts {
         ack_timeout,
         min_rnr_timer,
-        ..ConnParam::default()
+        ..Opts::default()
     };
-    ida.connect(Some(&ea.qp), &p)?;
-    let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
-    let idb = req.new_id.ok_or_else(|| Failure("no id".into()))?;
-    idb.accept(Some(&eb.qp), &p)?;
-    let e = wait_cm(h, &cha, |_| true)?;
-    ensure_eq!(e.kind, CmEventKind::Established);
+    let (ea, eb) = connect_rc(h, &a, &b, &o, &o)?;
     Ok((ea.qp.query()?, eb.qp.query()?))
 }
 
@@ -185,22 +172,7 @@ fn rtr_ini_refuses_responder_attributes<H: Harness>(h: &H) -> Outcome {
     let p = h.spawn(0).map_err(Failure)?;
     let pd = p.ctx.alloc_pd()?;
     let cq = p.ctx.create_cq(16)?;
-    let ini = p.ctx.create_qp(
-        &pd,
-        &QpInit {
-            qp_type: QpType::XrcIni,
-            send_cq: &cq,
-            recv_cq: None,
-            srq: None,
-            caps: QpCaps {
-                max_send_wr: 4,
-                max_recv_wr: 0,
-                max_send_sge: 1,
-                max_recv_sge: 0,
-                max_inline: 0,
-            },
-        },
-    )?;
+    let ini = ini_qp(&p.ctx, &pd, &cq, 4)?;
     ini.modify(&QpTransition::Init(InitAttr::default()))?;
     let dest = dest_of(&p.ctx)?;
     ensure!(

@@ -224,6 +224,11 @@ pub struct Opts {
     pub retry: u8,
     /// What the QP lets remote peers do as responder (set at INIT).
     pub access: Access,
+    /// The ACK timeout this side gives the CM for its QP (`None`: the
+    /// CM's).
+    pub ack_timeout: Option<u8>,
+    /// The RNR timer this side gives the CM for its QP (`None`: the CM's).
+    pub min_rnr_timer: Option<u8>,
 }
 
 impl Default for Opts {
@@ -238,6 +243,8 @@ impl Default for Opts {
             rnr_retry: 7,
             retry: 7,
             access: InitAttr::default().access,
+            ack_timeout: None,
+            min_rnr_timer: None,
         }
     }
 }
@@ -409,6 +416,8 @@ pub fn connect_rc<H: Harness>(
     let mut pa = ConnParam::with_data(b"hello");
     pa.rnr_retry_count = oa.rnr_retry;
     pa.retry_count = oa.retry;
+    pa.ack_timeout = oa.ack_timeout;
+    pa.min_rnr_timer = oa.min_rnr_timer;
     ida.connect(Some(&ea.qp), &pa)?;
     let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
     let idb = req
@@ -416,6 +425,8 @@ pub fn connect_rc<H: Harness>(
         .ok_or_else(|| Failure("request without an id".into()))?;
     let mut pb = ConnParam::with_data(b"welcome");
     pb.rnr_retry_count = ob.rnr_retry;
+    pb.ack_timeout = ob.ack_timeout;
+    pb.min_rnr_timer = ob.min_rnr_timer;
     idb.accept(Some(&eb.qp), &pb)?;
     let e = wait_cm(h, &cha, |k| !matches!(k, CmEventKind::ConnectRequest))?;
     ensure_eq!(e.kind, CmEventKind::Established);
@@ -460,6 +471,29 @@ pub fn connect_manual<H: Harness>(
         }))?;
     }
     Ok((ea, eb))
+}
+
+/// Creates an XRC INI QP (send queue only) of `max_send_wr` entries.
+pub fn ini_qp<C: Context>(
+    ctx: &C,
+    pd: &C::Pd,
+    cq: &C::Cq,
+    max_send_wr: u32,
+) -> Result<C::Qp, Failure> {
+    let init = QpInit {
+        qp_type: QpType::XrcIni,
+        send_cq: cq,
+        recv_cq: None,
+        srq: None,
+        caps: QpCaps {
+            max_send_wr,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 0,
+            max_inline: 0,
+        },
+    };
+    Ok(ctx.create_qp(pd, &init)?)
 }
 
 /// Asserts a completion's status (and wr_id).

@@ -166,22 +166,7 @@ fn xrc_connect<H: Harness>(
 ) -> Result<Ini<Ctx<H>>, Failure> {
     let pd = s.ctx.alloc_pd()?;
     let cq = s.ctx.create_cq(256)?;
-    let qp = s.ctx.create_qp(
-        &pd,
-        &QpInit {
-            qp_type: QpType::XrcIni,
-            send_cq: &cq,
-            recv_cq: None,
-            srq: None,
-            caps: QpCaps {
-                max_send_wr: 32,
-                max_recv_wr: 0,
-                max_send_sge: 1,
-                max_recv_sge: 0,
-                max_inline: 0,
-            },
-        },
-    )?;
+    let qp = ini_qp(&s.ctx, &pd, &cq, 32)?;
     let sbuf = DmaBuf::new(&s.ctx, &pd, 4096, Access::LOCAL_WRITE)?;
     let ch = s.ctx.create_cm_channel()?;
     let (l, addr) = listen(h, rp, &r.ch, PortSpace::Ib)?;

@@ -181,7 +181,17 @@ pub struct CmRoute {
     pub dgid: Gid,
     /// Destination LID (InfiniBand; 0 on Ethernet).
     pub dlid: u16,
+    /// The path the kernel resolved, where it keeps one (InfiniBand and
+    /// RoCE): a further id to the same device is given this path instead of
+    /// asking the subnet administrator again.
+    pub path: Option<PathRecord>,
 }
+
+/// An InfiniBand path record in the subnet administrator's wire format
+/// (`struct ibv_path_record`: 64 bytes, big-endian fields), as route
+/// resolution produced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PathRecord(pub [u8; 64]);
 
 /// What kind of CM message carries private data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -454,6 +454,7 @@ impl World {
             (CmEventKind::AddrError, CmState::Idle, timeout_ns)
         } else {
             self.stats.addr_resolutions += 1;
+            self.pair_queries.entry(pair).or_default().arp += 1;
             self.arp_cache.insert(pair);
             (
                 CmEventKind::AddrResolved,
@@ -468,17 +469,26 @@ impl World {
     pub(crate) fn cm_resolve_route(&mut self, id: Id<CmIdObj>, _timeout_ms: u32) -> Result<()> {
         self.expect_state(id, CmState::AddrResolved, "resolve_route")?;
         let t = self.cm_transport(id)?;
+        let dev = self.ctx_dev(self.cm(id)?.ctx)?;
         let c = self.cm_ids.get_mut(id).expect("checked");
         c.state = CmState::RouteResolving;
-        let delay = if c.route_cached {
+        let cached = c.route_cached;
+        let pair = c
+            .remote_dev
+            .map(|r| (self.devs[dev].node, self.devs[r].node));
+        let delay = if cached {
             self.stats.cached_routes += 1;
             1_000
-        } else if t == Transport::Infiniband {
-            self.stats.route_resolutions += 1;
-            self.cfg.timing.route_ib_ns
         } else {
             self.stats.route_resolutions += 1;
-            self.cfg.timing.route_eth_ns
+            if let Some(pair) = pair {
+                self.pair_queries.entry(pair).or_default().path += 1;
+            }
+            if t == Transport::Infiniband {
+                self.cfg.timing.route_ib_ns
+            } else {
+                self.cfg.timing.route_eth_ns
+            }
         };
         self.schedule_in(
             delay,
@@ -504,6 +514,7 @@ impl World {
         Some(crate::cm::CmRoute {
             dgid: d.gid,
             dlid: d.lid,
+            path: None,
         })
     }
 

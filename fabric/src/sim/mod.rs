@@ -295,6 +295,19 @@ pub struct SimStats {
     pub unmap_reports_lost: u64,
 }
 
+/// Resolution queries one node sent towards another: the traffic behind IP
+/// addressing that grows with the job (seed 003).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PairQueries {
+    /// Address resolutions that went to the wire (ARP on Ethernet, the
+    /// IPoIB neighbour query on InfiniBand).
+    pub arp: u64,
+    /// Route resolutions that went to the wire (SA path-record queries on
+    /// InfiniBand; on Ethernet the kernel answers them locally, but they
+    /// are counted the same way).
+    pub path: u64,
+}
+
 /// What a process holds, for tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessView {
@@ -637,6 +650,12 @@ impl SimFabric {
             srqs: w.srqs.iter().filter(|(_, s)| ctx_on_node(s.ctx)).count(),
             xrcds: w.xrcds.iter().filter(|(_, x)| on_node(x.dev)).count(),
         }
+    }
+
+    /// The ARP and path queries node `from` sent towards node `to`.
+    pub fn queries_between(&self, from: usize, to: usize) -> PairQueries {
+        let w = self.shared.lock();
+        w.pair_queries.get(&(from, to)).copied().unwrap_or_default()
     }
 
     /// A QP's counters, by node and number.

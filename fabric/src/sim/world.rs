@@ -355,6 +355,8 @@ pub(crate) struct World {
     pub next_pid: u32,
     /// (local node, remote node) pairs whose address is cached.
     pub arp_cache: HashSet<(usize, usize)>,
+    /// ARP and path queries sent, by (local node, remote node).
+    pub pair_queries: HashMap<(usize, usize), super::PairQueries>,
     /// The IB CM's table of requests and connections by (receiving device,
     /// announced QP number, sending device), for its stale-connection
     /// check.
@@ -440,6 +442,7 @@ impl World {
             next_port: 20000,
             next_pid: 1,
             arp_cache: HashSet::new(),
+            pair_queries: HashMap::new(),
             remote_qpns: HashMap::new(),
             faults: Default::default(),
             cm_busy_until: vec![0; nodes_for_cm],

@@ -5,8 +5,16 @@
 //! RC ids use `RDMA_PS_TCP` and are created at once. XRC ids use `RDMA_PS_IB`
 //! and must carry the XRC QP type, which librdmacm only sets through
 //! `rdma_create_ep`; they are therefore created when their role is known
-//! (listen: XRC_RECV; resolve: XRC_SEND, resolved synchronously) and then
-//! migrated onto the channel.
+//! (listen: XRC_RECV, bound to the listening address; resolve: XRC_SEND,
+//! bound to the wildcard address) and migrated onto the channel. Both are
+//! made passive, which only binds: `rdma_create_ep` on an active address
+//! would resolve address and route synchronously, inside progress. The
+//! resolution then runs asynchronously like any other id's.
+//!
+//! A route reused from an earlier id ([`CmId::resolve_cached`]) carries the
+//! kernel's path record; on InfiniBand and RoCE it is handed back with
+//! `RDMA_OPTION_IB_PATH` in place of a route resolution, so that a node
+//! pair costs one path query per process, not one per connection.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
@@ -19,7 +27,8 @@ use super::objects::VerbsQp;
 use super::sys;
 use super::{check, errno_error, last_error, VerbsContext};
 use crate::cm::{
-    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PortSpace, QpTimers, RejectReason,
+    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PathRecord, PortSpace, QpTimers,
+    RejectReason,
 };
 use crate::types::{QpState, QpType, Transport};
 use crate::{CmChannel, CmId, Context, Error, Qp, Result};
@@ -121,6 +130,7 @@ impl VerbsCmChannel {
             key,
             ps,
             id: AtomicPtr::new(id),
+            path: Mutex::new(None),
         }
     }
 }
@@ -441,6 +451,56 @@ unsafe fn from_sockaddr(sa: *const sys::sockaddr) -> Option<SocketAddr> {
     }
 }
 
+/// Packs the path librdmacm keeps for an id into the SA's wire format.
+fn pack_path(p: &sys::ibv_sa_path_rec) -> PathRecord {
+    let mut b = [0u8; 64];
+    // SAFETY: the GID unions are plain bytes.
+    let (dgid, sgid) = unsafe { (p.dgid.raw, p.sgid.raw) };
+    b[8..24].copy_from_slice(&dgid);
+    b[24..40].copy_from_slice(&sgid);
+    // The LIDs, flow label and P_Key are kept in network order already.
+    b[40..42].copy_from_slice(&p.dlid.to_ne_bytes());
+    b[42..44].copy_from_slice(&p.slid.to_ne_bytes());
+    let flow = u32::from_be(p.flow_label) & 0xf_ffff;
+    let word = (u32::from(p.raw_traffic != 0) << 31) | (flow << 8) | u32::from(p.hop_limit);
+    b[44..48].copy_from_slice(&word.to_be_bytes());
+    b[48] = p.traffic_class;
+    b[49] = (u8::from(p.reversible != 0) << 7) | (p.numb_path & 0x7f);
+    b[50..52].copy_from_slice(&p.pkey.to_ne_bytes());
+    b[52..54].copy_from_slice(&u16::from(p.sl & 0xf).to_be_bytes());
+    b[54] = (p.mtu_selector << 6) | (p.mtu & 0x3f);
+    b[55] = (p.rate_selector << 6) | (p.rate & 0x3f);
+    b[56] = (p.packet_life_time_selector << 6) | (p.packet_life_time & 0x3f);
+    b[57] = p.preference;
+    PathRecord(b)
+}
+
+/// The wire-format record as librdmacm's `struct ibv_path_record`.
+fn unpack_path(p: &PathRecord) -> sys::ibv_path_record {
+    let b = &p.0;
+    let be16 = |i: usize| u16::from_ne_bytes([b[i], b[i + 1]]);
+    let mut r = sys::ibv_path_record::default();
+    let gid = |i: usize| {
+        let mut raw = [0u8; 16];
+        raw.copy_from_slice(&b[i..i + 16]);
+        sys::ibv_gid { raw }
+    };
+    r.dgid = gid(8);
+    r.sgid = gid(24);
+    r.dlid = be16(40);
+    r.slid = be16(42);
+    r.flowlabel_hoplimit = u32::from_ne_bytes([b[44], b[45], b[46], b[47]]);
+    r.tclass = b[48];
+    r.reversible_numpath = b[49];
+    r.pkey = be16(50);
+    r.qosclass_sl = be16(52);
+    r.mtu = b[54];
+    r.rate = b[55];
+    r.packetlifetime = b[56];
+    r.preference = b[57];
+    r
+}
+
 fn peer_of(id: *mut sys::rdma_cm_id) -> Option<SocketAddr> {
     // SAFETY: `id` is live; librdmacm returns its stored address.
     unsafe { from_sockaddr(sys::rdma_get_peer_addr(id)) }
@@ -453,6 +513,8 @@ pub struct VerbsCmId {
     ps: PortSpace,
     /// Null until created, for XRC ids.
     id: AtomicPtr<sys::rdma_cm_id>,
+    /// The cached path to set in place of resolving the route.
+    path: Mutex<Option<PathRecord>>,
 }
 
 // SAFETY: the id pointer is only used in calls librdmacm makes thread-safe;
@@ -511,27 +573,29 @@ impl VerbsCmId {
     }
 
     /// Creates an XRC id with `rdma_create_ep` (the only way librdmacm sets
-    /// its QP type) and moves it onto the channel.
-    fn create_xrc(&self, addr: SocketAddr, passive: bool) -> Result<*mut sys::rdma_cm_id> {
+    /// its QP type), bound to `addr` and nothing more, and moves it onto the
+    /// channel.
+    fn create_xrc(&self, addr: SocketAddr, qp_type: u32) -> Result<*mut sys::rdma_cm_id> {
         let host = CString::new(addr.ip().to_string()).expect("no NUL in an address");
         let port = CString::new(addr.port().to_string()).expect("no NUL in a number");
         let hints = sys::rdma_addrinfo {
-            ai_flags: (sys::RAI_NUMERICHOST | if passive { sys::RAI_PASSIVE } else { 0 }) as i32,
+            ai_flags: (sys::RAI_NUMERICHOST | sys::RAI_PASSIVE) as i32,
             ai_port_space: sys::RDMA_PS_IB as i32,
-            ai_qp_type: if passive {
-                sys::IBV_QPT_XRC_RECV
-            } else {
-                sys::IBV_QPT_XRC_SEND
-            } as i32,
+            ai_qp_type: qp_type as i32,
             ..Default::default()
         };
         let mut res = null_mut();
         // SAFETY: valid C strings and hints; `res` receives a list freed below.
-        if unsafe { sys::rdma_getaddrinfo(host.as_ptr(), port.as_ptr(), &hints, &mut res) } != 0 {
-            return Err(last_error("rdma_getaddrinfo"));
+        let rc = unsafe { sys::rdma_getaddrinfo(host.as_ptr(), port.as_ptr(), &hints, &mut res) };
+        if rc != 0 {
+            // rdma_getaddrinfo returns an EAI code, not an errno.
+            return Err(Error::invalid(format!(
+                "rdma_getaddrinfo({addr}) failed with code {rc}"
+            )));
         }
         let mut id = null_mut();
         // SAFETY: `res` is the list just returned; no PD or QP is attached.
+        // RAI_PASSIVE makes rdma_create_ep bind the id and return at once.
         let rc = unsafe { sys::rdma_create_ep(&mut id, res, null_mut(), null_mut()) };
         // SAFETY: freed once, after use.
         unsafe { sys::rdma_freeaddrinfo(res) };
@@ -558,15 +622,6 @@ impl VerbsCmId {
             },
         );
         Ok(id)
-    }
-
-    fn synthesize(&self, kind: CmEventKind) {
-        self.chan.state().synthetic.push_back(Synthetic {
-            key: self.key,
-            kind,
-            private_data: Vec::new(),
-            remote_qpn: None,
-        });
     }
 
     fn remember_qp(&self, id: *mut sys::rdma_cm_id, qp: &VerbsQp, timers: QpTimers) {
@@ -600,7 +655,7 @@ impl CmId for VerbsCmId {
 
     fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<()> {
         let id = if self.ps == PortSpace::Ib {
-            self.create_xrc(addr, true)?
+            self.create_xrc(addr, sys::IBV_QPT_XRC_RECV)?
         } else {
             let id = self.raw()?;
             let (mut ss, _) = to_sockaddr(addr);
@@ -621,14 +676,15 @@ impl CmId for VerbsCmId {
     }
 
     fn resolve_addr(&self, dst: SocketAddr, timeout_ms: u32) -> Result<()> {
-        if self.ps == PortSpace::Ib {
-            // rdma_create_ep resolves address and route before returning.
-            let id = self.create_xrc(dst, false)?;
-            self.check_device(id)?;
-            self.synthesize(CmEventKind::AddrResolved);
-            return Ok(());
-        }
-        let id = self.raw()?;
+        let id = if self.ps == PortSpace::Ib && self.id.load(Ordering::Acquire).is_null() {
+            let any = match dst {
+                SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+                SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
+            };
+            self.create_xrc(any, sys::IBV_QPT_XRC_SEND)?
+        } else {
+            self.raw()?
+        };
         let (mut ss, _) = to_sockaddr(dst);
         // SAFETY: `id` is live; the destination is a valid sockaddr.
         let rc = unsafe {
@@ -647,9 +703,31 @@ impl CmId for VerbsCmId {
 
     fn resolve_route(&self, timeout_ms: u32) -> Result<()> {
         let id = self.raw()?;
-        if self.ps == PortSpace::Ib {
-            self.synthesize(CmEventKind::RouteResolved);
-            return Ok(());
+        let path = self.path.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(path) = path {
+            let mut data = sys::ibv_path_data {
+                flags: sys::IBV_PATH_FLAG_GMP
+                    | sys::IBV_PATH_FLAG_PRIMARY
+                    | sys::IBV_PATH_FLAG_BIDIRECTIONAL,
+                reserved: 0,
+                path: unpack_path(&path),
+            };
+            // SAFETY: `id` is live with a resolved address; the option is a
+            // path record of the size given. The kernel answers with a
+            // ROUTE_RESOLVED event.
+            let rc = unsafe {
+                sys::rdma_set_option(
+                    id,
+                    sys::RDMA_OPTION_IB as i32,
+                    sys::RDMA_OPTION_IB_PATH as i32,
+                    (&mut data as *mut sys::ibv_path_data).cast(),
+                    std::mem::size_of::<sys::ibv_path_data>(),
+                )
+            };
+            if rc == 0 {
+                return Ok(());
+            }
+            // A kernel that refuses the path resolves as usual.
         }
         // SAFETY: `id` is live with a resolved address.
         if unsafe { sys::rdma_resolve_route(id, timeout_ms as i32) } != 0 {
@@ -739,15 +817,15 @@ impl CmId for VerbsCmId {
         // resolution.
         let path = unsafe {
             let r = &(*id).route;
-            (r.num_paths >= 1 && !r.path_rec.is_null()).then(|| {
-                let p = &*r.path_rec;
-                (p.dgid.raw, u16::from_be(p.dlid))
-            })
+            (r.num_paths >= 1 && !r.path_rec.is_null()).then(|| *r.path_rec)
         };
-        if let Some((dgid, dlid)) = path {
+        if let Some(p) = path {
+            // SAFETY: the GID union is plain bytes.
+            let dgid = unsafe { p.dgid.raw };
             return Some(crate::cm::CmRoute {
                 dgid: crate::types::Gid(dgid),
-                dlid,
+                dlid: u16::from_be(p.dlid),
+                path: Some(pack_path(&p)),
             });
         }
         // iWARP (and RoCE without a path record): the peer's IP address,
@@ -759,19 +837,23 @@ impl CmId for VerbsCmId {
         Some(crate::cm::CmRoute {
             dgid: crate::types::Gid(ip.octets()),
             dlid: 0,
+            path: None,
         })
     }
 
     fn resolve_cached(
         &self,
         dst: SocketAddr,
-        _route: &crate::cm::CmRoute,
+        route: &crate::cm::CmRoute,
         timeout_ms: u32,
     ) -> Result<()> {
-        // RoCE and iWARP resolve routes locally and the kernel caches the
-        // neighbour entry, so a plain resolution costs no query on the wire.
-        // InfiniBand would set the cached path (AF_IB + RDMA_OPTION_IB_PATH);
-        // without an IB device to test on, it resolves normally.
+        // The address still resolves (the kernel's neighbour cache answers
+        // it without a query once one id has asked); the route is then set
+        // from the cached path instead of asking the SA. iWARP has no path
+        // records: its route is the kernel's IP route.
+        if transport_of(&self.chan.ctx) != Transport::Iwarp {
+            *self.path.lock().unwrap_or_else(|e| e.into_inner()) = route.path;
+        }
         self.resolve_addr(dst, timeout_ms)
     }
 

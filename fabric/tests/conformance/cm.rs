@@ -1,6 +1,8 @@
 //! Rules of the RDMA CM: private data and its limits, rejects, connecting to
 //! nobody, disconnects.
 
+use std::net::SocketAddr;
+
 use xrcbtl_fabric::*;
 
 use super::harness::{Failure, Harness, Outcome};
@@ -16,6 +18,7 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
         rule("cm_no_listener", &[], cm_no_listener::<H>),
         rule("cm_disconnect", &[], cm_disconnect::<H>),
         rule("cm_cached_route", &[], cm_cached_route::<H>),
+        rule("cm_resolve_never_blocks", &[], cm_resolve_never_blocks::<H>),
     ]
 }
 
@@ -173,7 +176,12 @@ fn cm_cached_route<H: Harness>(h: &H) -> Outcome {
         wait_cm(h, &d.cha, |_| true)?.kind,
         CmEventKind::RouteResolved
     );
-    ensure_eq!(id.route(), Some(route));
+    // The same destination; the kernel may fill in the path's link fields
+    // again when it is set.
+    ensure_eq!(
+        id.route().map(|r| (r.dgid, r.dlid)),
+        Some((route.dgid, route.dlid))
+    );
     let ep = Ep::new(&a.ctx, &Opts::default())?;
     id.connect(Some(&ep.qp), &ConnParam::default())?;
     let req = wait_cm(h, &d.chb, |k| *k == CmEventKind::ConnectRequest)?;
@@ -181,5 +189,34 @@ fn cm_cached_route<H: Harness>(h: &H) -> Outcome {
     let eb = Ep::new(&b.ctx, &Opts::default())?;
     child.accept(Some(&eb.qp), &ConnParam::default())?;
     ensure_eq!(wait_cm(h, &d.cha, |_| true)?.kind, CmEventKind::Established);
+    Ok(())
+}
+
+/// Resolving an address nobody answers returns at once, in either port
+/// space, and the failure arrives as an event: resolution must never hold
+/// up the caller's progress loop (an XRC id made by `rdma_create_ep` on an
+/// active address would resolve synchronously and fail in the call).
+fn cm_resolve_never_blocks<H: Harness>(h: &H) -> Outcome {
+    let (a, _b) = two(h)?;
+    let ch = a.ctx.create_cm_channel()?;
+    let nobody = match h.addr(&a) {
+        std::net::IpAddr::V4(ip) => {
+            let [w, x, y, z] = ip.octets();
+            std::net::IpAddr::from([w, x, y, if z == 254 { 253 } else { 254 }])
+        }
+        ip => return Err(Failure(format!("no unused neighbour of {ip} to ask"))),
+    };
+    let mut spaces = vec![PortSpace::Tcp];
+    if h.caps().transport.is_ib_family() {
+        spaces.push(PortSpace::Ib);
+    }
+    for ps in spaces {
+        let id = ch.create_id(ps)?;
+        id.resolve_addr(SocketAddr::new(nobody, 4791), 300)?;
+        let e = wait_cm(h, &ch, |k| {
+            matches!(k, CmEventKind::AddrResolved | CmEventKind::AddrError)
+        })?;
+        ensure_eq!(e.kind, CmEventKind::AddrError, "{ps:?}");
+    }
     Ok(())
 }

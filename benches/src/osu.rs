@@ -478,7 +478,7 @@ fn run_verbs_rank<C: Context>(
     o: &Options,
     pairs: u32,
 ) -> Result<Vec<Row>> {
-    btl.add_procs(peers);
+    btl.add_procs(peers)?;
     let work = Rc::new(Cell::new(0));
     let mut r = BenchRank::new(Arc::new(btl), peers.len() as u32, o.max, work);
     let rows = crate::world::block_on(body(&mut r, bench, o, pairs));
@@ -506,7 +506,7 @@ pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     }
     let ctx = VerbsFabric::new()?.open(&device)?;
     let rank = if o.server { 1 } else { 0 };
-    let key = job_xrcd_key(&format!("osu-{}", o.port), &device)?;
+    let key = job_xrcd_key(&format!("osu-{}", o.port), &device, None)?;
     let cfg = BtlConfig::new(rank, rank, 1, key, SocketAddr::new(bind, 0)).from_env()?;
     let btl = Btl::new(ctx, cfg)?;
     let me = Peer {
@@ -515,6 +515,7 @@ pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
         addr: btl
             .listen_addr()
             .ok_or_else(|| Error::state("no listener"))?,
+        receive: Some(btl.receive()),
     };
     let host = o.connect.clone().unwrap_or_default();
     let other = crate::world::exchange_tcp(me, o.server, &host, o.port, Duration::from_secs(60))?;
@@ -582,14 +583,14 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
         .iter()
         .position(|(h, _)| *h == hosts[rank as usize].0)
         .expect("this rank's own record") as u32;
-    let key = job_xrcd_key(&format!("osu-mpi-{}", hosts[0].1), &device)?;
+    let key = job_xrcd_key(&format!("osu-mpi-{}", hosts[0].1), &device, None)?;
     let ctx = VerbsFabric::new()?.open(&device)?;
     let cfg = BtlConfig::new(rank, node, 1, key, SocketAddr::new(bind, 0)).from_env()?;
     let btl = Btl::new(ctx, cfg)?;
     let addr = btl
         .listen_addr()
         .ok_or_else(|| Error::state("no listener"))?;
-    let mine = record(&format!("{node} {addr}"))?;
+    let mine = record(&format!("{node} {addr} {}", btl.receive()))?;
     world.all_gather_into(&mine[..], &mut all[..]);
     let peers = all
         .chunks(RECORD)
@@ -599,11 +600,13 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
             let mut f = t.split_whitespace();
             let node = f.next().and_then(|n| n.parse().ok());
             let addr = f.next().and_then(|a| a.parse().ok());
-            match (node, addr) {
-                (Some(node), Some(addr)) => Ok(Peer {
+            let receive = f.next().and_then(|a| a.parse().ok());
+            match (node, addr, receive) {
+                (Some(node), Some(addr), Some(receive)) => Ok(Peer {
                     rank: r as u32,
                     node,
                     addr,
+                    receive: Some(receive),
                 }),
                 _ => Err(Error::invalid(format!("rank {r} sent {t:?}"))),
             }

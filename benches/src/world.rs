@@ -235,7 +235,13 @@ pub fn exchange_tcp(
     };
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     let mut w = stream.try_clone().map_err(io)?;
-    writeln!(w, "xrcbtl-osu 1 {} {} {}", me.rank, me.node, me.addr).map_err(io)?;
+    let receive = me.receive.map_or("-".to_string(), |r| r.to_string());
+    writeln!(
+        w,
+        "xrcbtl-osu 2 {} {} {} {receive}",
+        me.rank, me.node, me.addr
+    )
+    .map_err(io)?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).map_err(io)?;
     parse_peer(&line)
@@ -264,13 +270,25 @@ pub fn record_text(r: &[u8]) -> String {
 
 fn parse_peer(line: &str) -> Option<Peer> {
     let mut f = line.split_whitespace();
-    if f.next()? != "xrcbtl-osu" || f.next()? != "1" {
+    if f.next()? != "xrcbtl-osu" || f.next()? != "2" {
         return None;
     }
     let rank = f.next()?.parse().ok()?;
     let node = f.next()?.parse().ok()?;
     let addr: SocketAddr = f.next()?.parse().ok()?;
-    Some(Peer { rank, node, addr })
+    let receive = match f.next()? {
+        "-" => None,
+        r => Some(r.parse().ok()?),
+    };
+    if f.next().is_some() {
+        return None;
+    }
+    Some(Peer {
+        rank,
+        node,
+        addr,
+        receive,
+    })
 }
 
 #[cfg(test)]
@@ -279,12 +297,30 @@ mod tests {
 
     #[test]
     fn peer_lines_parse_strictly() {
-        let p = parse_peer("xrcbtl-osu 1 0 1 10.0.0.1:4000\n").unwrap();
+        let p = parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 xrc/64769/1234\n").unwrap();
         assert_eq!((p.rank, p.node), (0, 1));
         assert_eq!(p.addr, "10.0.0.1:4000".parse().unwrap());
+        assert_eq!(
+            p.receive,
+            Some(xrcbtl_btl::Receive::Xrc(xrcbtl_btl::XrcdId {
+                dev: 64769,
+                ino: 1234
+            }))
+        );
+        let p = parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 rc").unwrap();
+        assert_eq!(p.receive, Some(xrcbtl_btl::Receive::Rc));
+        assert_eq!(
+            parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 -")
+                .unwrap()
+                .receive,
+            None
+        );
+        assert!(parse_peer("xrcbtl-osu 1 0 1 10.0.0.1:4000").is_none());
         assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000").is_none());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 xrc/1").is_none());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 rc x").is_none());
         assert!(parse_peer("hello").is_none());
-        assert!(parse_peer("xrcbtl-osu 1 0 1 nowhere").is_none());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 nowhere rc").is_none());
     }
 
     #[test]

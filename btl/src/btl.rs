@@ -44,7 +44,7 @@ use crate::proto::rma::transfer;
 use crate::proto::Local;
 use crate::types::{
     AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,
-    OpResult, OpStatus, Peer, RegMem, RemotePtr, Tag,
+    OpResult, OpStatus, Peer, Receive, RegMem, RemotePtr, Tag,
 };
 use crate::wire::HEADER;
 
@@ -213,11 +213,24 @@ impl<C: Context> Btl<C> {
     /// Makes endpoints for peers (connected on first use). May be called at
     /// any time, from any thread, also from inside a callback; a peer added
     /// again keeps its endpoint (one deleted is made afresh).
-    pub fn add_procs(&self, peers: &[Peer]) {
+    ///
+    /// Each peer's [`Peer::receive`] is checked against this rank's
+    /// ([`Btl::receive`]): XRC and RC ranks cannot connect, and the XRC
+    /// ranks of one node must share a domain. If any peer disagrees,
+    /// `InvalidArgument` names it and no peer of the call is added.
+    pub fn add_procs(&self, peers: &[Peer]) -> Result<()> {
         let mut core = self.lock();
+        core.check_peers(peers)?;
         for p in peers {
             core.add_peer(p);
         }
+        Ok(())
+    }
+
+    /// How this rank receives, to publish with its address so that peers
+    /// can check that they agree ([`Peer::receive`]).
+    pub fn receive(&self) -> Receive {
+        self.lock().receive()
     }
 
     /// Sets how to find a rank that asks for a connection before this rank

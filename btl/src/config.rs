@@ -22,6 +22,7 @@
 //! | `XRCBTL_RETRIES` | 5 | Connection attempts before a peer is declared unreachable. |
 //! | `XRCBTL_MIN_RNR_TIMER` | 12 | RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms). |
 //! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
+//! | `XRCBTL_XRCD_DIR` | (empty) | Absolute directory of the XRC domain key file, the same for every rank of a node (empty: /tmp/xrcbtl-<uid>). Read by the C ABI and the benchmarks, which make the key. |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,6 +66,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_RETRIES", default: "5", help: "Connection attempts before a peer is declared unreachable." },
     Setting { name: "XRCBTL_MIN_RNR_TIMER", default: "12", help: "RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms)." },
     Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },
+    Setting { name: "XRCBTL_XRCD_DIR", default: "", help: "Absolute directory of the XRC domain key file, the same for every rank of a node (empty: /tmp/xrcbtl-<uid>). Read by the C ABI and the benchmarks, which make the key." },
 ];
 
 /// Which RDMA operation moves a rendezvous's data.
@@ -155,6 +157,9 @@ pub struct BtlConfig {
     pub min_rnr_timer: u8,
     /// Local ACK timeout of sending QPs (IB encoding).
     pub ack_timeout: u8,
+    /// Where whoever makes [`BtlConfig::xrcd_key`] puts it (`None`: the
+    /// default directory). The BTL itself opens `xrcd_key` only.
+    pub xrcd_dir: Option<std::path::PathBuf>,
     /// Time source.
     pub clock: Clock,
 }
@@ -186,6 +191,7 @@ impl BtlConfig {
             retries: 5,
             min_rnr_timer: xrcbtl_fabric::DEFAULT_MIN_RNR_TIMER,
             ack_timeout: xrcbtl_fabric::DEFAULT_ACK_TIMEOUT,
+            xrcd_dir: None,
             clock: Clock::wall(),
         }
     }
@@ -232,6 +238,16 @@ impl BtlConfig {
             num(g, "XRCBTL_SQ_MAX", &mut v)?;
             self.sq_max = (v > 0).then_some(v);
             let _ = s;
+        }
+        if let Some(s) = g("XRCBTL_XRCD_DIR") {
+            let s = s.trim();
+            if !s.is_empty() && !s.starts_with('/') {
+                return Err(Error::invalid(format!(
+                    "XRCBTL_XRCD_DIR={s:?}: expected an absolute directory (every rank of a \
+                     node must name the same one)"
+                )));
+            }
+            self.xrcd_dir = (!s.is_empty()).then(|| std::path::PathBuf::from(s));
         }
         if let Some(s) = g("XRCBTL_RNDV_PROTOCOL") {
             self.rndv_protocol = match s.trim() {
@@ -339,7 +355,10 @@ mod tests {
             .map(|row| {
                 let mut f = row.split('|').map(str::trim);
                 let name = format!("XRCBTL_{}", f.next().unwrap_or("").trim_end_matches('`'));
-                let default = f.next().unwrap_or("").trim_matches('`').to_string();
+                let default = match f.next().unwrap_or("").trim_matches('`') {
+                    "(empty)" => String::new(),
+                    d => d.to_string(),
+                };
                 (name, default)
             })
             .collect();

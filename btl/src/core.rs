@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use xrcbtl_fabric::{
-    Access, Context, Cq, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
+    Access, Context, Cq, Error, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
+    Xrcd, XrcdId,
 };
 use xrcbtl_progress::{Batch, WrSlab};
-use xrcbtl_xrc_conn::{Notice, Rank};
+use xrcbtl_xrc_conn::{Node, Notice, Rank};
 
 use crate::config::BtlConfig;
 use crate::conn::{ConnDriver, ConnEvent};
@@ -28,7 +29,7 @@ use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner};
 use crate::types::{
     AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Peer, PeerResolver,
-    Tag,
+    Receive, Tag,
 };
 use crate::wire::{self, Header, Kind, HEADER};
 use crate::wr_id::WrId;
@@ -102,6 +103,10 @@ pub(crate) struct Core<C: Context> {
     pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
     pub err_all: Option<ErrorCallback<C>>,
     pub resolver: Option<PeerResolver>,
+    /// The XRC domain each node's peers stated, and the first peer that
+    /// stated it: the ranks of a node share one INI QP from this rank, so
+    /// they must share one domain.
+    pub node_domains: HashMap<Node, (XrcdId, Rank)>,
     pub deliveries: VecDeque<Delivery<C>>,
     /// Deliveries queued, readable without the lock.
     pub queued: Arc<AtomicUsize>,
@@ -122,6 +127,83 @@ pub(crate) struct Core<C: Context> {
 impl<C: Context> Core<C> {
     /// Makes an endpoint for `p` (connected on first use); a known peer
     /// keeps its endpoint. On iWARP the receive queues grow with the peers.
+    /// How this rank receives.
+    pub fn receive(&self) -> Receive {
+        match &self.iface.xrcd {
+            Some(x) => Receive::Xrc(x.id()),
+            None => Receive::Rc,
+        }
+    }
+
+    /// Refuses a peer that disagrees with this rank on how ranks receive:
+    /// XRC against RC anywhere in the job, or another XRC domain on this
+    /// rank's node.
+    pub fn check_peer(&self, p: &Peer) -> Result<()> {
+        let Some(theirs) = p.receive else {
+            return Ok(());
+        };
+        let mine = self.receive();
+        let word = |r: Receive| match r {
+            Receive::Xrc(_) => "XRC",
+            Receive::Rc => "RC",
+        };
+        let known = if p.node == self.cfg.node {
+            match mine {
+                Receive::Xrc(a) => Some((a, self.cfg.rank)),
+                Receive::Rc => None,
+            }
+        } else {
+            self.node_domains.get(&p.node).copied()
+        };
+        match (mine, theirs) {
+            (Receive::Xrc(_), Receive::Xrc(b)) => match known {
+                Some((a, other)) if a != b && other != p.rank => Err(Error::invalid(format!(
+                    "rank {} on node {} opened another XRC domain than rank {other} there \
+                     (key file dev {} inode {}, rank {other}'s dev {} inode {}): every rank \
+                     of a node must find the same key file (one XRCBTL_XRCD_DIR on one file \
+                     system)",
+                    p.rank, p.node, b.dev, b.ino, a.dev, a.ino
+                ))),
+                _ => Ok(()),
+            },
+            (Receive::Xrc(_), Receive::Rc) | (Receive::Rc, Receive::Xrc(_)) => {
+                Err(Error::invalid(format!(
+                    "rank {} receives by {} and rank {} by {}: the ranks of a job must agree \
+                     (XRCBTL_FORCE_RC=1 on every rank where some device lacks XRC)",
+                    p.rank,
+                    word(theirs),
+                    self.cfg.rank,
+                    word(mine)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks peers as [`Core::check_peer`] does, each also against those
+    /// before it, and remembers the domains they state; on a refusal,
+    /// forgets what this call learnt.
+    pub fn check_peers(&mut self, peers: &[Peer]) -> Result<()> {
+        let mut learnt = Vec::new();
+        for p in peers {
+            if let Err(e) = self.check_peer(p) {
+                for n in learnt {
+                    self.node_domains.remove(&n);
+                }
+                return Err(e);
+            }
+            if let Some(Receive::Xrc(x)) = p.receive {
+                if let std::collections::hash_map::Entry::Vacant(v) =
+                    self.node_domains.entry(p.node)
+                {
+                    v.insert((x, p.rank));
+                    learnt.push(p.node);
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn add_peer(&mut self, p: &Peer) {
         if p.rank != self.cfg.rank {
             self.drv.add_peer(p.rank, p.node, p.addr);
@@ -177,6 +259,7 @@ impl<C: Context> Core<C> {
             err_cbs: HashMap::new(),
             err_all: None,
             resolver: None,
+            node_domains: HashMap::new(),
             deliveries: VecDeque::new(),
             queued,
             stats: BtlStats::default(),
@@ -306,7 +389,7 @@ impl<C: Context> Core<C> {
                 // the BTL (it reads the library's address exchange).
                 let found = self.resolver.as_ref().and_then(|f| f(rank));
                 match found {
-                    Some(p) if p.rank == rank => {
+                    Some(p) if p.rank == rank && self.check_peers(&[p]).is_ok() => {
                         self.stats.peers_resolved += 1;
                         self.add_peer(&p);
                     }

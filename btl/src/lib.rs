@@ -44,9 +44,9 @@ pub use crate::proto::MAX_RMA;
 pub use crate::threaded::Threaded;
 pub use crate::types::{
     AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,
-    OpResult, OpStatus, Peer, PeerResolver, RawMemReg, RegMem, RemoteMem, RemotePtr, Tag,
+    OpResult, OpStatus, Peer, PeerResolver, RawMemReg, Receive, RegMem, RemoteMem, RemotePtr, Tag,
 };
 pub use bytes::Bytes;
-pub use xrcbtl_fabric::{Access, MappedBuf, UserMem};
+pub use xrcbtl_fabric::{Access, MappedBuf, UserMem, XrcdId};
 pub use xrcbtl_progress::ThreadConfig;
 pub use xrcbtl_xrc_conn::{Mode, Notice};

@@ -91,7 +91,7 @@ impl SimJob {
         let job = Self::unintroduced(cfg, per_node, tune)?;
         let peers: Vec<Peer> = (0..job.size() as Rank).map(|r| job.peer(r)).collect();
         for r in job.ranks.iter().flatten() {
-            r.btl.add_procs(&peers);
+            r.btl.add_procs(&peers)?;
         }
         Ok(job)
     }
@@ -155,6 +155,7 @@ impl SimJob {
             rank: r,
             node: j.node as u32,
             addr: j.btl.listen_addr().expect("a listener"),
+            receive: Some(j.btl.receive()),
         }
     }
 

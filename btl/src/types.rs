@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use xrcbtl_fabric::{Context, DmaBuf, Error, Result, WcStatus};
+use xrcbtl_fabric::{Context, DmaBuf, Error, Result, WcStatus, XrcdId};
 use xrcbtl_xrc_conn::{FailReason, Node, Rank};
 
 use crate::btl::Btl;
@@ -112,10 +112,59 @@ pub type OnDone<C> = Box<dyn FnOnce(&Btl<C>, OpId, OpResult) + Send>;
 pub struct Peer {
     /// Its rank.
     pub rank: Rank,
-    /// Its node.
+    /// Its node: the ranks of one host on one device (the XRC node, whose
+    /// ranks share an XRC domain and receive through one INI QP from each
+    /// sender).
     pub node: Node,
     /// Its listener.
     pub addr: SocketAddr,
+    /// How it receives, as it published ([`Btl::receive`](crate::Btl::receive)),
+    /// checked against this rank's when it is added; `None`: not stated,
+    /// not checked.
+    pub receive: Option<Receive>,
+}
+
+/// How a rank receives: what the ranks of a job must agree on. XRC ranks
+/// listen in the IB port space and RC ranks in the TCP one, so the two
+/// cannot connect; and the XRC ranks of one node must share one XRC domain,
+/// or messages sent to one's SRQ through another's TGT QP fail and take the
+/// shared INI QP down with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Receive {
+    /// XRC, through SRQs of this domain.
+    Xrc(XrcdId),
+    /// RC QPs on an SRQ.
+    Rc,
+}
+
+impl std::fmt::Display for Receive {
+    /// `xrc/<dev>/<ino>` or `rc`, for text address exchanges.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Receive::Xrc(x) => write!(f, "xrc/{}/{}", x.dev, x.ino),
+            Receive::Rc => f.write_str("rc"),
+        }
+    }
+}
+
+impl std::str::FromStr for Receive {
+    type Err = Error;
+
+    /// Reads what [`Receive`]'s `Display` writes.
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "rc" {
+            return Ok(Receive::Rc);
+        }
+        let bad = || Error::invalid(format!("{s:?} is neither rc nor xrc/<dev>/<ino>"));
+        let mut f = s.strip_prefix("xrc/").ok_or_else(bad)?.split('/');
+        let (Some(dev), Some(ino), None) = (f.next(), f.next(), f.next()) else {
+            return Err(bad());
+        };
+        Ok(Receive::Xrc(XrcdId {
+            dev: dev.parse().map_err(|_| bad())?,
+            ino: ino.parse().map_err(|_| bad())?,
+        }))
+    }
 }
 
 /// Registered local memory: a user registration

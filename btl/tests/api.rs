@@ -456,6 +456,7 @@ fn callbacks_send_add_endpoints_and_progress_from_inside() {
             rank: 2,
             node: 2,
             addr: b2.listen_addr().unwrap(),
+            receive: Some(b2.receive()),
         }
     };
     b0.register_am(40, |btl, m| {
@@ -464,7 +465,9 @@ fn callbacks_send_add_endpoints_and_progress_from_inside() {
             rank: 2,
             node: 2,
             addr,
-        }]);
+            receive: None,
+        }])
+        .unwrap();
         btl.send(2, TAG, b"hello from ", b"a callback").unwrap();
         // Progress from inside a callback polls but cannot run this
         // callback again.

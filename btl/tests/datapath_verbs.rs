@@ -42,9 +42,12 @@ fn setup(n: u32, tune: impl Fn(u32, &mut BtlConfig)) -> Ranks {
         .ok()
         .and_then(|a| a.split_whitespace().next().and_then(|s| s.parse().ok()))
         .unwrap_or(IpAddr::from([10, 0, 2, 15]));
-    let key =
-        xrcbtl_fabric::verbs::job_xrcd_key(&format!("datapath-{}", std::process::id()), &device)
-            .unwrap();
+    let key = xrcbtl_fabric::verbs::job_xrcd_key(
+        &format!("datapath-{}", std::process::id()),
+        &device,
+        None,
+    )
+    .unwrap();
     let mut btl = Vec::new();
     let mut got = Vec::new();
     for r in 0..n {
@@ -69,10 +72,11 @@ fn setup(n: u32, tune: impl Fn(u32, &mut BtlConfig)) -> Ranks {
             rank: b.rank(),
             node: 0,
             addr: b.listen_addr().unwrap(),
+            receive: Some(b.receive()),
         })
         .collect();
     for b in &btl {
-        b.add_procs(&peers);
+        b.add_procs(&peers).unwrap();
     }
     eprintln!("device {device}: mode {:?}", btl[0].mode());
     Ranks { btl, got }

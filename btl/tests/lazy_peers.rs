@@ -48,7 +48,7 @@ fn senders_are_resolved_by_receivers_that_never_added_them(device: SimDevice) {
     for r in [0, 2u32] {
         let b = job.btl(r).clone();
         for d in (0..4).filter(|&d| d != r) {
-            b.add_procs(&[peers[d as usize]]);
+            b.add_procs(&[peers[d as usize]]).unwrap();
             b.send(d, PING, &[], &[r as u8, d as u8]).unwrap();
         }
     }
@@ -90,7 +90,7 @@ fn an_unknown_sender_is_refused_without_a_resolver() {
         let errors = Arc::new(Mutex::new(Vec::new()));
         let e = errors.clone();
         zero.register_error(move |_, r, err| e.lock().unwrap().push((r, err.clone())));
-        zero.add_procs(&[to_two]);
+        zero.add_procs(&[to_two]).unwrap();
         zero.send(2, PING, &[], b"who?").unwrap();
         job.run_until(LIMIT, |_| !errors.lock().unwrap().is_empty())
             .unwrap();

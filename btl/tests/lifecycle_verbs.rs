@@ -30,9 +30,12 @@ fn setup(n: u32) -> Ranks {
         .ok()
         .and_then(|a| a.split_whitespace().next().and_then(|s| s.parse().ok()))
         .unwrap_or(IpAddr::from([10, 0, 2, 15]));
-    let key =
-        xrcbtl_fabric::verbs::job_xrcd_key(&format!("lifecycle-{}", std::process::id()), &device)
-            .unwrap();
+    let key = xrcbtl_fabric::verbs::job_xrcd_key(
+        &format!("lifecycle-{}", std::process::id()),
+        &device,
+        None,
+    )
+    .unwrap();
     let got: Streams = Arc::default();
     let mut btl = BTreeMap::new();
     for r in 0..n {
@@ -59,10 +62,11 @@ fn setup(n: u32) -> Ranks {
             rank: b.rank(),
             node: 0,
             addr: b.listen_addr().unwrap(),
+            receive: Some(b.receive()),
         })
         .collect();
     for b in btl.values() {
-        b.add_procs(&peers);
+        b.add_procs(&peers).unwrap();
     }
     Ranks {
         btl,

@@ -31,7 +31,8 @@ pub mod verbs;
 
 pub use buf::DmaBuf;
 pub use cm::{
-    max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, PortSpace, RejectReason,
+    max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, PathRecord, PortSpace,
+    RejectReason,
 };
 pub use error::{Error, Result};
 pub use memmon::{Invalidation, MemMonitor, Subscriber};
@@ -261,7 +262,10 @@ pub trait Srq: Clone + Send + Sync {
 }
 
 /// A handle on an XRC domain.
-pub trait Xrcd: Clone + Send + Sync {}
+pub trait Xrcd: Clone + Send + Sync {
+    /// Which domain this is (equal for every handle on one domain).
+    fn id(&self) -> XrcdId;
+}
 
 /// A queue pair, or a handle on a shared XRC TGT QP.
 pub trait Qp: Send + Sync {

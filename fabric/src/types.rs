@@ -240,6 +240,18 @@ impl XrcdKey {
     }
 }
 
+/// Which XRC domain a handle is on: the identity of the key file the
+/// kernel found it by (`st_dev`, `st_ino`) on real verbs, of the domain
+/// object on the simulated fabric. Ranks of one node exchange it to check
+/// that they share one domain: their keys could name different files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct XrcdId {
+    /// The device of the key's file system (the simulated device).
+    pub dev: u64,
+    /// The key file's inode (the simulated domain's number).
+    pub ino: u64,
+}
+
 /// Kind of queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {

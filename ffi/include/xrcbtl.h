@@ -80,12 +80,12 @@
  * The ABI version this header describes; `xrcbtl_abi_version` returns the
  * library's. They must be equal.
  */
-#define XRCBTL_ABI_VERSION 1
+#define XRCBTL_ABI_VERSION 2
 
 /**
  * Longest address `xrcbtl_address` writes.
  */
-#define XRCBTL_ADDRESS_MAX 284
+#define XRCBTL_ADDRESS_MAX 301
 
 /**
  * Bytes of the handle a peer needs to reach registered memory

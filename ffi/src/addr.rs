@@ -7,27 +7,32 @@
 //! | bytes | field |
 //! |---|---|
 //! | 4 | magic `XRCB` |
-//! | 1 | version (1) |
+//! | 1 | version (2) |
 //! | 4 | rank |
 //! | 1 | address family (4 or 6) |
 //! | 4 or 16 | listener IP |
 //! | 2 | listener port |
 //! | 1 | node key length n (1..=255) |
 //! | n | node key (UTF-8) |
+//! | 1 | how the rank receives: 0 RC, 1 XRC |
+//! | 8 + 8 | XRC only: its domain's key file, `st_dev` and `st_ino` |
 //!
 //! The node key says which ranks share a node's XRC domain and receive
 //! through one XRC INI QP from each sender: ranks of one host on one
-//! device (`hostname/ip`), or a simulated node (`sim/N`). Node numbers
+//! device (`hostname/device`), or a simulated node (`sim/N`). Node numbers
 //! are local to each rank (they never travel), so the key is the node's
-//! identity.
+//! identity. The way the rank receives lets peers refuse what cannot work
+//! (XRC against RC, or two XRC domains on one node) with a clear error.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use xrcbtl_btl::{Receive, XrcdId};
+
 const MAGIC: &[u8; 4] = b"XRCB";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// Longest encoded address.
-pub(crate) const MAX_LEN: usize = 4 + 1 + 4 + 1 + 16 + 2 + 1 + 255;
+pub(crate) const MAX_LEN: usize = 4 + 1 + 4 + 1 + 16 + 2 + 1 + 255 + 1 + 16;
 
 /// A rank's published address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +40,7 @@ pub(crate) struct Address {
     pub rank: u32,
     pub listen: SocketAddr,
     pub node_key: String,
+    pub receive: Receive,
 }
 
 impl Address {
@@ -62,6 +68,14 @@ impl Address {
         b.extend_from_slice(&self.listen.port().to_le_bytes());
         b.push(key.len() as u8);
         b.extend_from_slice(key);
+        match self.receive {
+            Receive::Rc => b.push(0),
+            Receive::Xrc(x) => {
+                b.push(1);
+                b.extend_from_slice(&x.dev.to_le_bytes());
+                b.extend_from_slice(&x.ino.to_le_bytes());
+            }
+        }
         Some(b)
     }
 
@@ -94,6 +108,18 @@ impl Address {
         let node_key = std::str::from_utf8(r.take(n)?)
             .map_err(|_| "node key is not UTF-8".to_string())?
             .to_string();
+        let receive = match r.take(1)?[0] {
+            0 => Receive::Rc,
+            1 => {
+                let mut word = || -> Result<u64, String> {
+                    Ok(u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes")))
+                };
+                let dev = word()?;
+                let ino = word()?;
+                Receive::Xrc(XrcdId { dev, ino })
+            }
+            k => return Err(format!("unknown way of receiving {k}")),
+        };
         if !r.0.is_empty() {
             return Err(format!("{} bytes after the address", r.0.len()));
         }
@@ -101,6 +127,7 @@ impl Address {
             rank,
             listen: SocketAddr::new(ip, port),
             node_key,
+            receive,
         })
     }
 }
@@ -124,11 +151,16 @@ mod tests {
 
     #[test]
     fn addresses_round_trip_and_every_cut_is_refused() {
-        for listen in ["10.0.2.15:4791", "[fe80::1]:17"] {
+        let xrc = Receive::Xrc(XrcdId {
+            dev: 0x0102_0304_0506_0708,
+            ino: 42,
+        });
+        for (listen, receive) in [("10.0.2.15:4791", xrc), ("[fe80::1]:17", Receive::Rc)] {
             let a = Address {
                 rank: 0x0102_0304,
                 listen: listen.parse().unwrap(),
-                node_key: "vm/10.0.2.15".into(),
+                node_key: "vm/rxe0".into(),
+                receive,
             };
             let b = a.encode().unwrap();
             assert!(b.len() <= MAX_LEN);
@@ -140,11 +172,15 @@ mod tests {
             long.push(0);
             assert!(Address::decode(&long).is_err(), "trailing byte");
             let mut bad = b.clone();
-            bad[4] = 2;
+            bad[4] = 1;
             assert!(Address::decode(&bad).unwrap_err().contains("version"));
             bad = b.clone();
             bad[0] = b'Y';
             assert!(Address::decode(&bad).unwrap_err().contains("magic"));
+            bad = b.clone();
+            let at = 4 + 1 + 4 + 1 + if listen.starts_with('[') { 16 } else { 4 } + 2 + 1 + 7;
+            bad[at] = 9;
+            assert!(Address::decode(&bad).unwrap_err().contains("receiving"));
         }
     }
 
@@ -154,6 +190,7 @@ mod tests {
             rank: 1,
             listen: "1.2.3.4:5".parse().unwrap(),
             node_key: String::new(),
+            receive: Receive::Xrc(XrcdId { dev: 1, ino: 2 }),
         };
         assert!(a.encode().is_none());
         a.node_key = "k".repeat(256);

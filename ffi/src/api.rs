@@ -137,7 +137,7 @@ pub unsafe extern "C" fn xrcbtl_add_peer(
         let h = unsafe { handle(btl) }?;
         // SAFETY: the caller's promise.
         let peer = h.peer(rank, unsafe { bytes(addr, len, "addr") }?)?;
-        on_btl!(h, b => b.add_procs(&[peer]));
+        on_btl!(h, b => b.add_procs(&[peer]))?;
         Ok(XRCBTL_OK)
     })
 }

@@ -130,9 +130,17 @@ fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
     };
     let use_env = !(has(XRCBTL_PARAM_FLAGS) && p.flags & XRCBTL_FLAG_NO_ENV != 0);
     let ctx = fabric.open(&device)?;
-    let key = job_xrcd_key(job, &device)?;
-    let cfg = BtlConfig::new(p.rank, 0, job_number(job), key, SocketAddr::new(ip, 0));
-    let cfg = settings.apply(cfg, |k| if use_env { std::env::var(k).ok() } else { None })?;
+    let cfg = BtlConfig::new(
+        p.rank,
+        0,
+        job_number(job),
+        xrcbtl_fabric::XrcdKey::new(""),
+        SocketAddr::new(ip, 0),
+    );
+    let mut cfg = settings.apply(cfg, |k| if use_env { std::env::var(k).ok() } else { None })?;
+    // Every rank of the job on this host and device opens this file; the
+    // address carries its identity, so that peers can check.
+    cfg.xrcd_key = job_xrcd_key(job, &device, cfg.xrcd_dir.as_deref())?;
     let btl = Btl::new(ctx, cfg)?;
     let listen = btl
         .listen_addr()
@@ -140,10 +148,12 @@ fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "localhost".into());
+    // The XRC node: ranks of one host on one device share its domain.
     let me = Address {
         rank: p.rank,
         listen,
-        node_key: format!("{host}/{ip}"),
+        node_key: format!("{host}/{device}"),
+        receive: btl.receive(),
     };
     Ok(xrcbtl_t::new(AnyBtl::Verbs(Arc::new(btl)), me, 0, false))
 }

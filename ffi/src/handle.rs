@@ -93,6 +93,7 @@ impl xrcbtl_t {
             rank,
             node: self.node_of(&a.node_key),
             addr: a.listen,
+            receive: Some(a.receive),
         })
     }
 
@@ -149,6 +150,7 @@ mod tests {
             rank: 0,
             listen: btl.listen_addr().expect("a listener"),
             node_key: "sim/0".into(),
+            receive: btl.receive(),
         };
         xrcbtl_t::new(AnyBtl::Sim(btl), me, 0, in_sim)
     }

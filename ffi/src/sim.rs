@@ -145,6 +145,7 @@ pub unsafe extern "C" fn xrcbtl_sim_create(
                     rank: r,
                     listen: jr.btl.listen_addr().expect("a simulated rank listens"),
                     node_key: format!("sim/{node}"),
+                    receive: jr.btl.receive(),
                 };
                 xrcbtl_t::new(AnyBtl::Sim(Arc::clone(&jr.btl)), me, node, true)
             })

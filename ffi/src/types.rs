@@ -10,10 +10,10 @@ use crate::handle::xrcbtl_t;
 
 /// The ABI version this header describes; `xrcbtl_abi_version` returns the
 /// library's. They must be equal.
-pub const XRCBTL_ABI_VERSION: u32 = 1;
+pub const XRCBTL_ABI_VERSION: u32 = 2;
 
 /// Longest address `xrcbtl_address` writes.
-pub const XRCBTL_ADDRESS_MAX: usize = 284;
+pub const XRCBTL_ADDRESS_MAX: usize = 301;
 
 /// Bytes of the handle a peer needs to reach registered memory
 /// (`xrcbtl_mem_pack`).

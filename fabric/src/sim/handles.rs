@@ -340,10 +340,18 @@ impl Context for SimContext {
     }
 
     fn open_xrcd(&self, key: &XrcdKey) -> Result<SimXrcd> {
-        let id = self.world().open_xrcd(self.0.id, key)?;
+        let mut w = self.world();
+        let id = w.open_xrcd(self.0.id, key)?;
+        let x = w.xrcd_handles.get(id).expect("just opened").xrcd;
+        let domain = XrcdId {
+            dev: w.xrcds.get(x).expect("held").dev as u64,
+            ino: x.raw(),
+        };
+        drop(w);
         Ok(SimXrcd(Arc::new(XrcdInner {
             ctx: self.clone(),
             id,
+            domain,
         })))
     }
 
@@ -623,6 +631,7 @@ impl Srq for SimSrq {
 struct XrcdInner {
     ctx: SimContext,
     id: Id<XrcdHandle>,
+    domain: XrcdId,
 }
 
 impl Drop for XrcdInner {
@@ -635,7 +644,11 @@ impl Drop for XrcdInner {
 #[derive(Clone)]
 pub struct SimXrcd(Arc<XrcdInner>);
 
-impl Xrcd for SimXrcd {}
+impl Xrcd for SimXrcd {
+    fn id(&self) -> XrcdId {
+        self.0.domain
+    }
+}
 
 /// What a QP keeps alive (held, never read).
 #[allow(dead_code)]

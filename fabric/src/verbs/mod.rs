@@ -17,7 +17,7 @@ pub(crate) mod sys;
 
 use std::ffi::CStr;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -246,33 +246,47 @@ pub(crate) fn source_gid_index(ctx: *mut sys::ibv_context, port: u8) -> u8 {
     any_v2.unwrap_or(0)
 }
 
-/// The XRC domain key for a job on a device: a file in a directory only
-/// this user can reach (`$XDG_RUNTIME_DIR/xrcbtl`, else `/tmp/xrcbtl-<uid>`,
-/// mode 0700, checked to be ours), so that the ranks of one job on a node
-/// share the domain and nobody else can open it.
-pub fn job_xrcd_key(job: &str, device: &str) -> Result<XrcdKey> {
+/// The XRC domain key for a job on a device: the file `xrcd-<job>-<device>`
+/// in `dir`, or by default in `/tmp/xrcbtl-<uid>`. The directory is made
+/// (with its parents) mode 0700 and must belong to this user, so that
+/// nobody else can open the domain.
+///
+/// Every rank of the job on the node must arrive at the same file, whatever
+/// its environment: that is why the default does not follow
+/// `$XDG_RUNTIME_DIR`, which a launcher may set for some ranks and not
+/// others, or forward from a submit host where it names a directory the
+/// node lacks. Where `/tmp` is private to each rank (some containers), give
+/// a shared `dir`. Ranks still check that they agree (they exchange
+/// [`Xrcd::id`](crate::Xrcd::id)).
+pub fn job_xrcd_key(job: &str, device: &str, dir: Option<&Path>) -> Result<XrcdKey> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
-    if job.is_empty() || !job.chars().all(ok) || !device.chars().all(ok) {
+    if job.is_empty() || !job.chars().all(ok) || device.is_empty() || !device.chars().all(ok) {
         return Err(Error::invalid(format!(
             "job id {job:?} or device {device:?} is not a plain name"
         )));
     }
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("xrcbtl"),
-        _ => PathBuf::from(format!("/tmp/xrcbtl-{uid}")),
-    };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(Error::Verbs {
-                verb: "mkdir",
-                source: e,
-            })
+    let dir = match dir {
+        Some(d) if d.is_absolute() => d.to_path_buf(),
+        Some(d) => {
+            return Err(Error::invalid(format!(
+                "the XRC domain directory {} must be an absolute path (every rank must find it)",
+                d.display()
+            )))
         }
+        None => PathBuf::from(format!("/tmp/xrcbtl-{uid}")),
+    };
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir);
+    if let Err(e) = made {
+        return Err(Error::Verbs {
+            verb: "mkdir(xrcd key directory)",
+            source: e,
+        });
     }
     let meta = std::fs::symlink_metadata(&dir).map_err(|e| Error::Verbs {
         verb: "stat",
@@ -454,22 +468,37 @@ mod tests {
     #[test]
     fn job_key_lives_in_a_private_directory() {
         let base = std::env::temp_dir().join(format!("xrcbtl-keytest-{}", std::process::id()));
-        std::fs::create_dir_all(&base).unwrap();
-        // No other test of this crate reads XDG_RUNTIME_DIR.
-        std::env::set_var("XDG_RUNTIME_DIR", &base);
-        let key = job_xrcd_key("job-42", "mlx5_0").unwrap();
-        let dir = key.0.parent().unwrap();
-        assert_eq!(dir, base.join("xrcbtl"));
-        let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+        // Parents are made too.
+        let dir = base.join("session/xrc");
+        let key = job_xrcd_key("job-42", "mlx5_0", Some(&dir)).unwrap();
+        assert_eq!(key.0.parent().unwrap(), dir);
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "the key directory must be private");
         assert!(key.0.ends_with("xrcd-job-42-mlx5_0"));
-        // Names that could climb out of the directory are refused.
-        assert!(job_xrcd_key("../etc", "mlx5_0").is_err());
-        assert!(job_xrcd_key("job", "a/b").is_err());
-        assert!(job_xrcd_key("", "mlx5_0").is_err());
+        // Names that could climb out of the directory are refused, and so
+        // is a relative directory (ranks may run in different ones).
+        assert!(job_xrcd_key("../etc", "mlx5_0", Some(&dir)).is_err());
+        assert!(job_xrcd_key("job", "a/b", Some(&dir)).is_err());
+        assert!(job_xrcd_key("", "mlx5_0", Some(&dir)).is_err());
+        assert!(job_xrcd_key("job", "", Some(&dir)).is_err());
+        assert!(job_xrcd_key("job", "mlx5_0", Some(Path::new("rel/dir"))).is_err());
         // A directory others can enter is refused.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(job_xrcd_key("job-42", "mlx5_0").is_err());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(job_xrcd_key("job-42", "mlx5_0", Some(&dir)).is_err());
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn the_default_key_ignores_the_environment() {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        // A launcher that forwards the submit host's runtime directory
+        // changes nothing. (No other test of this crate reads it.)
+        std::env::set_var("XDG_RUNTIME_DIR", "/run/user/nonexistent");
+        let key = job_xrcd_key("job-7", "rxe0", None).unwrap();
+        assert_eq!(
+            key.0,
+            PathBuf::from(format!("/tmp/xrcbtl-{uid}/xrcd-job-7-rxe0"))
+        );
     }
 }

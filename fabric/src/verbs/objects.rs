@@ -3,7 +3,7 @@
 //! queries, and the async event reader.
 
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -532,6 +532,7 @@ impl Cq for VerbsCq {
 struct XrcdInner {
     _ctx: VerbsContext,
     xrcd: *mut sys::ibv_xrcd,
+    domain: XrcdId,
 }
 
 // SAFETY: an XRC domain is a thread-safe verbs object.
@@ -550,7 +551,11 @@ impl Drop for XrcdInner {
 #[derive(Clone)]
 pub struct VerbsXrcd(Arc<XrcdInner>);
 
-impl Xrcd for VerbsXrcd {}
+impl Xrcd for VerbsXrcd {
+    fn id(&self) -> XrcdId {
+        self.0.domain
+    }
+}
 
 impl VerbsXrcd {
     pub(crate) fn open(ctx: &VerbsContext, key: &XrcdKey) -> Result<Self> {
@@ -577,9 +582,19 @@ impl VerbsXrcd {
         if xrcd.is_null() {
             return Err(last_error("ibv_open_xrcd"));
         }
+        // The kernel shares the domain by the key file's inode: that is
+        // its identity.
+        let meta = file.metadata().map_err(|e| Error::Verbs {
+            verb: "fstat(xrcd key)",
+            source: e,
+        })?;
         Ok(VerbsXrcd(Arc::new(XrcdInner {
             _ctx: ctx.clone(),
             xrcd,
+            domain: XrcdId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
         })))
     }
 }

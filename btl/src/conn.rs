@@ -80,6 +80,9 @@ pub struct DriverStats {
     pub placeholder_qps: u64,
     /// Held TGT QPs found in the error state by asking them (no event came).
     pub tgts_found_dead: u64,
+    /// Accepted connections whose QP heard the peer before the CM's RTU
+    /// came, handed to the CM as established (`rdma_notify`).
+    pub comm_est_notices: u64,
 }
 
 /// How often held TGT QPs are asked for their state, and how many at a
@@ -179,6 +182,9 @@ pub struct ConnDriver<C: Context> {
     cm_of_key: HashMap<u64, CmRef>,
     /// The rank each outgoing CM id resolves towards.
     cm_rank: HashMap<CmRef, Rank>,
+    /// Accepted ids waiting for their RTU, by the number of the QP they
+    /// accepted with: the QP's first packet establishes them.
+    accepting: HashMap<u32, CmRef>,
     listener: CmIdOf<C>,
     ch: C::CmChannel,
     slots: Vec<Option<Slot<C>>>,
@@ -243,6 +249,7 @@ impl<C: Context> ConnDriver<C> {
             cms: HashMap::new(),
             cm_of_key: HashMap::new(),
             cm_rank: HashMap::new(),
+            accepting: HashMap::new(),
             listener,
             ch,
             slots: Vec::new(),
@@ -613,6 +620,15 @@ impl<C: Context> ConnDriver<C> {
             self.events.push_back(ConnEvent::SrqLimit { srq });
             return;
         }
+        if let AsyncEvent::CommEstablished { qpn } = ev {
+            // The RTU may have been lost: the peer is sending already.
+            if let Some(id) = self.accepting.remove(&qpn).and_then(|cm| self.cms.get(&cm)) {
+                self.stats.comm_est_notices += 1;
+                // An id the CM no longer thinks is accepting needs nothing.
+                let _ = id.notify_established();
+            }
+            return;
+        }
         let qpn = match ev {
             AsyncEvent::QpFatal { qpn }
             | AsyncEvent::QpRequestError { qpn }
@@ -688,10 +704,13 @@ impl<C: Context> ConnDriver<C> {
                 Event::Resolved { cm, route: rref }
             }
             CmEventKind::AddrError | CmEventKind::RouteError => Event::ResolveFailed { cm },
-            CmEventKind::Established => Event::Established {
-                cm,
-                data: ev.private_data,
-            },
+            CmEventKind::Established => {
+                self.accepting.retain(|_, c| *c != cm);
+                Event::Established {
+                    cm,
+                    data: ev.private_data,
+                }
+            }
             CmEventKind::Rejected(RejectReason::Consumer) => Event::Failed {
                 cm,
                 how: CmFailure::Rejected,
@@ -862,6 +881,9 @@ impl<C: Context> ConnDriver<C> {
                     .map(|s| &s.qp)
                     .or_else(|| tgt.and_then(|t| self.tgts.get(&t)));
                 let param = self.conn.param(&data);
+                if let Some(q) = q {
+                    self.accepting.insert(q.qp_num(), cm);
+                }
                 let r = self.cms.get(&cm).map(|id| id.accept(q, &param));
                 if !matches!(r, Some(Ok(()))) {
                     self.mgr.handle(now, Event::Disconnected { cm });
@@ -876,6 +898,7 @@ impl<C: Context> ConnDriver<C> {
             Action::DestroyCm { cm } => {
                 if let Some(id) = self.cms.remove(&cm) {
                     self.cm_of_key.remove(&id.key());
+                    self.accepting.retain(|_, c| *c != cm);
                 }
                 self.cm_rank.remove(&cm);
                 self.placeholders.give_back(cm);

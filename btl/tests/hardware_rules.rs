@@ -45,3 +45,34 @@ fn signalled_work_never_overruns_the_shared_send_cq() {
     );
     c.sim.check_invariants().unwrap();
 }
+
+/// The IB CM may lose the RTU; the accepting side's QP then hears the
+/// peer's first message before its CM does (COMM_EST), and the BTL hands
+/// that to the CM (`rdma_notify`) instead of waiting for the reply's
+/// retransmissions, which a lost RTU in each round would run out.
+#[test]
+fn a_lost_rtu_is_made_good_by_the_first_message() {
+    use xrcbtl_fabric::sim::{CmAction, CmFault, CmMsgKind};
+    let mut c = Cluster::new(12, 2, 2, SimDevice::ib("sim0"));
+    c.sim
+        .add_cm_fault(CmFault::new(Some(CmMsgKind::Rtu), CmAction::Drop));
+    c.exchange(3, 30 * S);
+    // Long enough for the replies' retransmissions to run out.
+    c.advance(20 * S);
+    c.exchange(3, 30 * S);
+    let lost: u64 = c
+        .live()
+        .into_iter()
+        .map(|r| c.btl(r).with_manager(|m| m.counters().lost))
+        .sum();
+    assert_eq!(lost, 0, "connections were torn down");
+    let st = c.sim.stats();
+    assert!(st.cm_established_by_notice > 0, "{st:?}");
+    let notices: u64 = c
+        .live()
+        .into_iter()
+        .map(|r| c.btl(r).driver_stats().comm_est_notices)
+        .sum();
+    assert_eq!(notices, st.cm_established_by_notice);
+    c.sim.check_invariants().unwrap();
+}

@@ -364,6 +364,13 @@ pub trait CmId: Send + Sync {
     /// CM leaves the peer's QP alone.
     fn disconnect(&self) -> Result<()>;
 
+    /// Tells the CM that the accepted connection is established because
+    /// its QP received a packet ([`AsyncEvent::CommEstablished`]), so that a
+    /// lost RTU does not leave it waiting for the reply's retransmission;
+    /// `Established` follows as if the RTU had come. Does nothing on an id
+    /// that is not waiting for an RTU.
+    fn notify_established(&self) -> Result<()>;
+
     /// The local address: a listener's bound address, or the source
     /// address picked by address resolution.
     fn local_addr(&self) -> Option<SocketAddr>;

@@ -749,6 +749,14 @@ pub enum AsyncEvent {
         /// The QP's number.
         qpn: u32,
     },
+    /// A QP in RTR received its first packet: the peer considers the
+    /// connection established even if the CM's RTU has not arrived (hand it
+    /// to [`CmId::notify_established`](crate::CmId::notify_established)).
+    /// For a shared TGT QP every opener hears it.
+    CommEstablished {
+        /// The QP's number.
+        qpn: u32,
+    },
     /// An SRQ dropped below its armed limit (the limit is disarmed).
     SrqLimitReached {
         /// The SRQ's [`crate::Srq::id`].

@@ -774,6 +774,36 @@ impl World {
         Ok(())
     }
 
+    /// The accepting side's connection is established: by the RTU, or by
+    /// the application's notice that its QP heard the peer.
+    fn cm_accepted(&mut self, id: Id<CmIdObj>) {
+        self.cancel_cm_timer(id);
+        let c = self.cm_ids.get_mut(id).expect("live");
+        c.state = CmState::Established;
+        let qpn = c.req.as_ref().and_then(|r| r.qpn);
+        let remote_qpn = self.qpn_on_wire(id, qpn);
+        self.post_cm_event(
+            id,
+            PendingCmEvent {
+                id,
+                kind: CmEventKind::Established,
+                private_data: Vec::new(),
+                remote_qpn,
+                peer: None,
+                new_id: None,
+            },
+        );
+    }
+
+    /// `rdma_notify(COMM_EST)`: establishes an id still waiting for its RTU.
+    pub(crate) fn cm_notify_established(&mut self, id: Id<CmIdObj>) -> Result<()> {
+        if self.cm(id)?.state == CmState::Accepting {
+            self.stats.cm_established_by_notice += 1;
+            self.cm_accepted(id);
+        }
+        Ok(())
+    }
+
     pub(crate) fn cm_disconnect(&mut self, id: Id<CmIdObj>) -> Result<()> {
         let c = self.cm(id)?;
         if !matches!(c.state, CmState::Established | CmState::Accepting) {
@@ -1075,24 +1105,7 @@ impl World {
                 // Our RTU was lost and the peer resent its reply.
                 self.send_to_peer(id, CmWire::Rtu);
             }
-            (CmWire::Rtu, CmState::Accepting) => {
-                self.cancel_cm_timer(id);
-                let c = self.cm_ids.get_mut(id).expect("live");
-                c.state = CmState::Established;
-                let qpn = c.req.as_ref().and_then(|r| r.qpn);
-                let remote_qpn = self.qpn_on_wire(id, qpn);
-                self.post_cm_event(
-                    id,
-                    PendingCmEvent {
-                        id,
-                        kind: CmEventKind::Established,
-                        private_data: Vec::new(),
-                        remote_qpn,
-                        peer: None,
-                        new_id: None,
-                    },
-                );
-            }
+            (CmWire::Rtu, CmState::Accepting) => self.cm_accepted(id),
             (CmWire::Rej { reason, private }, CmState::Connecting) => {
                 self.cancel_cm_timer(id);
                 self.cm_ids.get_mut(id).expect("live").state = CmState::Failed;

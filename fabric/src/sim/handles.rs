@@ -878,6 +878,10 @@ impl CmId for SimCmId {
         self.world().cm_disconnect(self.id)
     }
 
+    fn notify_established(&self) -> Result<()> {
+        self.world().cm_notify_established(self.id)
+    }
+
     fn route(&self) -> Option<crate::cm::CmRoute> {
         self.world().cm_route(self.id)
     }

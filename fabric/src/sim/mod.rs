@@ -280,6 +280,9 @@ pub struct SimStats {
     /// Requests the IB CM rejected as stale connections (the same announced
     /// QP number from the same HCA while it held another).
     pub cm_stale_rejects: u64,
+    /// Accepted connections established by the application's notice that
+    /// the QP heard the peer (`rdma_notify`), before any RTU arrived.
+    pub cm_established_by_notice: u64,
     /// CM events queued.
     pub cm_events: u64,
     /// Address resolutions that missed the cache.

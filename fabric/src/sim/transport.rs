@@ -843,7 +843,12 @@ impl World {
             return;
         }
         let (ty, qp_access, xrcd) = (q.ty, q.access, q.xrcd);
+        let first = !q.heard;
         self.qps.get_mut(dst).expect("indexed").heard = true;
+        if first && self.devs[dst_dev].caps.transport != Transport::Iwarp {
+            let qpn = d.dst_qpn;
+            self.push_qp_async(dst, AsyncEvent::CommEstablished { qpn });
+        }
 
         // Which SRQ, PD and CQ the message works with.
         let (pd, srq, recv_cq): (Option<Id<PdObj>>, Option<Id<SrqObj>>, _) = if ty == QpType::XrcTgt

@@ -204,9 +204,18 @@ impl CmChannel for VerbsCmChannel {
             // SAFETY: acks the event just read, exactly once, after every
             // field needed was copied out.
             unsafe { sys::rdma_ack_cm_event(ev) };
-            if out.is_some() {
-                return out;
+            let Some(e) = out else { continue };
+            if let Some(new) = &e.new_id {
+                // A listener bound to the wildcard address hears requests
+                // on every device; one on another device than this
+                // channel's cannot use its QPs or XRC domain. Refuse it
+                // (the id is destroyed with the event, now acked).
+                if new.raw().and_then(|id| new.check_device(id)).is_err() {
+                    let _ = new.reject(&[]);
+                    continue;
+                }
             }
+            return Some(e);
         }
     }
 }
@@ -886,6 +895,20 @@ impl CmId for VerbsCmId {
             .and_then(|e| e.qp.clone());
         if let Some(qp) = qp {
             qp.modify(&crate::QpTransition::Error)?;
+        }
+        Ok(())
+    }
+
+    fn notify_established(&self) -> Result<()> {
+        let id = self.raw()?;
+        // SAFETY: `id` is live. The kernel ignores the notice for an id
+        // that is not waiting for an RTU.
+        if unsafe { sys::rdma_notify(id, sys::IBV_EVENT_COMM_EST) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // EINVAL: not an id of a connection being accepted.
+            if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EISCONN)) {
+                return Err(errno_error("rdma_notify", e.raw_os_error().unwrap_or(libc::EIO)));
+            }
         }
         Ok(())
     }

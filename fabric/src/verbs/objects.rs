@@ -158,6 +158,7 @@ pub(crate) fn read_async_event(c: &VerbsContext) -> Option<AsyncEvent> {
                 sys::IBV_EVENT_QP_LAST_WQE_REACHED => {
                     Some(AsyncEvent::QpLastWqeReached { qpn: qpn() })
                 }
+                sys::IBV_EVENT_COMM_EST => Some(AsyncEvent::CommEstablished { qpn: qpn() }),
                 sys::IBV_EVENT_SRQ_LIMIT_REACHED => Some(AsyncEvent::SrqLimitReached {
                     srq: ev.element.srq as u64,
                 }),

@@ -83,6 +83,11 @@ pub struct DriverStats {
     /// Accepted connections whose QP heard the peer before the CM's RTU
     /// came, handed to the CM as established (`rdma_notify`).
     pub comm_est_notices: u64,
+    /// RC QPs on the SRQ destroyed after their last receive was reported.
+    pub drained_qps: u64,
+    /// RC QPs on the SRQ destroyed when LAST_WQE_REACHED did not come in
+    /// time.
+    pub drain_timeouts: u64,
 }
 
 /// How often held TGT QPs are asked for their state, and how many at a
@@ -150,7 +155,24 @@ struct Slot<C: Context> {
     qp: C::Qp,
     r: QpRef,
     caps: QpCaps,
+    /// The device reported the QP's last receive from the SRQ.
+    last_wqe: bool,
 }
+
+/// An RC QP on the shared SRQ on its way out: in the error state, kept
+/// until the device reports its last receive (LAST_WQE_REACHED) and the
+/// receive CQ has been polled dry, so that no receive it took from the SRQ
+/// is lost with it (destroying a QP takes its completions out of the CQ).
+struct Draining<C: Context> {
+    /// Held only: dropping it destroys the QP.
+    _qp: C::Qp,
+    last_wqe: bool,
+    /// Destroyed then even without the event.
+    deadline: Duration,
+}
+
+/// How long a draining QP waits for LAST_WQE_REACHED.
+const LAST_WQE_WAIT: Duration = Duration::from_secs(1);
 
 /// A pair of RC QPs joined to each other on this rank's own port: one-sided
 /// operations and atomics on the rank's own memory go through the device
@@ -185,6 +207,8 @@ pub struct ConnDriver<C: Context> {
     /// Accepted ids waiting for their RTU, by the number of the QP they
     /// accepted with: the QP's first packet establishes them.
     accepting: HashMap<u32, CmRef>,
+    /// RC QPs on the SRQ waiting to be destroyed, by number.
+    draining: HashMap<u32, Draining<C>>,
     listener: CmIdOf<C>,
     ch: C::CmChannel,
     slots: Vec<Option<Slot<C>>>,
@@ -220,6 +244,19 @@ pub struct ConnDriver<C: Context> {
     stats: DriverStats,
 }
 
+impl<C: Context> Drop for ConnDriver<C> {
+    /// Stops the RC QPs that draw from the SRQ before they are destroyed
+    /// with the driver: the device then reports their last receive, and
+    /// none is taken while they go.
+    fn drop(&mut self) {
+        for s in self.slots.iter().flatten() {
+            if s.qp.qp_type() == QpType::Rc {
+                let _ = s.qp.modify(&QpTransition::Error);
+            }
+        }
+    }
+}
+
 impl<C: Context> ConnDriver<C> {
     /// Sets up the rank's connection side on the interface's resources:
     /// the manager and the listener.
@@ -250,6 +287,7 @@ impl<C: Context> ConnDriver<C> {
             cm_of_key: HashMap::new(),
             cm_rank: HashMap::new(),
             accepting: HashMap::new(),
+            draining: HashMap::new(),
             listener,
             ch,
             slots: Vec::new(),
@@ -438,10 +476,34 @@ impl<C: Context> ConnDriver<C> {
     /// held TGT QPs are next asked for their state.
     pub fn next_timeout(&self) -> Option<Duration> {
         let sweep = (!self.tgts.is_empty()).then_some(self.tgt_check_at);
-        match (self.mgr.poll_timeout(), sweep) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let drain = self.draining.values().map(|d| d.deadline).min();
+        [self.mgr.poll_timeout(), sweep, drain]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Whether RC QPs wait for the receive CQ to be polled dry.
+    pub fn draining(&self) -> bool {
+        !self.draining.is_empty()
+    }
+
+    /// The receive CQ was just polled dry: destroys the draining QPs whose
+    /// last receive was reported (their completions are all consumed), and
+    /// those that waited too long for the report.
+    pub fn recv_cq_dry(&mut self, now: Duration) {
+        let stats = &mut self.stats;
+        self.draining.retain(|_, d| {
+            if d.last_wqe {
+                stats.drained_qps += 1;
+                false
+            } else if now >= d.deadline {
+                stats.drain_timeouts += 1;
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Asks the next few held TGT QPs for their state, and reports those in
@@ -636,6 +698,12 @@ impl<C: Context> ConnDriver<C> {
             | AsyncEvent::QpLastWqeReached { qpn } => qpn,
             _ => return,
         };
+        if let Some(d) = self.draining.get_mut(&qpn) {
+            if matches!(ev, AsyncEvent::QpLastWqeReached { .. }) {
+                d.last_wqe = true;
+            }
+            return;
+        }
         if let Some(tgts) = self.tgt_of_num.get(&qpn).cloned() {
             for tgt in tgts {
                 self.mgr.handle(now, Event::TgtFailed { tgt });
@@ -643,9 +711,11 @@ impl<C: Context> ConnDriver<C> {
         } else if let Some(s) = self
             .slot_of_num
             .get(&qpn)
-            .and_then(|&i| self.slots[i as usize].as_ref())
+            .and_then(|&i| self.slots[i as usize].as_mut())
         {
-            if !matches!(ev, AsyncEvent::QpLastWqeReached { .. }) {
+            if matches!(ev, AsyncEvent::QpLastWqeReached { .. }) {
+                s.last_wqe = true;
+            } else {
                 let qp = s.r;
                 self.mgr.handle(now, Event::QpFailed { qp });
             }
@@ -763,7 +833,12 @@ impl<C: Context> ConnDriver<C> {
                                 (self.slots.len() - 1) as u32
                             }
                         };
-                        self.slots[slot as usize] = Some(Slot { qp: q, r: qp, caps });
+                        self.slots[slot as usize] = Some(Slot {
+                            qp: q,
+                            r: qp,
+                            caps,
+                            last_wqe: false,
+                        });
                         self.slot_of_ref.insert(qp, slot);
                         self.slot_of_num.insert(num, slot);
                     }
@@ -787,6 +862,19 @@ impl<C: Context> ConnDriver<C> {
                     self.slot_of_num.remove(&qpn);
                     self.free_slots.push(slot);
                     self.events.push_back(ConnEvent::Destroyed { slot, qpn });
+                    if s.qp.qp_type() == QpType::Rc {
+                        // Drawing from the SRQ: stop it, and destroy it
+                        // once its last receive is in the CQ and polled.
+                        let stopped = s.qp.modify(&QpTransition::Error).is_ok();
+                        self.draining.insert(
+                            qpn,
+                            Draining {
+                                _qp: s.qp,
+                                last_wqe: s.last_wqe || !stopped,
+                                deadline: now + LAST_WQE_WAIT,
+                            },
+                        );
+                    }
                 }
             }
             Action::CreateTgt { tgt } => {

@@ -118,6 +118,8 @@ pub(crate) struct Core<C: Context> {
     pub drained: bool,
     send_batch: Option<Batch<WorkCompletion>>,
     recv_batch: Option<Batch<WorkCompletion>>,
+    /// The last receive poll found the CQ empty before the batch was full.
+    recv_dry: bool,
     pub ring_blocked: VecDeque<u32>,
     pub ring_served: VecDeque<u32>,
     /// Where inline messages are gathered.
@@ -243,6 +245,7 @@ impl<C: Context> Core<C> {
         Ok(Core {
             send_batch: Some(Batch::new(cfg.cq_batch)),
             recv_batch: Some(Batch::new(cfg.cq_batch)),
+            recv_dry: true,
             cfg,
             iface,
             drv,
@@ -336,6 +339,9 @@ impl<C: Context> Core<C> {
             n += self.poll_send();
         }
         n += self.poll_recv();
+        if self.drv.draining() && self.recv_dry {
+            self.drv.recv_cq_dry(self.cfg.clock.now());
+        }
         n += self.run_rndv();
         n + self.drain_pending()
     }
@@ -641,6 +647,7 @@ impl<C: Context> Core<C> {
             Err(_) => 0,
         };
         self.recv_batch = Some(batch);
+        self.recv_dry = n < self.cfg.cq_batch.max(1);
         if n > 0 && self.iface.repost_due(self.cfg.srq_refill).is_err() {
             self.stats.no_resource += 1;
         }

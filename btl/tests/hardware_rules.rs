@@ -76,3 +76,57 @@ fn a_lost_rtu_is_made_good_by_the_first_message() {
     assert_eq!(notices, st.cm_established_by_notice);
     c.sim.check_invariants().unwrap();
 }
+
+/// A peer that sends and leaves at once: its messages were acknowledged
+/// by the receiver's HCA but may still sit in the receive CQ when the
+/// departure is handled. Destroying the QP that carried them would take
+/// their completions out of the CQ (every provider cleans a destroyed QP's
+/// completions), so they must all be delivered first.
+fn messages_of_a_departing_peer_all_arrive(force_rc: bool) {
+    let mut c = btlsim::Cluster::with(13, 2, 1, SimDevice::ib("sim0"), |cfg| {
+        cfg.force_rc = force_rc;
+        cfg.cq_batch = 4;
+    });
+    c.connect_all(5 * S);
+    c.pause(0, true);
+    let before = c.sim.stats().messages_delivered;
+    let one = c.btl(1);
+    for i in 0..200u32 {
+        one.send(0, btlsim::TAG, &i.to_le_bytes(), &[]).unwrap();
+    }
+    // Every message reached rank 0's HCA (and was acknowledged) while
+    // rank 0 was not polling.
+    c.run_until(5 * S, |c| c.sim.stats().messages_delivered >= before + 200);
+    c.pause(0, false);
+    c.exit(1, 10 * S);
+    c.run_until(5 * S, |c| c.got_count(0) == 200);
+    let zero = c.btl(0);
+    if force_rc {
+        // Rank 0 finds rank 1 gone when it sends (RC peers leave without a
+        // word), and destroys the QP.
+        zero.send(1, btlsim::TAG, &[], b"anyone?").unwrap();
+        c.run_until(10 * S, |c| {
+            c.btl(0).with_manager(|m| m.counters().qps_destroyed) > 0
+        });
+    }
+    c.settle(10 * S);
+    c.shutdown(10 * S);
+    let st = c.sim.stats();
+    assert_eq!(st.srq_qps_destroyed_early, 0, "{st:?}");
+    if force_rc {
+        // Rank 0 destroyed the QPs that had drawn from its SRQ only after
+        // their last receive was reported and the CQ polled dry.
+        let d = zero.driver_stats();
+        assert!(d.drained_qps >= 1 && d.drain_timeouts == 0, "{d:?}");
+    }
+}
+
+#[test]
+fn messages_of_a_departing_rc_peer_all_arrive() {
+    messages_of_a_departing_peer_all_arrive(true);
+}
+
+#[test]
+fn messages_of_a_departing_xrc_peer_all_arrive() {
+    messages_of_a_departing_peer_all_arrive(false);
+}

@@ -255,3 +255,86 @@ fn same_seed_same_run() {
         "different seeds should make different runs"
     );
 }
+
+/// A side on `node` whose QP draws its receives from an SRQ (kept alive
+/// alongside).
+fn srq_side(sim: &SimFabric, node: usize) -> (Side, sim::SimSrq) {
+    let p = sim.spawn(node).unwrap();
+    let dev = sim.config().devices[0].name.clone();
+    let ctx = p.open(&dev).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let srq = ctx
+        .create_srq(
+            &pd,
+            SrqAttr {
+                max_wr: 16,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let qp = ctx
+        .create_qp(
+            &pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: Some(&cq),
+                srq: Some(&srq),
+                caps: QpCaps {
+                    max_send_wr: 16,
+                    ..QpCaps::default()
+                },
+            },
+        )
+        .unwrap();
+    let buf = DmaBuf::new(&ctx, &pd, 16 * 256, Access::LOCAL_WRITE).unwrap();
+    for i in 0..16 {
+        let sge = [buf.sge(i * 256, 256)];
+        srq.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sgl: &sge,
+        })
+        .unwrap();
+    }
+    std::mem::forget(p);
+    (
+        Side {
+            qp,
+            cq,
+            buf,
+            _pd: pd,
+            ctx,
+        },
+        srq,
+    )
+}
+
+/// An RC QP drawing from an SRQ may be taking a receive when it is
+/// destroyed, and its completions leave the CQ with it: the verbs say to
+/// move it to the error state and wait for LAST_WQE_REACHED first. The
+/// simulator counts every QP a live process destroys sooner.
+#[test]
+fn srq_qps_destroyed_before_their_last_receive_are_counted() {
+    for stop_first in [false, true] {
+        let sim = SimFabric::new(SimConfig::new(5, 2)).unwrap();
+        let a = side(&sim, 0);
+        let (b, _srq) = srq_side(&sim, 1);
+        connect(&a, &b);
+        let sge = [a.buf.sge(0, 64)];
+        a.qp.post_send(&SendWr::send(1, &sge)).unwrap();
+        sim.run_until_idle(10_000);
+        let mut wc = [WorkCompletion::default(); 4];
+        assert_eq!(b.cq.poll(&mut wc).unwrap(), 1, "the message arrived");
+        if stop_first {
+            b.qp.modify(&QpTransition::Error).unwrap();
+            let ev = b.ctx.poll_async_event();
+            let qpn = b.qp.qp_num();
+            assert_eq!(ev, Some(AsyncEvent::QpLastWqeReached { qpn }));
+        }
+        drop(b);
+        let early = sim.stats().srq_qps_destroyed_early;
+        assert_eq!(early, u64::from(!stop_first), "stopped first: {stop_first}");
+    }
+}

@@ -309,6 +309,11 @@ impl Cluster {
     #[track_caller]
     pub fn check_clean(&mut self, dead: &[SimProcess]) {
         self.sim.check_invariants().unwrap();
+        let st = self.sim.stats();
+        assert_eq!(
+            st.srq_qps_destroyed_early, 0,
+            "an RC QP on the SRQ was destroyed before its last receive was reported"
+        );
         let dead_pids: Vec<u32> = dead.iter().map(|p| p.pid()).collect();
         for p in dead {
             let v = self.sim.process_view(p);

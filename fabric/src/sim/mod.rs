@@ -283,6 +283,10 @@ pub struct SimStats {
     /// Accepted connections established by the application's notice that
     /// the QP heard the peer (`rdma_notify`), before any RTU arrived.
     pub cm_established_by_notice: u64,
+    /// RC QPs drawing from an SRQ destroyed after they had received but
+    /// before they reported their last receive (LAST_WQE_REACHED): a
+    /// receive they were taking may be lost.
+    pub srq_qps_destroyed_early: u64,
     /// CM events queued.
     pub cm_events: u64,
     /// Address resolutions that missed the cache.

@@ -451,6 +451,9 @@ impl World {
             self.push_qp_async(qp, event);
         }
         if has_srq {
+            if let Some(q) = self.qps.get_mut(qp) {
+                q.last_wqe = true;
+            }
             self.push_qp_async(qp, AsyncEvent::QpLastWqeReached { qpn });
         }
     }
@@ -843,7 +846,7 @@ impl World {
             return;
         }
         let (ty, qp_access, xrcd) = (q.ty, q.access, q.xrcd);
-        let first = !q.heard;
+        let first = !q.heard && q.state == QpState::Rtr;
         self.qps.get_mut(dst).expect("indexed").heard = true;
         if first && self.devs[dst_dev].caps.transport != Transport::Iwarp {
             let qpn = d.dst_qpn;

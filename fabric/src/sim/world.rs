@@ -199,6 +199,8 @@ pub(crate) struct QpObj {
     pub atomic_replies: VecDeque<(u64, [u8; 8])>,
     // iWARP peer-to-peer bookkeeping.
     pub iwarp_responder: bool,
+    /// The QP reported its last receive from its SRQ (LAST_WQE_REACHED).
+    pub last_wqe: bool,
     pub heard: bool,
     pub cm_id: Option<Id<CmIdObj>>,
     // Statistics.
@@ -1070,6 +1072,7 @@ impl World {
             last_response: 0,
             atomic_replies: VecDeque::new(),
             iwarp_responder: false,
+            last_wqe: false,
             heard: false,
             cm_id: None,
             rnr_naks: 0,
@@ -1233,6 +1236,19 @@ impl World {
         };
         q.handles.retain(|x| *x != h);
         if q.handles.is_empty() {
+            // A live process destroying an RC QP that draws from its SRQ
+            // before the QP reported its last receive (LAST_WQE_REACHED)
+            // may lose a receive it was taking, and its completions leave
+            // the CQ. (A process that died loses everything anyway.)
+            let early = q.ty == QpType::Rc && q.srq.is_some() && q.heard && !q.last_wqe;
+            let alive = self
+                .ctxs
+                .get(handle.ctx)
+                .and_then(|c| self.procs.get(c.proc))
+                .is_some_and(|p| p.alive);
+            if early && alive {
+                self.stats.srq_qps_destroyed_early += 1;
+            }
             self.destroy_qp(handle.qp);
         }
     }

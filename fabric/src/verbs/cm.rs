@@ -907,7 +907,10 @@ impl CmId for VerbsCmId {
             let e = std::io::Error::last_os_error();
             // EINVAL: not an id of a connection being accepted.
             if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EISCONN)) {
-                return Err(errno_error("rdma_notify", e.raw_os_error().unwrap_or(libc::EIO)));
+                return Err(errno_error(
+                    "rdma_notify",
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                ));
             }
         }
         Ok(())

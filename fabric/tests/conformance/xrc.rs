@@ -4,7 +4,9 @@
 //! errors to every opener; domains are shared per node through a key.
 
 use std::result::Result;
+use std::time::Duration;
 
+use xrcbtl_fabric::sim::{CmAction, CmFault, CmMsgKind};
 use xrcbtl_fabric::*;
 
 use super::harness::{Ctx, Failure, Harness, Need, Outcome, Proc};
@@ -53,6 +55,16 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
             "xrc_tgt_error_reaches_every_opener",
             &[Need::Xrc, Need::Faults],
             xrc_tgt_events_reach_all::<H>,
+        ),
+        rule(
+            "xrc_lost_rtu_comm_est",
+            &[Need::Xrc, Need::Faults],
+            xrc_lost_rtu_comm_est::<H>,
+        ),
+        rule(
+            "xrc_tgt_error_by_hand_is_silent",
+            &[Need::Xrc],
+            xrc_tgt_error_by_hand_is_silent::<H>,
         ),
         rule(
             "xrc_open_gone_or_foreign_tgt_fails",
@@ -460,6 +472,76 @@ fn xrc_tgt_events_reach_all<H: Harness>(h: &H) -> Outcome {
     sc.expect_open(h, 0)?;
     let srqn = sc.rank(1).srqn();
     sc.send_fails(h, srqn, WcStatus::RetryExceeded)
+}
+
+/// Every RTU is lost: the TGT QP (in RTR, where a responder that never
+/// heard the RTU stays) still receives the first message and reports it
+/// (COMM_EST) to its openers; handed to the CM, that establishes the
+/// connection the RTU never confirmed.
+fn xrc_lost_rtu_comm_est<H: Harness>(h: &H) -> Outcome {
+    let s = h.spawn(0).map_err(Failure)?;
+    let rp = h.spawn(recv_node(h)).map_err(Failure)?;
+    let mut r = Rank::new(&rp.ctx, &h.xrcd_key("rtu"))?;
+    h.cm_fault(CmFault::new(Some(CmMsgKind::Rtu), CmAction::Drop))
+        .map_err(Failure)?;
+    let pd = s.ctx.alloc_pd()?;
+    let cq = s.ctx.create_cq(256)?;
+    let qp = ini_qp(&s.ctx, &pd, &cq, 32)?;
+    let sbuf = DmaBuf::new(&s.ctx, &pd, 4096, Access::LOCAL_WRITE)?;
+    let ch = s.ctx.create_cm_channel()?;
+    let (_l, addr) = listen(h, &rp, &r.ch, PortSpace::Ib)?;
+    let id = resolve(h, &ch, PortSpace::Ib, addr)?;
+    id.connect(Some(&qp), &ConnParam::default())?;
+    let req = wait_cm(h, &r.ch, |k| *k == CmEventKind::ConnectRequest)?;
+    let rid = req.new_id.ok_or_else(|| Failure("no id".into()))?;
+    let tgt = r.ctx.create_tgt_qp(&r.xrcd)?;
+    rid.accept(Some(&tgt), &ConnParam::default())?;
+    ensure_eq!(wait_cm(h, &ch, |_| true)?.kind, CmEventKind::Established);
+    ensure!(r.ch.poll_event().is_none(), "established without an RTU");
+    let ini = Ini {
+        qp,
+        id,
+        ch,
+        sbuf,
+        cq,
+        pd,
+    };
+    ini.send(1, r.srqn(), b"first")?;
+    ensure_eq!(wait_cq(h, &r.cq, 1)?[0].status, WcStatus::Success);
+    let qpn = tgt.qp_num();
+    wait_async(h, &r.ctx, |e| *e == AsyncEvent::CommEstablished { qpn })?;
+    rid.notify_established()?;
+    ensure_eq!(wait_cm(h, &r.ch, |_| true)?.kind, CmEventKind::Established);
+    // Said again, it changes nothing.
+    rid.notify_established()?;
+    ensure!(r.ch.poll_event().is_none(), "established twice");
+    r.tgt = Some(tgt);
+    r.id = Some(rid);
+    Ok(())
+}
+
+/// One opener moves the shared TGT QP to the error state by hand: the verbs
+/// promise the other openers no event for that (a device may raise
+/// LAST_WQE_REACHED, none has to), so they can only learn it by asking the
+/// QP's state. The simulator models the device that stays silent.
+fn xrc_tgt_error_by_hand_is_silent<H: Harness>(h: &H) -> Outcome {
+    let mut sc = Scene::new(h, &["a", "a", "a"])?;
+    let tgt = sc.tgt;
+    sc.rank(1).open(tgt)?;
+    sc.rank(2).open(tgt)?;
+    let q = sc.rank(0).tgt.as_ref().expect("the creator holds it");
+    q.modify(&QpTransition::Error)?;
+    h.settle(Duration::from_millis(100));
+    for i in 1..3 {
+        let mut seen = Vec::new();
+        while let Some(e) = sc.proc(i).ctx.poll_async_event() {
+            seen.push(e);
+        }
+        ensure!(seen.is_empty(), "opener {i} heard {seen:?}");
+        let held = sc.rank(i).tgt.as_ref().expect("opened");
+        ensure_eq!(held.state()?, QpState::Error, "opener {i} asks");
+    }
+    Ok(())
 }
 
 fn xrc_open_gone_fails<H: Harness>(h: &H) -> Outcome {

@@ -275,6 +275,14 @@ impl BtlConfig {
         Ok(self)
     }
 
+    /// How long this rank's QPs take to find a silent peer dead: the first
+    /// try and the CM's 7 retries of [`BtlConfig::ack_timeout`] each
+    /// (537 ms with the default of 14). Tests wait a few times this for a
+    /// failure to show.
+    pub fn dead_peer_after(&self) -> Duration {
+        xrcbtl_fabric::failure_detection_time(self.ack_timeout, 7).unwrap_or(Duration::MAX)
+    }
+
     /// Checks the values against each other.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::invalid(m));

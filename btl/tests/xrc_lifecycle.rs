@@ -56,8 +56,8 @@ fn exit_during_setup(
     }
     // Let failures surface and cleanups run.
     c.advance(300 * MS);
-    c.connect_all(5 * S);
-    c.exchange(2, 5 * S);
+    c.connect_all(c.patience());
+    c.exchange(2, c.patience());
     c.advance(300 * MS);
     c.check_clean(&[proc]);
     c.check_tgt_per_sender();
@@ -106,8 +106,8 @@ fn registrant_leaves_at_every_moment_of_setup() {
 fn sender_leaves_while_connected() {
     for crash in [false, true] {
         let mut c = Cluster::new(7, 2, 3, SimDevice::ib("sim0"));
-        c.connect_all(5 * S);
-        c.exchange(1, 5 * S);
+        c.connect_all(c.patience());
+        c.exchange(1, c.patience());
         let proc = c.proc(0);
         if crash {
             c.crash(0);
@@ -117,7 +117,7 @@ fn sender_leaves_while_connected() {
         c.advance(300 * MS);
         // Survivors carry on; paths anchored by the sender are rebuilt on
         // their next use.
-        c.exchange(2, 5 * S);
+        c.exchange(2, c.patience());
         c.advance(300 * MS);
         c.check_clean(&[proc]);
         c.check_tgt_per_sender();
@@ -127,8 +127,8 @@ fn sender_leaves_while_connected() {
 #[test]
 fn tgt_error_reaches_every_holder_and_senders_fail_over() {
     let mut c = Cluster::new(11, 2, 3, SimDevice::ib("sim0"));
-    c.connect_all(5 * S);
-    c.exchange(1, 5 * S);
+    c.connect_all(c.patience());
+    c.exchange(1, c.patience());
     // Break one TGT QP on node 1 (a sender's way into that node).
     // A remote sender's TGT QP: all three ranks of node 1 hold it.
     let victim = c
@@ -160,8 +160,8 @@ fn tgt_error_reaches_every_holder_and_senders_fail_over() {
         "the sender's three endpoints into node 1 were lost ({lost})"
     );
     // On next use, the sender reconnects; traffic resumes everywhere.
-    c.connect_all(5 * S);
-    c.exchange(2, 5 * S);
+    c.connect_all(c.patience());
+    c.exchange(2, c.patience());
     c.advance(300 * MS);
     c.check_clean(&[]);
     c.check_tgt_per_sender();
@@ -281,7 +281,7 @@ fn simultaneous(device: SimDevice, seed: u64) {
     // Both sides connect at the same instant.
     c.connect(0, 1);
     c.connect(1, 0);
-    c.run_until(5 * S, |c| c.ready(0, 1) && c.ready(1, 0));
+    c.run_until(c.patience(), |c| c.ready(0, 1) && c.ready(1, 0));
     c.advance(300 * MS);
     for r in [0, 1] {
         assert_eq!(
@@ -303,7 +303,7 @@ fn simultaneous(device: SimDevice, seed: u64) {
         })
         .sum();
     assert_eq!(collisions, 1, "exactly one request lost the race");
-    c.exchange(5, 5 * S);
+    c.exchange(5, c.patience());
     assert_eq!(c.sim.stats().iwarp_violations, 0);
     c.check_clean(&[]);
 }
@@ -323,10 +323,10 @@ fn iwarp_initiator_speaks_first() {
         c.job.peek(0).mode(),
         xrcbtl_xrc_conn::Mode::Rc { p2p: true }
     ));
-    c.connect_all(5 * S);
+    c.connect_all(c.patience());
     // Traffic both ways right away: a responder that spoke before hearing
     // from the initiator would have torn its connection down.
-    c.exchange(4, 5 * S);
+    c.exchange(4, c.patience());
     assert_eq!(c.sim.stats().iwarp_violations, 0);
     for r in c.live() {
         let lost: Vec<_> = c
@@ -345,8 +345,8 @@ fn rc_mode_ranks_leave_and_the_rest_continue() {
     for device in [SimDevice::roce("sim0"), SimDevice::iwarp("sim0")] {
         for crash in [false, true] {
             let mut c = Cluster::new(21, 2, 3, device.clone());
-            c.connect_all(5 * S);
-            c.exchange(1, 5 * S);
+            c.connect_all(c.patience());
+            c.exchange(1, c.patience());
             let proc = c.proc(4);
             if crash {
                 c.crash(4);
@@ -354,8 +354,8 @@ fn rc_mode_ranks_leave_and_the_rest_continue() {
                 c.exit(4, S);
             }
             c.advance(300 * MS);
-            c.connect_all(5 * S);
-            c.exchange(2, 5 * S);
+            c.connect_all(c.patience());
+            c.exchange(2, c.patience());
             c.check_clean(&[proc]);
         }
     }
@@ -376,8 +376,8 @@ fn an_anchor_gone_before_anyone_connects_does_not_cut_its_node_off() {
             c.connect(r, 4);
             c.connect(r, 5);
         }
-        c.connect_all(5 * S);
-        c.exchange(2, 5 * S);
+        c.connect_all(c.patience());
+        c.exchange(2, c.patience());
         for r in c.live() {
             let failed: Vec<Notice> = c
                 .notices(r)

@@ -396,6 +396,13 @@ pub fn ack_timeout_duration(v: u8) -> Option<std::time::Duration> {
     (v != 0).then(|| std::time::Duration::from_nanos(4096u64 << u32::from(v.min(31))))
 }
 
+/// How long a requester takes to give up on a peer that answers nothing:
+/// the first try and `retry_cnt` retries of `ack_timeout` each (`None`: the
+/// timeout is infinite).
+pub fn failure_detection_time(ack_timeout: u8, retry_cnt: u8) -> Option<std::time::Duration> {
+    ack_timeout_duration(ack_timeout).map(|t| t * (u32::from(retry_cnt.min(7)) + 1))
+}
+
 /// Attributes of the RTR→RTS transition: the requester's retry policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtsAttr {

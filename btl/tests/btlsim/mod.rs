@@ -105,6 +105,18 @@ impl Cluster {
         self.job.now()
     }
 
+    /// How long a test waits for a connection, an exchange or a failure to
+    /// show: a connection's worst case is every attempt (the configured
+    /// retries) running into a peer that answers nothing, each found dead
+    /// after the QPs' ACK timeout and 7 retries; twice that, and at least
+    /// a second.
+    pub fn patience(&self) -> Duration {
+        let live = self.live();
+        let cfg = self.job.peek(live[0]).config();
+        let attempts = cfg.retries.max(1) + 1;
+        (cfg.dead_peer_after() * attempts * 2).max(Duration::from_secs(1))
+    }
+
     pub fn size(&self) -> usize {
         self.job.size()
     }

@@ -135,6 +135,7 @@ impl World {
             req: None,
             route_cached: false,
             timers: QpTimers::default(),
+            stale_key: None,
         }))
     }
 
@@ -168,6 +169,11 @@ impl World {
             _ => {}
         }
         let c = self.cm_ids.remove(id).expect("present");
+        if let Some(k) = c.stale_key {
+            if self.remote_qpns.get(&k) == Some(&id) {
+                self.remote_qpns.remove(&k);
+            }
+        }
         if let Some(l) = c.listener.and_then(|l| self.cm_ids.get_mut(l)) {
             l.children.retain(|_, child| *child != id);
         }
@@ -1024,9 +1030,11 @@ impl World {
             }),
             route_cached: false,
             timers: QpTimers::default(),
+            stale_key: None,
         });
         if ib {
             self.remote_qpns.insert(stale_key, child);
+            self.cm_ids.get_mut(child).expect("just made").stale_key = Some(stale_key);
         }
         self.cm_ids
             .get_mut(listener)

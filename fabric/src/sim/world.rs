@@ -276,6 +276,8 @@ pub(crate) struct CmIdObj {
     pub route_cached: bool,
     /// Timers the application set for the QP the CM connects.
     pub timers: crate::cm::QpTimers,
+    /// This request's entry in the IB CM's stale-connection table.
+    pub stale_key: Option<(DevIdx, u32, DevIdx)>,
 }
 
 /// Something that happens at a point of virtual time.
@@ -1385,6 +1387,13 @@ impl World {
                 None => Err(format!("{what} outlived its context")),
             }
         };
+        for (k, id) in &self.remote_qpns {
+            if !self.cm_ids.contains(*id) {
+                return Err(format!(
+                    "the stale-connection table holds {k:?} of a gone id"
+                ));
+            }
+        }
         for (id, m) in self.mrs.iter() {
             live_ctx(m.ctx, &format!("MR {id:?}"))?;
             if !self.pds.contains(m.pd) {

@@ -11,15 +11,30 @@ use xrcbtl_fabric::*;
 use super::harness::{Failure, Harness, Proc};
 use crate::{ensure, ensure_eq};
 
-/// How long a rule waits for something that must happen.
-pub const PATIENCE: Duration = Duration::from_secs(10);
+/// The longest local ACK timeout the CM hands a QP whose application sets
+/// none: the path's packet lifetime plus one, and InfiniBand subnet
+/// managers' default lifetime is 18.
+const CM_ACK_TIMEOUT_WORST: u8 = 19;
+
+/// How long a rule waits for something that must happen: the longest a
+/// failure can take to show with the timers the rules' QPs may run with,
+/// which is a requester giving up on a silent peer after the CM's worst
+/// ACK timeout and 7 retries (17.2 s), or an RNR sender after the CM's RNR
+/// timer (0: 655 ms) and 7 retries (5.2 s), with a margin for the
+/// provider's own slowness. (Simulated time costs nothing; on a real
+/// device, only a rule that fails waits this long.)
+pub fn patience() -> Duration {
+    let transport = failure_detection_time(CM_ACK_TIMEOUT_WORST, 7).expect("a finite timeout");
+    let rnr = rnr_timer_duration(0) * 8;
+    transport.max(rnr) + Duration::from_secs(2)
+}
 
 /// The CM id type of a context.
 pub type CmIdOf<C> = <<C as Context>::CmChannel as CmChannel>::Id;
 
 /// Polls `cq` until `n` completions have arrived.
 pub fn wait_cq<H: Harness, Q: Cq>(h: &H, cq: &Q, n: usize) -> Result<Vec<WorkCompletion>, Failure> {
-    let deadline = h.now() + PATIENCE;
+    let deadline = h.now() + patience();
     let mut got = Vec::new();
     let mut buf = [WorkCompletion::default(); 16];
     while got.len() < n {
@@ -45,7 +60,7 @@ pub fn wait_wrs<H: Harness, Q: Cq>(
     cq: &Q,
     wr_ids: &[u64],
 ) -> Result<Vec<WorkCompletion>, Failure> {
-    let deadline = h.now() + PATIENCE;
+    let deadline = h.now() + patience();
     let mut got: Vec<WorkCompletion> = Vec::new();
     let mut other = Vec::new();
     let mut buf = [WorkCompletion::default(); 16];
@@ -88,7 +103,7 @@ pub fn wait_qp_error<H: Harness, Q: Cq, P: Qp>(
     cq: &Q,
     qp: &P,
 ) -> Result<Vec<WorkCompletion>, Failure> {
-    let deadline = h.now() + PATIENCE;
+    let deadline = h.now() + patience();
     let mut seen = Vec::new();
     let mut buf = [WorkCompletion::default(); 16];
     loop {
@@ -120,7 +135,7 @@ pub fn wait_async<H: Harness, C: Context>(
     ctx: &C,
     pred: impl Fn(&AsyncEvent) -> bool,
 ) -> Result<Vec<AsyncEvent>, Failure> {
-    let deadline = h.now() + PATIENCE;
+    let deadline = h.now() + patience();
     let mut seen = Vec::new();
     loop {
         match ctx.poll_async_event() {
@@ -149,7 +164,7 @@ pub fn wait_cm<H: Harness, Ch: CmChannel>(
     ch: &Ch,
     pred: impl Fn(&CmEventKind) -> bool,
 ) -> Result<CmEvent<Ch::Id>, Failure> {
-    let deadline = h.now() + PATIENCE;
+    let deadline = h.now() + patience();
     let mut seen = Vec::new();
     loop {
         match ch.poll_event() {

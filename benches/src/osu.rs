@@ -515,6 +515,7 @@ pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
         addr: btl
             .listen_addr()
             .ok_or_else(|| Error::state("no listener"))?,
+        ib: btl.listen_ib_addr(),
         receive: Some(btl.receive()),
     };
     let host = o.connect.clone().unwrap_or_default();
@@ -590,7 +591,10 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     let addr = btl
         .listen_addr()
         .ok_or_else(|| Error::state("no listener"))?;
-    let mine = record(&format!("{node} {addr} {}", btl.receive()))?;
+    let ib = btl
+        .listen_ib_addr()
+        .map_or("-".to_string(), |a| a.to_string());
+    let mine = record(&format!("{node} {addr} {} {ib}", btl.receive()))?;
     world.all_gather_into(&mine[..], &mut all[..]);
     let peers = all
         .chunks(RECORD)
@@ -601,11 +605,16 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
             let node = f.next().and_then(|n| n.parse().ok());
             let addr = f.next().and_then(|a| a.parse().ok());
             let receive = f.next().and_then(|a| a.parse().ok());
-            match (node, addr, receive) {
-                (Some(node), Some(addr), Some(receive)) => Ok(Peer {
+            let ib = match f.next() {
+                Some("-") => Some(None),
+                a => a.and_then(|a| a.parse().ok()).map(Some),
+            };
+            match (node, addr, receive, ib) {
+                (Some(node), Some(addr), Some(receive), Some(ib)) => Ok(Peer {
                     rank: r as u32,
                     node,
                     addr,
+                    ib,
                     receive: Some(receive),
                 }),
                 _ => Err(Error::invalid(format!("rank {r} sent {t:?}"))),

@@ -236,9 +236,10 @@ pub fn exchange_tcp(
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     let mut w = stream.try_clone().map_err(io)?;
     let receive = me.receive.map_or("-".to_string(), |r| r.to_string());
+    let ib = me.ib.map_or("-".to_string(), |a| a.to_string());
     writeln!(
         w,
-        "xrcbtl-osu 2 {} {} {} {receive}",
+        "xrcbtl-osu 2 {} {} {} {receive} {ib}",
         me.rank, me.node, me.addr
     )
     .map_err(io)?;
@@ -280,6 +281,10 @@ fn parse_peer(line: &str) -> Option<Peer> {
         "-" => None,
         r => Some(r.parse().ok()?),
     };
+    let ib = match f.next()? {
+        "-" => None,
+        a => Some(a.parse().ok()?),
+    };
     if f.next().is_some() {
         return None;
     }
@@ -287,6 +292,7 @@ fn parse_peer(line: &str) -> Option<Peer> {
         rank,
         node,
         addr,
+        ib,
         receive,
     })
 }
@@ -297,7 +303,7 @@ mod tests {
 
     #[test]
     fn peer_lines_parse_strictly() {
-        let p = parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 xrc/64769/1234\n").unwrap();
+        let p = parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 xrc/64769/1234 -\n").unwrap();
         assert_eq!((p.rank, p.node), (0, 1));
         assert_eq!(p.addr, "10.0.0.1:4000".parse().unwrap());
         assert_eq!(
@@ -307,20 +313,30 @@ mod tests {
                 ino: 1234
             }))
         );
-        let p = parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 rc").unwrap();
+        let p = parse_peer(
+            "xrcbtl-osu 2 0 1 10.0.0.1:4000 rc ib:fe800000000000000002c90300a1b2c3/ffff/4791",
+        )
+        .unwrap();
         assert_eq!(p.receive, Some(xrcbtl_btl::Receive::Rc));
+        let ib = p.ib.unwrap();
         assert_eq!(
-            parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 -")
+            (ib.gid.0[0], ib.gid.0[15], ib.pkey, ib.port),
+            (0xfe, 0xc3, 0xffff, 4791)
+        );
+        assert_eq!(ib.to_string().parse::<xrcbtl_btl::IbAddr>().unwrap(), ib);
+        assert_eq!(
+            parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 - -")
                 .unwrap()
                 .receive,
             None
         );
         assert!(parse_peer("xrcbtl-osu 1 0 1 10.0.0.1:4000").is_none());
         assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000").is_none());
-        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 xrc/1").is_none());
-        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 rc x").is_none());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 xrc/1 -").is_none());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 rc ib:fe80/ffff/1").is_none());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 10.0.0.1:4000 rc - x").is_none());
         assert!(parse_peer("hello").is_none());
-        assert!(parse_peer("xrcbtl-osu 2 0 1 nowhere rc").is_none());
+        assert!(parse_peer("xrcbtl-osu 2 0 1 nowhere rc -").is_none());
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use xrcbtl_fabric::{Access, Context, Cq, DeviceCaps, DmaBuf, Error, Result, UserMem};
+use xrcbtl_fabric::{Access, Context, Cq, DeviceCaps, DmaBuf, Error, IbAddr, Result, UserMem};
 use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
 use crate::config::BtlConfig;
@@ -225,6 +225,13 @@ impl<C: Context> Btl<C> {
             core.add_peer(p);
         }
         Ok(())
+    }
+
+    /// The native InfiniBand address peers reach this rank by (`AF_IB`),
+    /// where the port is InfiniBand and librdmacm has `AF_IB` (and
+    /// [`BtlConfig::af_ib`] allows it); publish it with the IP address.
+    pub fn listen_ib_addr(&self) -> Option<IbAddr> {
+        self.lock().drv.listen_ib_addr()
     }
 
     /// How this rank receives, to publish with its address so that peers

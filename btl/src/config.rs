@@ -22,7 +22,8 @@
 //! | `XRCBTL_RETRIES` | 5 | Connection attempts before a peer is declared unreachable. |
 //! | `XRCBTL_MIN_RNR_TIMER` | 12 | RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms). |
 //! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
-//! | `XRCBTL_XRCD_DIR` | (empty) | Absolute directory of the XRC domain key file, the same for every rank of a node (empty: /tmp/xrcbtl-<uid>). Read by the C ABI and the benchmarks, which make the key. |
+//! | `XRCBTL_AF_IB` | 1 | 1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only. |
+//! | `XRCBTL_XRCD_DIR` | (empty) | Absolute directory of the XRC domain key file, the same for every rank of a node (empty: `/tmp/xrcbtl-<uid>`). Read by the C ABI and the benchmarks, which make the key. |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,8 +67,18 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_RETRIES", default: "5", help: "Connection attempts before a peer is declared unreachable." },
     Setting { name: "XRCBTL_MIN_RNR_TIMER", default: "12", help: "RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms)." },
     Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },
+    Setting { name: "XRCBTL_AF_IB", default: "1", help: "1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only." },
     Setting { name: "XRCBTL_XRCD_DIR", default: "", help: "Absolute directory of the XRC domain key file, the same for every rank of a node (empty: /tmp/xrcbtl-<uid>). Read by the C ABI and the benchmarks, which make the key." },
 ];
+
+/// A 0/1 setting.
+fn flag(name: &str, s: &str) -> Result<bool> {
+    match s.trim() {
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" | "" => Ok(false),
+        _ => Err(Error::invalid(format!("{name}={s:?}: expected 0 or 1"))),
+    }
+}
 
 /// Which RDMA operation moves a rendezvous's data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +168,9 @@ pub struct BtlConfig {
     pub min_rnr_timer: u8,
     /// Local ACK timeout of sending QPs (IB encoding).
     pub ack_timeout: u8,
+    /// On InfiniBand, also listen at the port's GID and reach peers by
+    /// theirs (`AF_IB`).
+    pub af_ib: bool,
     /// Where whoever makes [`BtlConfig::xrcd_key`] puts it (`None`: the
     /// default directory). The BTL itself opens `xrcd_key` only.
     pub xrcd_dir: Option<std::path::PathBuf>,
@@ -191,6 +205,7 @@ impl BtlConfig {
             retries: 5,
             min_rnr_timer: xrcbtl_fabric::DEFAULT_MIN_RNR_TIMER,
             ack_timeout: xrcbtl_fabric::DEFAULT_ACK_TIMEOUT,
+            af_ib: true,
             xrcd_dir: None,
             clock: Clock::wall(),
         }
@@ -239,6 +254,9 @@ impl BtlConfig {
             self.sq_max = (v > 0).then_some(v);
             let _ = s;
         }
+        if let Some(s) = g("XRCBTL_AF_IB") {
+            self.af_ib = flag("XRCBTL_AF_IB", &s)?;
+        }
         if let Some(s) = g("XRCBTL_XRCD_DIR") {
             let s = s.trim();
             if !s.is_empty() && !s.starts_with('/') {
@@ -261,15 +279,7 @@ impl BtlConfig {
             };
         }
         if let Some(s) = g("XRCBTL_FORCE_RC") {
-            self.force_rc = match s.trim() {
-                "1" | "true" | "yes" => true,
-                "0" | "false" | "no" | "" => false,
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "XRCBTL_FORCE_RC={s:?}: expected 0 or 1"
-                    )))
-                }
-            };
+            self.force_rc = flag("XRCBTL_FORCE_RC", &s)?;
         }
         self.validate()?;
         Ok(self)

@@ -19,9 +19,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use xrcbtl_fabric::{
-    Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, InitAttr,
-    PortAddr, PortSpace, Qp, QpCaps, QpInit, QpState, QpTransition, QpType, RejectReason, Result,
-    RtrAttr, RtsAttr, SendWr, Transport,
+    Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, IbAddr,
+    InitAttr, PortAddr, PortSpace, Qp, QpCaps, QpInit, QpState, QpTransition, QpType, RejectReason,
+    Result, RtrAttr, RtsAttr, SendWr, Transport, DEFAULT_PKEY,
 };
 use xrcbtl_xrc_conn::{
     Action, CmFailure, CmRef, ConnManager, Event, Mode, Node, Notice, QpKind, QpRef, Rank,
@@ -210,6 +210,10 @@ pub struct ConnDriver<C: Context> {
     /// RC QPs on the SRQ waiting to be destroyed, by number.
     draining: HashMap<u32, Draining<C>>,
     listener: CmIdOf<C>,
+    /// The native InfiniBand listener (`AF_IB`), where the port and
+    /// librdmacm allow one: peers that publish a GID are then reached by
+    /// it, with no ARP.
+    listener_ib: Option<CmIdOf<C>>,
     ch: C::CmChannel,
     slots: Vec<Option<Slot<C>>>,
     free_slots: Vec<u32>,
@@ -238,6 +242,8 @@ pub struct ConnDriver<C: Context> {
     route_of_node: HashMap<Node, RouteRef>,
     node_of: HashMap<Rank, Node>,
     directory: HashMap<Rank, SocketAddr>,
+    /// Peers' native InfiniBand listeners, for those that have one.
+    ib_directory: HashMap<Rank, IbAddr>,
     next_ref: u64,
     events: VecDeque<ConnEvent>,
     notices: Vec<Notice>,
@@ -267,6 +273,20 @@ impl<C: Context> ConnDriver<C> {
         let ch = ctx.create_cm_channel()?;
         let listener = ch.create_id(port_space(mode))?;
         listener.listen(cfg.listen, 1024)?;
+        let listener_ib = if cfg.af_ib && caps.transport == Transport::Infiniband {
+            // Where AF_IB is missing (an old kernel or librdmacm), IP
+            // addressing alone serves.
+            let gid = ctx.query_port(1)?.gid;
+            let l = ch.create_id(port_space(mode))?;
+            let at = IbAddr {
+                gid,
+                pkey: DEFAULT_PKEY,
+                port: 0,
+            };
+            l.listen_ib(at, 1024).ok().map(|()| l)
+        } else {
+            None
+        };
         let mut cc =
             xrcbtl_xrc_conn::Config::new(cfg.rank, cfg.node, cfg.job, mode, iface.srq_nums());
         cc.max_retries = cfg.retries;
@@ -289,6 +309,7 @@ impl<C: Context> ConnDriver<C> {
             accepting: HashMap::new(),
             draining: HashMap::new(),
             listener,
+            listener_ib,
             ch,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -317,6 +338,7 @@ impl<C: Context> ConnDriver<C> {
             route_of_node: HashMap::new(),
             node_of: HashMap::new(),
             directory: HashMap::new(),
+            ib_directory: HashMap::new(),
             next_ref: DRIVER_REFS,
             events: VecDeque::new(),
             notices: Vec::new(),
@@ -329,15 +351,25 @@ impl<C: Context> ConnDriver<C> {
         self.listener.local_addr()
     }
 
+    /// The native InfiniBand address peers that can use `AF_IB` connect
+    /// to.
+    pub fn listen_ib_addr(&self) -> Option<IbAddr> {
+        self.listener_ib.as_ref().and_then(|l| l.local_ib_addr())
+    }
+
     /// The transport chosen from the device caps.
     pub fn mode(&self) -> Mode {
         self.mode
     }
 
     /// Makes a rank known (its node and listener address).
-    pub fn add_peer(&mut self, rank: Rank, node: Node, addr: SocketAddr) {
+    pub fn add_peer(&mut self, rank: Rank, node: Node, addr: SocketAddr, ib: Option<IbAddr>) {
         self.node_of.insert(rank, node);
         self.directory.insert(rank, addr);
+        match ib {
+            Some(a) => self.ib_directory.insert(rank, a),
+            None => self.ib_directory.remove(&rank),
+        };
         self.mgr.add_peer(rank, node);
     }
 
@@ -928,9 +960,16 @@ impl<C: Context> ConnDriver<C> {
                     Err(_) => return self.mgr.handle(now, Event::ResolveFailed { cm }),
                 };
                 let cached = route.and_then(|r| self.routes.get(&r));
-                let started = match cached {
-                    Some(r) => id.resolve_cached(addr, r, 2_000),
-                    None => id.resolve_addr(addr, 2_000),
+                let by_gid = self
+                    .listener_ib
+                    .is_some()
+                    .then(|| self.ib_directory.get(&rank))
+                    .flatten();
+                let started = match (by_gid, cached) {
+                    // Both ends speak AF_IB: the GID is the address.
+                    (Some(dst), r) => id.resolve_ib(*dst, r, 2_000),
+                    (None, Some(r)) => id.resolve_cached(addr, r, 2_000),
+                    (None, None) => id.resolve_addr(addr, 2_000),
                 };
                 self.cm_of_key.insert(id.key(), cm);
                 self.cms.insert(cm, id);

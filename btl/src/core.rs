@@ -208,7 +208,7 @@ impl<C: Context> Core<C> {
 
     pub fn add_peer(&mut self, p: &Peer) {
         if p.rank != self.cfg.rank {
-            self.drv.add_peer(p.rank, p.node, p.addr);
+            self.drv.add_peer(p.rank, p.node, p.addr, p.ib);
         }
         self.eps.add(p.rank);
         if self.fc {

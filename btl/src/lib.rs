@@ -47,6 +47,6 @@ pub use crate::types::{
     OpResult, OpStatus, Peer, PeerResolver, RawMemReg, Receive, RegMem, RemoteMem, RemotePtr, Tag,
 };
 pub use bytes::Bytes;
-pub use xrcbtl_fabric::{Access, MappedBuf, UserMem, XrcdId};
+pub use xrcbtl_fabric::{Access, IbAddr, MappedBuf, UserMem, XrcdId};
 pub use xrcbtl_progress::ThreadConfig;
 pub use xrcbtl_xrc_conn::{Mode, Notice};

@@ -155,6 +155,7 @@ impl SimJob {
             rank: r,
             node: j.node as u32,
             addr: j.btl.listen_addr().expect("a listener"),
+            ib: j.btl.listen_ib_addr(),
             receive: Some(j.btl.receive()),
         }
     }

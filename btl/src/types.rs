@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use xrcbtl_fabric::{Context, DmaBuf, Error, Result, WcStatus, XrcdId};
+use xrcbtl_fabric::{Context, DmaBuf, Error, IbAddr, Result, WcStatus, XrcdId};
 use xrcbtl_xrc_conn::{FailReason, Node, Rank};
 
 use crate::btl::Btl;
@@ -118,6 +118,10 @@ pub struct Peer {
     pub node: Node,
     /// Its listener.
     pub addr: SocketAddr,
+    /// Its native InfiniBand listener ([`Btl::listen_ib_addr`](crate::Btl::listen_ib_addr)),
+    /// if it has one: a rank that can use `AF_IB` too reaches it by GID
+    /// (no ARP), any other by `addr`.
+    pub ib: Option<IbAddr>,
     /// How it receives, as it published ([`Btl::receive`](crate::Btl::receive)),
     /// checked against this rank's when it is added; `None`: not stated,
     /// not checked.

@@ -456,6 +456,7 @@ fn callbacks_send_add_endpoints_and_progress_from_inside() {
             rank: 2,
             node: 2,
             addr: b2.listen_addr().unwrap(),
+            ib: None,
             receive: Some(b2.receive()),
         }
     };
@@ -465,6 +466,7 @@ fn callbacks_send_add_endpoints_and_progress_from_inside() {
             rank: 2,
             node: 2,
             addr,
+            ib: None,
             receive: None,
         }])
         .unwrap();

@@ -72,6 +72,7 @@ fn setup(n: u32, tune: impl Fn(u32, &mut BtlConfig)) -> Ranks {
             rank: b.rank(),
             node: 0,
             addr: b.listen_addr().unwrap(),
+            ib: b.listen_ib_addr(),
             receive: Some(b.receive()),
         })
         .collect();

@@ -187,6 +187,62 @@ pub struct CmRoute {
     pub path: Option<PathRecord>,
 }
 
+/// A native InfiniBand address for the RDMA CM (`AF_IB`): a port's GID, a
+/// partition, and a port number in the id's port space (the low 16 bits of
+/// the service id by which the CM finds listeners). The GID is the address:
+/// no ARP (IPoIB neighbour query) resolves it, and no IP address is
+/// matched, so it scales where IP addressing does not (a job of N nodes
+/// asks N² neighbour queries otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IbAddr {
+    /// The port's GID.
+    pub gid: Gid,
+    /// The partition key (0xffff: the default, full-membership partition).
+    pub pkey: u16,
+    /// The port number in the id's port space (0 to bind: any free one).
+    pub port: u16,
+}
+
+/// The default partition's key.
+pub const DEFAULT_PKEY: u16 = 0xffff;
+
+impl std::fmt::Display for IbAddr {
+    /// `ib:<gid as 32 hex digits>/<pkey hex>/<port>`, for text exchanges.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ib:")?;
+        for b in self.gid.0 {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "/{:04x}/{}", self.pkey, self.port)
+    }
+}
+
+impl std::str::FromStr for IbAddr {
+    type Err = crate::Error;
+
+    /// Reads what `Display` writes.
+    fn from_str(s: &str) -> crate::Result<Self> {
+        let bad = || crate::Error::invalid(format!("{s:?} is not ib:<gid>/<pkey>/<port>"));
+        let mut f = s.strip_prefix("ib:").ok_or_else(bad)?.split('/');
+        let (Some(gid), Some(pkey), Some(port), None) = (f.next(), f.next(), f.next(), f.next())
+        else {
+            return Err(bad());
+        };
+        if gid.len() != 32 || !gid.is_ascii() {
+            return Err(bad());
+        }
+        let mut g = [0u8; 16];
+        for (i, b) in g.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&gid[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(IbAddr {
+            gid: Gid(g),
+            pkey: u16::from_str_radix(pkey, 16).map_err(|_| bad())?,
+            port: port.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
 /// An InfiniBand path record in the subnet administrator's wire format
 /// (`struct ibv_path_record`: 64 bytes, big-endian fields), as route
 /// resolution produced it.

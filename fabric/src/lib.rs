@@ -31,8 +31,8 @@ pub mod verbs;
 
 pub use buf::DmaBuf;
 pub use cm::{
-    max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, PathRecord, PortSpace,
-    RejectReason,
+    max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, IbAddr, PathRecord,
+    PortSpace, RejectReason, DEFAULT_PKEY,
 };
 pub use error::{Error, Result};
 pub use memmon::{Invalidation, MemMonitor, Subscriber};
@@ -323,6 +323,25 @@ pub trait CmId: Send + Sync {
     /// Starts address resolution; completes with `AddrResolved` or
     /// `AddrError`.
     fn resolve_addr(&self, dst: SocketAddr, timeout_ms: u32) -> Result<()>;
+
+    /// Binds to a native InfiniBand address (`AF_IB`: the GID of this id's
+    /// device, a partition, a port; port 0 picks a free one, see
+    /// [`CmId::local_ib_addr`]) and listens. Such a listener hears only
+    /// requests addressed by GID (as the kernel's CM matches listeners by
+    /// address family). `Unsupported` where the port is not InfiniBand
+    /// (RoCE, iWARP) or librdmacm has no `AF_IB`.
+    fn listen_ib(&self, addr: IbAddr, backlog: u32) -> Result<()>;
+
+    /// Starts address resolution of a native InfiniBand address: no ARP,
+    /// the GID is the address. With `route` (cached from an earlier id to
+    /// the same device), the following `resolve_route` sets that path
+    /// instead of asking the subnet administrator. `Unsupported` as for
+    /// [`CmId::listen_ib`].
+    fn resolve_ib(&self, dst: IbAddr, route: Option<&CmRoute>, timeout_ms: u32) -> Result<()>;
+
+    /// The native InfiniBand address a listener bound with
+    /// [`CmId::listen_ib`] is bound to.
+    fn local_ib_addr(&self) -> Option<IbAddr>;
 
     /// Starts route resolution; completes with `RouteResolved` or
     /// `RouteError`.

@@ -85,7 +85,7 @@
 /**
  * Longest address `xrcbtl_address` writes.
  */
-#define XRCBTL_ADDRESS_MAX 301
+#define XRCBTL_ADDRESS_MAX 322
 
 /**
  * Bytes of the handle a peer needs to reach registered memory

@@ -16,6 +16,8 @@
 //! | n | node key (UTF-8) |
 //! | 1 | how the rank receives: 0 RC, 1 XRC |
 //! | 8 + 8 | XRC only: its domain's key file, `st_dev` and `st_ino` |
+//! | 1 | 1 if a native InfiniBand listener follows, else 0 |
+//! | 16 + 2 + 2 | that listener: GID, P_Key, port (peers that can use `AF_IB` reach it by GID, with no ARP) |
 //!
 //! The node key says which ranks share a node's XRC domain and receive
 //! through one XRC INI QP from each sender: ranks of one host on one
@@ -26,13 +28,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use xrcbtl_btl::{Receive, XrcdId};
+use xrcbtl_btl::{IbAddr, Receive, XrcdId};
+use xrcbtl_fabric::Gid;
 
 const MAGIC: &[u8; 4] = b"XRCB";
 const VERSION: u8 = 2;
 
 /// Longest encoded address.
-pub(crate) const MAX_LEN: usize = 4 + 1 + 4 + 1 + 16 + 2 + 1 + 255 + 1 + 16;
+pub(crate) const MAX_LEN: usize = 4 + 1 + 4 + 1 + 16 + 2 + 1 + 255 + 1 + 16 + 1 + 20;
 
 /// A rank's published address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +44,7 @@ pub(crate) struct Address {
     pub listen: SocketAddr,
     pub node_key: String,
     pub receive: Receive,
+    pub ib: Option<IbAddr>,
 }
 
 impl Address {
@@ -74,6 +78,15 @@ impl Address {
                 b.push(1);
                 b.extend_from_slice(&x.dev.to_le_bytes());
                 b.extend_from_slice(&x.ino.to_le_bytes());
+            }
+        }
+        match self.ib {
+            None => b.push(0),
+            Some(a) => {
+                b.push(1);
+                b.extend_from_slice(&a.gid.0);
+                b.extend_from_slice(&a.pkey.to_le_bytes());
+                b.extend_from_slice(&a.port.to_le_bytes());
             }
         }
         Some(b)
@@ -120,6 +133,16 @@ impl Address {
             }
             k => return Err(format!("unknown way of receiving {k}")),
         };
+        let ib = match r.take(1)?[0] {
+            0 => None,
+            1 => {
+                let gid = Gid(r.take(16)?.try_into().expect("16 bytes"));
+                let pkey = u16::from_le_bytes(r.take(2)?.try_into().expect("2 bytes"));
+                let port = u16::from_le_bytes(r.take(2)?.try_into().expect("2 bytes"));
+                Some(IbAddr { gid, pkey, port })
+            }
+            k => return Err(format!("unknown InfiniBand address flag {k}")),
+        };
         if !r.0.is_empty() {
             return Err(format!("{} bytes after the address", r.0.len()));
         }
@@ -128,6 +151,7 @@ impl Address {
             listen: SocketAddr::new(ip, port),
             node_key,
             receive,
+            ib,
         })
     }
 }
@@ -155,12 +179,23 @@ mod tests {
             dev: 0x0102_0304_0506_0708,
             ino: 42,
         });
-        for (listen, receive) in [("10.0.2.15:4791", xrc), ("[fe80::1]:17", Receive::Rc)] {
+        let ib = Some(IbAddr {
+            gid: Gid([
+                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 3, 0, 0xa1, 0xb2, 0xc3,
+            ]),
+            pkey: 0xffff,
+            port: 4791,
+        });
+        for (listen, receive, ib) in [
+            ("10.0.2.15:4791", xrc, ib),
+            ("[fe80::1]:17", Receive::Rc, None),
+        ] {
             let a = Address {
                 rank: 0x0102_0304,
                 listen: listen.parse().unwrap(),
                 node_key: "vm/rxe0".into(),
                 receive,
+                ib,
             };
             let b = a.encode().unwrap();
             assert!(b.len() <= MAX_LEN);
@@ -191,6 +226,11 @@ mod tests {
             listen: "1.2.3.4:5".parse().unwrap(),
             node_key: String::new(),
             receive: Receive::Xrc(XrcdId { dev: 1, ino: 2 }),
+            ib: Some(IbAddr {
+                gid: Gid([1; 16]),
+                pkey: 0x7fff,
+                port: 1,
+            }),
         };
         assert!(a.encode().is_none());
         a.node_key = "k".repeat(256);

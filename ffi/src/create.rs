@@ -154,6 +154,7 @@ fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
         listen,
         node_key: format!("{host}/{device}"),
         receive: btl.receive(),
+        ib: btl.listen_ib_addr(),
     };
     Ok(xrcbtl_t::new(AnyBtl::Verbs(Arc::new(btl)), me, 0, false))
 }

@@ -93,6 +93,7 @@ impl xrcbtl_t {
             rank,
             node: self.node_of(&a.node_key),
             addr: a.listen,
+            ib: a.ib,
             receive: Some(a.receive),
         })
     }
@@ -151,6 +152,7 @@ mod tests {
             listen: btl.listen_addr().expect("a listener"),
             node_key: "sim/0".into(),
             receive: btl.receive(),
+            ib: btl.listen_ib_addr(),
         };
         xrcbtl_t::new(AnyBtl::Sim(btl), me, 0, in_sim)
     }

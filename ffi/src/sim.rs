@@ -146,6 +146,7 @@ pub unsafe extern "C" fn xrcbtl_sim_create(
                     listen: jr.btl.listen_addr().expect("a simulated rank listens"),
                     node_key: format!("sim/{node}"),
                     receive: jr.btl.receive(),
+                    ib: jr.btl.listen_ib_addr(),
                 };
                 xrcbtl_t::new(AnyBtl::Sim(Arc::clone(&jr.btl)), me, node, true)
             })

@@ -13,7 +13,7 @@ use crate::handle::xrcbtl_t;
 pub const XRCBTL_ABI_VERSION: u32 = 2;
 
 /// Longest address `xrcbtl_address` writes.
-pub const XRCBTL_ADDRESS_MAX: usize = 301;
+pub const XRCBTL_ADDRESS_MAX: usize = 322;
 
 /// Bytes of the handle a peer needs to reach registered memory
 /// (`xrcbtl_mem_pack`).

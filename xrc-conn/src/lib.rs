@@ -527,6 +527,11 @@ struct Endpoint {
     /// RC responder on iWARP: the initiator's first message arrived (it can
     /// overtake the CM's own confirmation).
     heard: bool,
+    /// RC: connections with the peer that came up so far. Each request
+    /// carries it, so that a request the peer sent before the connection
+    /// now up (crossing ours, then dropped at its side) is told from a
+    /// peer that lost that connection and connects again.
+    epoch: u32,
 }
 
 /// A TGT QP handle this rank holds.
@@ -593,6 +598,10 @@ pub struct ConnManager {
     /// RC: which QP a peer's connection uses (for FirstReceive and failures).
     qp_owner: BTreeMap<QpRef, u64>,
     routes: BTreeMap<Node, RouteRef>,
+    /// Nodes whose first route is being resolved: the id resolving it, and
+    /// the ids (with their ranks) waiting to reuse it instead of asking
+    /// the same question at once.
+    resolving: BTreeMap<Node, (CmRef, Vec<(CmRef, Rank)>)>,
     /// Processes that send to this rank (they get `Leave` on a clean exit).
     senders: BTreeSet<Rank>,
     leaves_outstanding: BTreeSet<CmRef>,
@@ -631,6 +640,7 @@ impl ConnManager {
             cms: BTreeMap::new(),
             qp_owner: BTreeMap::new(),
             routes: BTreeMap::new(),
+            resolving: BTreeMap::new(),
             senders: BTreeSet::new(),
             leaves_outstanding: BTreeSet::new(),
             phase: Phase::Running,
@@ -807,6 +817,7 @@ impl ConnManager {
                 retry_at: None,
                 initiator: true,
                 heard: false,
+                epoch: 0,
             },
         );
         match self.cfg.mode {
@@ -923,14 +934,59 @@ impl ConnManager {
         self.counters.resolves += 1;
         if route.is_some() {
             self.counters.route_hits += 1;
+        } else if let Some((_, waiting)) = self.resolving.get_mut(&node) {
+            // The node's route is being asked for: wait for the answer.
+            waiting.push((cm, rank));
+            return;
+        } else {
+            self.resolving.insert(node, (cm, Vec::new()));
         }
         self.actions.push_back(Action::Resolve { cm, rank, route });
+    }
+
+    /// The resolution `cm` made for its node is over (resolved, failed or
+    /// given up): the ids waiting for it resolve now, from the route if
+    /// there is one, else each on its own.
+    fn resolution_over(&mut self, cm: CmRef) {
+        if self.resolving.is_empty() {
+            return;
+        }
+        let Some(node) = self
+            .resolving
+            .iter()
+            .find(|(_, (leader, _))| *leader == cm)
+            .map(|(n, _)| *n)
+        else {
+            return;
+        };
+        let (_, waiting) = self.resolving.remove(&node).expect("found");
+        let route = self.routes.get(&node).copied();
+        let mut first = true;
+        for (c, rank) in waiting {
+            if !self.cms.contains_key(&c) {
+                continue;
+            }
+            if route.is_some() {
+                self.counters.route_hits += 1;
+            } else if first {
+                // No route came: the first waiter asks again, the others
+                // wait for it.
+                first = false;
+                self.resolving.insert(node, (c, Vec::new()));
+            } else if let Some((_, w)) = self.resolving.get_mut(&node) {
+                w.push((c, rank));
+                continue;
+            }
+            self.actions
+                .push_back(Action::Resolve { cm: c, rank, route });
+        }
     }
 
     fn drop_cm(&mut self, cm: CmRef) {
         if self.cms.remove(&cm).is_some() {
             self.actions.push_back(Action::DestroyCm { cm });
         }
+        self.resolution_over(cm);
     }
 
     fn refuse(&mut self, cm: CmRef, dst: Rank, tag: u32, reason: Reason) {
@@ -947,6 +1003,13 @@ impl ConnManager {
     fn set_ep(&mut self, rank: Rank, state: EpState) {
         if let Some(e) = self.eps.get_mut(&rank) {
             e.state = state;
+        }
+    }
+
+    /// An RC connection with `rank` came up.
+    fn bump_epoch(&mut self, rank: Rank) {
+        if let Some(e) = self.eps.get_mut(&rank) {
+            e.epoch = e.epoch.wrapping_add(1);
         }
     }
 
@@ -1223,6 +1286,7 @@ impl ConnManager {
         if let Some(node) = rank.and_then(|r| self.node_of.get(&r)) {
             self.routes.insert(*node, route);
         }
+        self.resolution_over(cm);
         match u {
             CmUse::Anchor { ini } => {
                 let Some(i) = self.inis.get_mut(&ini) else {
@@ -1233,6 +1297,9 @@ impl ConnManager {
                 let mut m = self.msg(Kind::Connect, anchor, tag);
                 if matches!(self.cfg.mode, Mode::Rc { .. }) {
                     m.flags |= wire::FLAG_RECIPROCAL;
+                    // RC carries no TGT QP: the field says which connection
+                    // this is.
+                    m.tgt = self.eps.get(&anchor).map_or(0, |e| e.epoch);
                 }
                 self.actions.push_back(Action::Connect {
                     cm,
@@ -1306,9 +1373,13 @@ impl ConnManager {
                     Mode::Rc { p2p: true } => {
                         let qp = self.inis[&ini].qp;
                         self.actions.push_back(Action::SendHello { qp });
+                        self.bump_epoch(anchor);
                         self.ready(anchor);
                     }
-                    Mode::Rc { .. } => self.ready(anchor),
+                    Mode::Rc { .. } => {
+                        self.bump_epoch(anchor);
+                        self.ready(anchor);
+                    }
                     Mode::Xrc => {
                         self.ready(anchor);
                         for r in users {
@@ -1329,7 +1400,9 @@ impl ConnManager {
                 if let Mode::Rc { p2p } = self.cfg.mode {
                     if let Some(e) = self.eps.get(&peer) {
                         if e.state == EpState::Connecting && !e.initiator {
-                            if p2p && !e.heard {
+                            let heard = e.heard;
+                            self.bump_epoch(peer);
+                            if p2p && !heard {
                                 self.set_ep(peer, EpState::WaitHello);
                             } else {
                                 self.ready(peer);
@@ -1415,6 +1488,7 @@ impl ConnManager {
     }
 
     fn on_cm_failed(&mut self, cm: CmRef, how: CmFailure, data: &[u8]) {
+        self.resolution_over(cm);
         let Some(u) = self.cms.remove(&cm) else {
             return;
         };
@@ -1871,6 +1945,12 @@ impl ConnManager {
                         self.destroy_ini(k);
                     }
                 }
+                // A request sent before the connection now up (it crossed
+                // ours and the peer dropped it when it took ours): refuse
+                // it, keep the connection.
+                EpState::Ready | EpState::WaitHello if msg.tgt < e.epoch => {
+                    return self.refuse(cm, peer, msg.tag, Reason::Collision);
+                }
                 EpState::Ready | EpState::WaitHello => {
                     // A fresh request from a peer we think is connected: it
                     // rebuilt, so ours is stale.
@@ -1902,6 +1982,7 @@ impl ConnManager {
                 retry_at: None,
                 initiator: false,
                 heard: false,
+                epoch: 0,
             },
         );
         let m = self.msg(Kind::Accept, peer, msg.tag);

@@ -721,3 +721,128 @@ fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
         "{a:?}"
     );
 }
+
+fn rc_mgr(rank: Rank) -> ConnManager {
+    let cfg = Config::new(rank, rank, JOB, Mode::Rc { p2p: false }, vec![100 + rank]);
+    ConnManager::new(cfg, [(0, 0), (1, 1), (2, 2)])
+}
+
+/// RC: rank 1 and rank 0 connect at once. Rank 0's request wins at rank
+/// 1, which drops its own; but rank 1's request was on the wire already
+/// and reaches rank 0 only after rank 0's connection is up. That request
+/// is older than the connection (it carries the connection count it was
+/// sent under): refused, the connection kept. A request sent after a
+/// connection was lost carries the newer count and replaces it.
+#[test]
+fn rc_a_crossing_request_that_arrives_late_does_not_undo_the_connection() {
+    let mut m = rc_mgr(0);
+    m.connect(T0, 1);
+    let a = drain(&mut m);
+    let cm = resolve_of(&a, 1);
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    let (_, qp, msg) = connect_of(&drain(&mut m));
+    assert_eq!(msg.tgt, 0, "the first connection's request carries count 0");
+    m.handle(
+        T0,
+        Event::Established {
+            cm,
+            data: accept(1, 0, msg.tag, 0),
+        },
+    );
+    let ready = notices(&mut m);
+    assert!(
+        matches!(ready[..], [Notice::Ready { rank: 1, .. }]),
+        "{ready:?}"
+    );
+    // Rank 1's request from before (count 0) arrives now.
+    let mut late = Msg::new(Kind::Connect, JOB, 1, 0, 5);
+    late.flags = wire::FLAG_RECIPROCAL;
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(900),
+            data: late.encode(),
+        },
+    );
+    let acts = drain(&mut m);
+    assert_eq!(rejected(&acts), vec![(CmRef(900), Some(Reason::Collision))]);
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::DestroyQp { .. })),
+        "the connection stays: {acts:?}"
+    );
+    assert!(notices(&mut m).is_empty());
+    // Rank 1 lost the connection and asks again, under count 1: it wins.
+    let mut again = Msg::new(Kind::Connect, JOB, 1, 0, 6);
+    again.flags = wire::FLAG_RECIPROCAL;
+    again.tgt = 1;
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(901),
+            data: again.encode(),
+        },
+    );
+    let acts = drain(&mut m);
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::DestroyQp { qp: q } if Some(*q) == qp)),
+        "the old connection goes: {acts:?}"
+    );
+    assert!(rejected(&acts).is_empty(), "{acts:?}");
+}
+
+/// Ranks of one node added at once share one route query: the first
+/// resolves, the others wait for its route (and resolve on their own only
+/// if it fails).
+#[test]
+fn concurrent_first_resolutions_to_a_node_share_one_query() {
+    let cfg = Config::new(0, 0, JOB, Mode::Rc { p2p: false }, vec![100]);
+    let mut m = ConnManager::new(cfg, [(0, 0), (1, 1), (2, 1), (3, 1)]);
+    for r in 1..4 {
+        m.connect(T0, r);
+    }
+    let a = drain(&mut m);
+    let asked: Vec<_> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::Resolve { cm, rank, route } => Some((*cm, *rank, *route)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked.len(), 1, "one query for node 1: {a:?}");
+    let (first, _, route) = asked[0];
+    assert_eq!(route, None);
+    // It fails: the next waiter asks, the last still waits.
+    m.handle(T0, Event::ResolveFailed { cm: first });
+    let again: Vec<_> = drain(&mut m)
+        .into_iter()
+        .filter_map(|x| match x {
+            Action::Resolve { cm, rank, route } => Some((cm, rank, route)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(again.len(), 1, "{again:?}");
+    let (second, _, _) = again[0];
+    m.handle(
+        T0,
+        Event::Resolved {
+            cm: second,
+            route: RouteRef(3),
+        },
+    );
+    let released: Vec<_> = drain(&mut m)
+        .into_iter()
+        .filter_map(|x| match x {
+            Action::Resolve { rank, route, .. } => Some((rank, route)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released.len(), 1, "the last waiter: {released:?}");
+    assert_eq!(released[0].1, Some(RouteRef(3)));
+}

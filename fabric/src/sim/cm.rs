@@ -6,7 +6,7 @@
 //! QP accepted on the passive side is marked as the MPA responder, which may
 //! not send before it has heard from the initiator.
 
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use super::arena::Id;
 use super::faults::{CmAction, CmMsgKind};
@@ -403,16 +403,121 @@ impl World {
         Ok(())
     }
 
+    /// A native InfiniBand listener: kept in the listener table under a key
+    /// no IP address takes (see [`ib_key`]), so that requests addressed by
+    /// IP never reach it and requests addressed by GID reach nothing else.
+    pub(crate) fn cm_listen_ib(
+        &mut self,
+        id: Id<CmIdObj>,
+        addr: crate::cm::IbAddr,
+        _backlog: u32,
+    ) -> Result<()> {
+        self.expect_state(id, CmState::Idle, "listen_ib")?;
+        let dev = self.af_ib_dev(id)?;
+        if addr.gid != self.devs[dev].gid {
+            return Err(Error::invalid(format!(
+                "GID {:?} is not this device's",
+                addr.gid
+            )));
+        }
+        if addr.pkey != crate::cm::DEFAULT_PKEY {
+            return Err(Error::invalid(format!(
+                "P_Key {:#x} is not in the port's table",
+                addr.pkey
+            )));
+        }
+        let port = if addr.port == 0 {
+            self.ephemeral_port()
+        } else {
+            addr.port
+        };
+        let a = ib_key(dev, port);
+        if self.listeners.contains_key(&a) {
+            return Err(Error::AddrInUse(format!("AF_IB port {port}")));
+        }
+        self.listeners.insert(a, id);
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.local = Some(a);
+        c.state = CmState::Listening;
+        Ok(())
+    }
+
+    /// Address resolution by GID: nothing goes to the wire (no ARP); a
+    /// cached route also spares the path query.
+    pub(crate) fn cm_resolve_ib(
+        &mut self,
+        id: Id<CmIdObj>,
+        dst: crate::cm::IbAddr,
+        route: Option<&crate::cm::CmRoute>,
+        timeout_ms: u32,
+    ) -> Result<()> {
+        self.expect_state(id, CmState::Idle, "resolve_ib")?;
+        let dev = self.af_ib_dev(id)?;
+        let target = self.dev_by_gid(&PortAddr {
+            lid: 0,
+            gid: dst.gid,
+        });
+        if let (Some(r), Some(t)) = (route, target) {
+            if r.dgid != self.devs[t].gid {
+                return Err(Error::invalid("the cached route leads to another device"));
+            }
+        }
+        let local = ib_key(dev, self.ephemeral_port());
+        let c = self.cm_ids.get_mut(id).expect("checked");
+        c.local = Some(local);
+        c.state = CmState::AddrResolving;
+        c.route_cached = route.is_some();
+        let (kind, next, delay) = match target {
+            Some(t) if dst.pkey == crate::cm::DEFAULT_PKEY && !self.path_down(dev, t) => {
+                let c = self.cm_ids.get_mut(id).expect("checked");
+                c.remote = Some(ib_key(t, dst.port));
+                c.remote_dev = Some(t);
+                (CmEventKind::AddrResolved, CmState::AddrResolved, 1_000)
+            }
+            _ => (
+                CmEventKind::AddrError,
+                CmState::Idle,
+                u64::from(timeout_ms.max(1)) * 1_000_000,
+            ),
+        };
+        self.schedule_in(delay, Event::CmLocal { id, kind, next });
+        Ok(())
+    }
+
+    /// The native InfiniBand address of a listener bound with `listen_ib`.
+    pub(crate) fn cm_local_ib_addr(&self, id: Id<CmIdObj>) -> Option<crate::cm::IbAddr> {
+        let a = self.cm_ids.get(id)?.local?;
+        let dev = ib_key_dev(&a)?;
+        Some(crate::cm::IbAddr {
+            gid: self.devs.get(dev)?.gid,
+            pkey: crate::cm::DEFAULT_PKEY,
+            port: a.port(),
+        })
+    }
+
+    /// The device of an id that may use `AF_IB`: one on an InfiniBand port.
+    fn af_ib_dev(&self, id: Id<CmIdObj>) -> Result<DevIdx> {
+        let dev = self.ctx_dev(self.cm(id)?.ctx)?;
+        if self.devs[dev].caps.transport != Transport::Infiniband {
+            return Err(Error::Unsupported(
+                "AF_IB addresses need an InfiniBand port (RoCE and iWARP route by IP)",
+            ));
+        }
+        Ok(dev)
+    }
+
     fn ephemeral_port(&mut self) -> u16 {
         self.next_port = self.next_port.wrapping_add(1).max(20000);
         self.next_port
     }
 
-    /// The address a listener is bound to.
+    /// The address a listener is bound to (an IP address: an `AF_IB` id
+    /// has none).
     pub(crate) fn cm_local_addr(&self, id: Id<CmIdObj>) -> Option<SocketAddr> {
         self.cm_ids
             .get(id)
             .and_then(|c| c.local)
+            .filter(|a| ib_key_dev(a).is_none())
             .map(SocketAddr::V4)
     }
 
@@ -420,6 +525,7 @@ impl World {
         self.cm_ids
             .get(id)
             .and_then(|c| c.remote)
+            .filter(|a| ib_key_dev(a).is_none())
             .map(SocketAddr::V4)
     }
 
@@ -1049,7 +1155,7 @@ impl World {
             kind: CmEventKind::ConnectRequest,
             private_data: private,
             remote_qpn,
-            peer: Some(from_addr),
+            peer: Some(from_addr).filter(|a| ib_key_dev(a).is_none()),
             new_id: Some(child),
         };
         let t = self.cfg.timing.cm_upcall_ns;
@@ -1164,4 +1270,20 @@ impl World {
     pub(crate) fn dev_ip(&self, dev: DevIdx) -> IpAddr {
         IpAddr::V4(self.devs[dev].ip)
     }
+}
+
+/// The key under which the simulator keeps an `AF_IB` address of device
+/// `dev` in its address tables: 255.x.y.z (the device's index), which no
+/// simulated device's IP address takes.
+pub(crate) fn ib_key(dev: DevIdx, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::from(0xff00_0000 | (dev as u32 & 0x00ff_ffff)),
+        port,
+    )
+}
+
+/// The device of an `AF_IB` key (`None`: an IP address).
+pub(crate) fn ib_key_dev(a: &SocketAddrV4) -> Option<DevIdx> {
+    let b = a.ip().octets();
+    (b[0] == 255).then(|| u32::from_be_bytes([0, b[1], b[2], b[3]]) as DevIdx)
 }

@@ -854,6 +854,23 @@ impl CmId for SimCmId {
         self.world().cm_resolve_addr(self.id, dst, timeout_ms)
     }
 
+    fn listen_ib(&self, addr: crate::cm::IbAddr, backlog: u32) -> Result<()> {
+        self.world().cm_listen_ib(self.id, addr, backlog)
+    }
+
+    fn resolve_ib(
+        &self,
+        dst: crate::cm::IbAddr,
+        route: Option<&crate::cm::CmRoute>,
+        timeout_ms: u32,
+    ) -> Result<()> {
+        self.world().cm_resolve_ib(self.id, dst, route, timeout_ms)
+    }
+
+    fn local_ib_addr(&self) -> Option<crate::cm::IbAddr> {
+        self.world().cm_local_ib_addr(self.id)
+    }
+
     fn resolve_route(&self, timeout_ms: u32) -> Result<()> {
         self.world().cm_resolve_route(self.id, timeout_ms)
     }

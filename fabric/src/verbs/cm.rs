@@ -27,8 +27,8 @@ use super::objects::VerbsQp;
 use super::sys;
 use super::{check, errno_error, last_error, VerbsContext};
 use crate::cm::{
-    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, PathRecord, PortSpace, QpTimers,
-    RejectReason,
+    max_private_data, CmEvent, CmEventKind, CmMessage, ConnParam, IbAddr, PathRecord, PortSpace,
+    QpTimers, RejectReason,
 };
 use crate::types::{QpState, QpType, Transport};
 use crate::{CmChannel, CmId, Context, Error, Qp, Result};
@@ -460,6 +460,22 @@ unsafe fn from_sockaddr(sa: *const sys::sockaddr) -> Option<SocketAddr> {
     }
 }
 
+/// A native InfiniBand address as the kernel takes it: the service id is
+/// the port space's base and the port, matched in full.
+fn sockaddr_ib(a: IbAddr, sid_base: u64) -> sys::sockaddr_ib {
+    let mut sib = sys::sockaddr_ib {
+        sib_family: sys::AF_IB as u16,
+        sib_pkey: a.pkey.to_be(),
+        ..Default::default()
+    };
+    sib.sib_addr.ib_u.uib_addr8 = a.gid.0;
+    if a.port != 0 {
+        sib.sib_sid = (sid_base | u64::from(a.port)).to_be();
+        sib.sib_sid_mask = u64::MAX.to_be();
+    }
+    sib
+}
+
 /// Packs the path librdmacm keeps for an id into the SA's wire format.
 fn pack_path(p: &sys::ibv_sa_path_rec) -> PathRecord {
     let mut b = [0u8; 64];
@@ -611,11 +627,40 @@ impl VerbsCmId {
         if rc != 0 {
             return Err(last_error("rdma_create_ep"));
         }
+        self.adopt_xrc(id)
+    }
+
+    /// Creates an XRC id bound to a native InfiniBand address (the same
+    /// way as [`VerbsCmId::create_xrc`], with the address given as an
+    /// `rdma_addrinfo` built here: rdma_getaddrinfo names no GIDs).
+    fn create_xrc_ib(&self, sib: &sys::sockaddr_ib, qp_type: u32) -> Result<*mut sys::rdma_cm_id> {
+        let mut src = *sib;
+        let mut ai = sys::rdma_addrinfo {
+            ai_flags: sys::RAI_PASSIVE as i32,
+            ai_family: sys::AF_IB as i32,
+            ai_qp_type: qp_type as i32,
+            ai_port_space: sys::RDMA_PS_IB as i32,
+            ai_src_len: std::mem::size_of::<sys::sockaddr_ib>() as u32,
+            ai_src_addr: (&mut src as *mut sys::sockaddr_ib).cast(),
+            ..Default::default()
+        };
+        let mut id = null_mut();
+        // SAFETY: `ai` describes a passive AF_IB address that lives for the
+        // call; rdma_create_ep only binds the new id to it.
+        if unsafe { sys::rdma_create_ep(&mut id, &mut ai, null_mut(), null_mut()) } != 0 {
+            return Err(last_error("rdma_create_ep(AF_IB)"));
+        }
+        self.adopt_xrc(id)
+    }
+
+    /// Moves a new synchronous XRC id onto the channel and makes it this
+    /// handle's.
+    fn adopt_xrc(&self, id: *mut sys::rdma_cm_id) -> Result<*mut sys::rdma_cm_id> {
         // SAFETY: `id` is a live synchronous id; migrating makes its events
         // arrive on this channel.
         if unsafe { sys::rdma_migrate_id(id, self.chan.ch) } != 0 {
             let e = last_error("rdma_migrate_id");
-            // SAFETY: created above, not yet shared.
+            // SAFETY: created by the caller, not yet shared.
             unsafe { sys::rdma_destroy_ep(id) };
             return Err(e);
         }
@@ -631,6 +676,25 @@ impl VerbsCmId {
             },
         );
         Ok(id)
+    }
+
+    /// `AF_IB` needs an InfiniBand port: RoCE and iWARP route by IP.
+    fn check_af_ib(&self) -> Result<()> {
+        if transport_of(&self.chan.ctx) != Transport::Infiniband {
+            return Err(Error::Unsupported(
+                "AF_IB addresses need an InfiniBand port (RoCE and iWARP route by IP)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The service id base of this id's port space.
+    fn sid_base(&self) -> u64 {
+        let ps = match self.ps {
+            PortSpace::Ib => sys::RDMA_PS_IB,
+            PortSpace::Tcp => sys::RDMA_PS_TCP,
+        };
+        u64::from(ps) << 16
     }
 
     fn remember_qp(&self, id: *mut sys::rdma_cm_id, qp: &VerbsQp, timers: QpTimers) {
@@ -708,6 +772,83 @@ impl CmId for VerbsCmId {
             return Err(last_error("rdma_resolve_addr"));
         }
         Ok(())
+    }
+
+    fn listen_ib(&self, addr: IbAddr, backlog: u32) -> Result<()> {
+        self.check_af_ib()?;
+        let sib = sockaddr_ib(addr, self.sid_base());
+        let id = if self.ps == PortSpace::Ib {
+            self.create_xrc_ib(&sib, sys::IBV_QPT_XRC_RECV)?
+        } else {
+            let id = self.raw()?;
+            let mut s = sib;
+            // SAFETY: `id` is live; the address is a valid sockaddr_ib
+            // (librdmacm takes its length from the family).
+            if unsafe { sys::rdma_bind_addr(id, (&mut s as *mut sys::sockaddr_ib).cast()) } != 0 {
+                return Err(last_error("rdma_bind_addr(AF_IB)"));
+            }
+            id
+        };
+        self.check_device(id)?;
+        // SAFETY: `id` is live and bound.
+        if unsafe { sys::rdma_listen(id, backlog as i32) } != 0 {
+            return Err(last_error("rdma_listen"));
+        }
+        Ok(())
+    }
+
+    fn resolve_ib(
+        &self,
+        dst: IbAddr,
+        route: Option<&crate::cm::CmRoute>,
+        timeout_ms: u32,
+    ) -> Result<()> {
+        self.check_af_ib()?;
+        let id = if self.ps == PortSpace::Ib && self.id.load(Ordering::Acquire).is_null() {
+            // Bound to the AF_IB wildcard, in the destination's partition.
+            let any = IbAddr {
+                gid: crate::types::Gid::default(),
+                pkey: dst.pkey,
+                port: 0,
+            };
+            self.create_xrc_ib(&sockaddr_ib(any, self.sid_base()), sys::IBV_QPT_XRC_SEND)?
+        } else {
+            self.raw()?
+        };
+        *self.path.lock().unwrap_or_else(|e| e.into_inner()) = route.and_then(|r| r.path);
+        let mut sib = sockaddr_ib(dst, self.sid_base());
+        // SAFETY: `id` is live; the destination is a valid sockaddr_ib. The
+        // kernel resolves a GID without a query on the wire.
+        let rc = unsafe {
+            sys::rdma_resolve_addr(
+                id,
+                null_mut(),
+                (&mut sib as *mut sys::sockaddr_ib).cast(),
+                timeout_ms as i32,
+            )
+        };
+        if rc != 0 {
+            return Err(last_error("rdma_resolve_addr(AF_IB)"));
+        }
+        Ok(())
+    }
+
+    fn local_ib_addr(&self) -> Option<IbAddr> {
+        let id = self.raw().ok()?;
+        // SAFETY: `id` is live; librdmacm returns its stored address, whose
+        // family says its layout.
+        unsafe {
+            let sa = sys::rdma_get_local_addr(id);
+            if sa.is_null() || u32::from((*sa).sa_family) != sys::AF_IB {
+                return None;
+            }
+            let sib = &*(sa as *const sys::sockaddr_ib);
+            Some(IbAddr {
+                gid: crate::types::Gid(sib.sib_addr.ib_u.uib_addr8),
+                pkey: u16::from_be(sib.sib_pkey),
+                port: (u64::from_be(sib.sib_sid) & 0xffff) as u16,
+            })
+        }
     }
 
     fn resolve_route(&self, timeout_ms: u32) -> Result<()> {

@@ -19,6 +19,7 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
         rule("cm_disconnect", &[], cm_disconnect::<H>),
         rule("cm_cached_route", &[], cm_cached_route::<H>),
         rule("cm_resolve_never_blocks", &[], cm_resolve_never_blocks::<H>),
+        rule("cm_af_ib_by_gid", &[], cm_af_ib::<H>),
     ]
 }
 
@@ -217,6 +218,86 @@ fn cm_resolve_never_blocks<H: Harness>(h: &H) -> Outcome {
             matches!(k, CmEventKind::AddrResolved | CmEventKind::AddrError)
         })?;
         ensure_eq!(e.kind, CmEventKind::AddrError, "{ps:?}");
+    }
+    Ok(())
+}
+
+/// Native InfiniBand addressing (`AF_IB`): only on an InfiniBand port
+/// (RoCE and iWARP route by IP, and say so). There, a listener bound to the
+/// port's GID is reached by GID, in either port space, and not by IP: the
+/// CM matches listeners by address family.
+fn cm_af_ib<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let cha = a.ctx.create_cm_channel()?;
+    let chb = b.ctx.create_cm_channel()?;
+    let gid = b.ctx.query_port(1)?.gid;
+    let at = IbAddr {
+        gid,
+        pkey: DEFAULT_PKEY,
+        port: 0,
+    };
+    if h.caps().transport != Transport::Infiniband {
+        for ps in [PortSpace::Tcp, PortSpace::Ib] {
+            let l = chb.create_id(ps)?;
+            ensure!(
+                matches!(l.listen_ib(at, 4), Err(Error::Unsupported(_))),
+                "{ps:?}: listened by GID on {:?}",
+                h.caps().transport
+            );
+            let id = cha.create_id(ps)?;
+            ensure!(
+                matches!(id.resolve_ib(at, None, 100), Err(Error::Unsupported(_))),
+                "{ps:?}: resolved a GID on {:?}",
+                h.caps().transport
+            );
+        }
+        return Ok(());
+    }
+    let l = chb.create_id(PortSpace::Tcp)?;
+    l.listen_ib(at, 4)?;
+    let bound = l
+        .local_ib_addr()
+        .ok_or_else(|| Failure("no AF_IB address".into()))?;
+    ensure_eq!((bound.gid, bound.pkey), (gid, DEFAULT_PKEY));
+    ensure!(bound.port != 0, "no port picked");
+    ensure!(
+        l.local_addr().is_none(),
+        "an AF_IB listener has an IP address"
+    );
+    // By IP, the same port number reaches nobody.
+    let ip = SocketAddr::new(h.addr(&b), bound.port);
+    let by_ip = cha.create_id(PortSpace::Tcp)?;
+    by_ip.resolve_addr(ip, 2_000)?;
+    ensure_eq!(wait_cm(h, &cha, |_| true)?.kind, CmEventKind::AddrResolved);
+    by_ip.resolve_route(2_000)?;
+    ensure_eq!(wait_cm(h, &cha, |_| true)?.kind, CmEventKind::RouteResolved);
+    let ep0 = Ep::new(&a.ctx, &Opts::default())?;
+    by_ip.connect(Some(&ep0.qp), &ConnParam::default())?;
+    ensure_eq!(
+        wait_cm(h, &cha, |_| true)?.kind,
+        CmEventKind::Rejected(RejectReason::NoListener)
+    );
+    // By GID it connects, and a second id reuses the first one's route.
+    let mut route = None;
+    for _ in 0..2 {
+        let id = cha.create_id(PortSpace::Tcp)?;
+        id.resolve_ib(bound, route.as_ref(), 2_000)?;
+        ensure_eq!(wait_cm(h, &cha, |_| true)?.kind, CmEventKind::AddrResolved);
+        id.resolve_route(2_000)?;
+        ensure_eq!(wait_cm(h, &cha, |_| true)?.kind, CmEventKind::RouteResolved);
+        route = id.route();
+        ensure!(route.is_some_and(|r| r.dgid == gid), "route {route:?}");
+        let ea = Ep::new(&a.ctx, &Opts::default())?;
+        id.connect(Some(&ea.qp), &ConnParam::default())?;
+        let req = wait_cm(h, &chb, |k| *k == CmEventKind::ConnectRequest)?;
+        ensure!(req.peer.is_none(), "an AF_IB request has no IP peer");
+        let child = req.new_id.ok_or_else(|| Failure("no id".into()))?;
+        let eb = Ep::new(&b.ctx, &Opts::default())?;
+        child.accept(Some(&eb.qp), &ConnParam::default())?;
+        ensure_eq!(wait_cm(h, &cha, |_| true)?.kind, CmEventKind::Established);
+        ensure_eq!(wait_cm(h, &chb, |_| true)?.kind, CmEventKind::Established);
+        ea.send(0, b"by gid")?;
+        check_wc(&wait_cq(h, &eb.cq, 1)?[0], 1000, WcStatus::Success)?;
     }
     Ok(())
 }

@@ -20,11 +20,28 @@ const SLOT: usize = 16 * 1024;
 const RECVS: u32 = 8;
 
 fn side(sim: &SimFabric, node: usize) -> Side {
+    side_with(sim, node, false).0
+}
+
+/// A side on `node`; with `srq`, its QP draws its receives from an SRQ
+/// (returned, to keep alive) in which 16 receives are posted.
+fn side_with(sim: &SimFabric, node: usize, srq: bool) -> (Side, Option<sim::SimSrq>) {
     let p = sim.spawn(node).unwrap();
     let dev = sim.config().devices[0].name.clone();
     let ctx = p.open(&dev).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(1024).unwrap();
+    let srq = srq.then(|| {
+        ctx.create_srq(
+            &pd,
+            SrqAttr {
+                max_wr: 16,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap()
+    });
     let qp = ctx
         .create_qp(
             &pd,
@@ -32,23 +49,34 @@ fn side(sim: &SimFabric, node: usize) -> Side {
                 qp_type: QpType::Rc,
                 send_cq: &cq,
                 recv_cq: Some(&cq),
-                srq: None,
+                srq: srq.as_ref(),
                 caps: QpCaps {
                     max_send_wr: 64,
-                    max_recv_wr: 64,
+                    max_recv_wr: if srq.is_some() { 0 } else { 64 },
                     ..QpCaps::default()
                 },
             },
         )
         .unwrap();
     let buf = DmaBuf::new(&ctx, &pd, SLOT * 64, Access::LOCAL_WRITE).unwrap();
-    Side {
+    if let Some(srq) = &srq {
+        for i in 0..16 {
+            let sge = [buf.sge(i * SLOT, SLOT as u32)];
+            srq.post_recv(&RecvWr {
+                wr_id: i as u64,
+                sgl: &sge,
+            })
+            .unwrap();
+        }
+    }
+    let side = Side {
         qp,
         cq,
         buf,
         _pd: pd,
         ctx,
-    }
+    };
+    (side, srq)
 }
 
 /// Connects two sides through the CM (iWARP can only be connected so);
@@ -256,61 +284,6 @@ fn same_seed_same_run() {
     );
 }
 
-/// A side on `node` whose QP draws its receives from an SRQ (kept alive
-/// alongside).
-fn srq_side(sim: &SimFabric, node: usize) -> (Side, sim::SimSrq) {
-    let p = sim.spawn(node).unwrap();
-    let dev = sim.config().devices[0].name.clone();
-    let ctx = p.open(&dev).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).unwrap();
-    let srq = ctx
-        .create_srq(
-            &pd,
-            SrqAttr {
-                max_wr: 16,
-                max_sge: 1,
-                srq_limit: 0,
-            },
-        )
-        .unwrap();
-    let qp = ctx
-        .create_qp(
-            &pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                send_cq: &cq,
-                recv_cq: Some(&cq),
-                srq: Some(&srq),
-                caps: QpCaps {
-                    max_send_wr: 16,
-                    ..QpCaps::default()
-                },
-            },
-        )
-        .unwrap();
-    let buf = DmaBuf::new(&ctx, &pd, 16 * 256, Access::LOCAL_WRITE).unwrap();
-    for i in 0..16 {
-        let sge = [buf.sge(i * 256, 256)];
-        srq.post_recv(&RecvWr {
-            wr_id: i as u64,
-            sgl: &sge,
-        })
-        .unwrap();
-    }
-    std::mem::forget(p);
-    (
-        Side {
-            qp,
-            cq,
-            buf,
-            _pd: pd,
-            ctx,
-        },
-        srq,
-    )
-}
-
 /// An RC QP drawing from an SRQ may be taking a receive when it is
 /// destroyed, and its completions leave the CQ with it: the verbs say to
 /// move it to the error state and wait for LAST_WQE_REACHED first. The
@@ -320,7 +293,7 @@ fn srq_qps_destroyed_before_their_last_receive_are_counted() {
     for stop_first in [false, true] {
         let sim = SimFabric::new(SimConfig::new(5, 2)).unwrap();
         let a = side(&sim, 0);
-        let (b, _srq) = srq_side(&sim, 1);
+        let (b, _srq) = side_with(&sim, 1, true);
         connect(&a, &b);
         let sge = [a.buf.sge(0, 64)];
         a.qp.post_send(&SendWr::send(1, &sge)).unwrap();

@@ -393,12 +393,23 @@ impl World {
         if a.port() == 0 {
             a.set_port(self.ephemeral_port());
         }
-        if self.listeners.contains_key(&a) {
-            return Err(Error::AddrInUse(a.to_string()));
+        self.bind_listener(id, a, || a.to_string())
+    }
+
+    /// Enters a listener in the table under `key` (an IP address, or an
+    /// [`ib_key`]); `shown` names the address if it is taken.
+    fn bind_listener(
+        &mut self,
+        id: Id<CmIdObj>,
+        key: SocketAddrV4,
+        shown: impl FnOnce() -> String,
+    ) -> Result<()> {
+        if self.listeners.contains_key(&key) {
+            return Err(Error::AddrInUse(shown()));
         }
-        self.listeners.insert(a, id);
+        self.listeners.insert(key, id);
         let c = self.cm_ids.get_mut(id).expect("checked");
-        c.local = Some(a);
+        c.local = Some(key);
         c.state = CmState::Listening;
         Ok(())
     }
@@ -431,15 +442,7 @@ impl World {
         } else {
             addr.port
         };
-        let a = ib_key(dev, port);
-        if self.listeners.contains_key(&a) {
-            return Err(Error::AddrInUse(format!("AF_IB port {port}")));
-        }
-        self.listeners.insert(a, id);
-        let c = self.cm_ids.get_mut(id).expect("checked");
-        c.local = Some(a);
-        c.state = CmState::Listening;
-        Ok(())
+        self.bind_listener(id, ib_key(dev, port), || format!("AF_IB port {port}"))
     }
 
     /// Address resolution by GID: nothing goes to the wire (no ARP); a

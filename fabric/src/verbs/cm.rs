@@ -17,7 +17,6 @@
 //! pair costs one path query per process, not one per connection.
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::CString;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -460,6 +459,9 @@ unsafe fn from_sockaddr(sa: *const sys::sockaddr) -> Option<SocketAddr> {
     }
 }
 
+/// The size of a `sockaddr_ib`.
+const SOCKADDR_IB_LEN: u32 = std::mem::size_of::<sys::sockaddr_ib>() as u32;
+
 /// A native InfiniBand address as the kernel takes it: the service id is
 /// the port space's base and the port, matched in full.
 fn sockaddr_ib(a: IbAddr, sid_base: u64) -> sys::sockaddr_ib {
@@ -598,59 +600,72 @@ impl VerbsCmId {
     }
 
     /// Creates an XRC id with `rdma_create_ep` (the only way librdmacm sets
-    /// its QP type), bound to `addr` and nothing more, and moves it onto the
-    /// channel.
-    fn create_xrc(&self, addr: SocketAddr, qp_type: u32) -> Result<*mut sys::rdma_cm_id> {
-        let host = CString::new(addr.ip().to_string()).expect("no NUL in an address");
-        let port = CString::new(addr.port().to_string()).expect("no NUL in a number");
-        let hints = sys::rdma_addrinfo {
-            ai_flags: (sys::RAI_NUMERICHOST | sys::RAI_PASSIVE) as i32,
-            ai_port_space: sys::RDMA_PS_IB as i32,
+    /// its QP type), bound to the local address `src` (`len` bytes, of
+    /// `family`: IP or AF_IB) and nothing more, and moves it onto the
+    /// channel. The `rdma_addrinfo` is built here: RAI_PASSIVE makes
+    /// rdma_create_ep only bind to its source address (and
+    /// rdma_getaddrinfo names no GIDs).
+    ///
+    /// # Safety
+    /// `src` points to a valid socket address of `len` bytes.
+    unsafe fn create_xrc(
+        &self,
+        src: *mut sys::sockaddr,
+        len: u32,
+        family: u32,
+        qp_type: u32,
+    ) -> Result<*mut sys::rdma_cm_id> {
+        let mut ai = sys::rdma_addrinfo {
+            ai_flags: sys::RAI_PASSIVE as i32,
+            ai_family: family as i32,
             ai_qp_type: qp_type as i32,
+            ai_port_space: sys::RDMA_PS_IB as i32,
+            ai_src_len: len,
+            ai_src_addr: src,
             ..Default::default()
         };
-        let mut res = null_mut();
-        // SAFETY: valid C strings and hints; `res` receives a list freed below.
-        let rc = unsafe { sys::rdma_getaddrinfo(host.as_ptr(), port.as_ptr(), &hints, &mut res) };
-        if rc != 0 {
-            // rdma_getaddrinfo returns an EAI code, not an errno.
-            return Err(Error::invalid(format!(
-                "rdma_getaddrinfo({addr}) failed with code {rc}"
-            )));
-        }
         let mut id = null_mut();
-        // SAFETY: `res` is the list just returned; no PD or QP is attached.
-        // RAI_PASSIVE makes rdma_create_ep bind the id and return at once.
-        let rc = unsafe { sys::rdma_create_ep(&mut id, res, null_mut(), null_mut()) };
-        // SAFETY: freed once, after use.
-        unsafe { sys::rdma_freeaddrinfo(res) };
-        if rc != 0 {
+        // SAFETY: `ai` describes a passive address that lives for the call
+        // (the caller's promise); no PD or QP is attached.
+        if unsafe { sys::rdma_create_ep(&mut id, &mut ai, null_mut(), null_mut()) } != 0 {
             return Err(last_error("rdma_create_ep"));
         }
         self.adopt_xrc(id)
     }
 
-    /// Creates an XRC id bound to a native InfiniBand address (the same
-    /// way as [`VerbsCmId::create_xrc`], with the address given as an
-    /// `rdma_addrinfo` built here: rdma_getaddrinfo names no GIDs).
-    fn create_xrc_ib(&self, sib: &sys::sockaddr_ib, qp_type: u32) -> Result<*mut sys::rdma_cm_id> {
-        let mut src = *sib;
-        let mut ai = sys::rdma_addrinfo {
-            ai_flags: sys::RAI_PASSIVE as i32,
-            ai_family: sys::AF_IB as i32,
-            ai_qp_type: qp_type as i32,
-            ai_port_space: sys::RDMA_PS_IB as i32,
-            ai_src_len: std::mem::size_of::<sys::sockaddr_ib>() as u32,
-            ai_src_addr: (&mut src as *mut sys::sockaddr_ib).cast(),
-            ..Default::default()
-        };
-        let mut id = null_mut();
-        // SAFETY: `ai` describes a passive AF_IB address that lives for the
-        // call; rdma_create_ep only binds the new id to it.
-        if unsafe { sys::rdma_create_ep(&mut id, &mut ai, null_mut(), null_mut()) } != 0 {
-            return Err(last_error("rdma_create_ep(AF_IB)"));
+    /// Binds the id to a local address: an XRC id is created there as
+    /// `qp_type` ([`VerbsCmId::create_xrc`]), an RC id is bound.
+    ///
+    /// # Safety
+    /// As [`VerbsCmId::create_xrc`].
+    unsafe fn bind_local(
+        &self,
+        src: *mut sys::sockaddr,
+        len: u32,
+        family: u32,
+        qp_type: u32,
+    ) -> Result<*mut sys::rdma_cm_id> {
+        if self.ps == PortSpace::Ib {
+            // SAFETY: the caller's promise.
+            return unsafe { self.create_xrc(src, len, family, qp_type) };
         }
-        self.adopt_xrc(id)
+        let id = self.raw()?;
+        // SAFETY: `id` is live; the address is valid (the caller's promise;
+        // librdmacm takes its length from the family).
+        if unsafe { sys::rdma_bind_addr(id, src) } != 0 {
+            return Err(last_error("rdma_bind_addr"));
+        }
+        Ok(id)
+    }
+
+    /// Listens on an id bound to this channel's device.
+    fn start_listening(&self, id: *mut sys::rdma_cm_id, backlog: u32) -> Result<()> {
+        self.check_device(id)?;
+        // SAFETY: `id` is live and bound.
+        if unsafe { sys::rdma_listen(id, backlog as i32) } != 0 {
+            return Err(last_error("rdma_listen"));
+        }
+        Ok(())
     }
 
     /// Moves a new synchronous XRC id onto the channel and makes it this
@@ -727,25 +742,12 @@ impl CmId for VerbsCmId {
     }
 
     fn listen(&self, addr: SocketAddr, backlog: u32) -> Result<()> {
-        let id = if self.ps == PortSpace::Ib {
-            self.create_xrc(addr, sys::IBV_QPT_XRC_RECV)?
-        } else {
-            let id = self.raw()?;
-            let (mut ss, _) = to_sockaddr(addr);
-            // SAFETY: `id` is live; the address is a valid sockaddr.
-            if unsafe { sys::rdma_bind_addr(id, (&mut ss as *mut libc::sockaddr_storage).cast()) }
-                != 0
-            {
-                return Err(last_error("rdma_bind_addr"));
-            }
-            id
-        };
-        self.check_device(id)?;
-        // SAFETY: `id` is live and bound.
-        if unsafe { sys::rdma_listen(id, backlog as i32) } != 0 {
-            return Err(last_error("rdma_listen"));
-        }
-        Ok(())
+        let (mut ss, len) = to_sockaddr(addr);
+        let family = u32::from(ss.ss_family);
+        let sa = (&mut ss as *mut libc::sockaddr_storage).cast();
+        // SAFETY: `sa` is the valid address just built, of `len` bytes.
+        let id = unsafe { self.bind_local(sa, len, family, sys::IBV_QPT_XRC_RECV) }?;
+        self.start_listening(id, backlog)
     }
 
     fn resolve_addr(&self, dst: SocketAddr, timeout_ms: u32) -> Result<()> {
@@ -754,7 +756,11 @@ impl CmId for VerbsCmId {
                 SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
                 SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
             };
-            self.create_xrc(any, sys::IBV_QPT_XRC_SEND)?
+            let (mut ss, len) = to_sockaddr(any);
+            let family = u32::from(ss.ss_family);
+            let sa = (&mut ss as *mut libc::sockaddr_storage).cast();
+            // SAFETY: `sa` is the valid address just built, of `len` bytes.
+            unsafe { self.create_xrc(sa, len, family, sys::IBV_QPT_XRC_SEND) }?
         } else {
             self.raw()?
         };
@@ -776,25 +782,12 @@ impl CmId for VerbsCmId {
 
     fn listen_ib(&self, addr: IbAddr, backlog: u32) -> Result<()> {
         self.check_af_ib()?;
-        let sib = sockaddr_ib(addr, self.sid_base());
-        let id = if self.ps == PortSpace::Ib {
-            self.create_xrc_ib(&sib, sys::IBV_QPT_XRC_RECV)?
-        } else {
-            let id = self.raw()?;
-            let mut s = sib;
-            // SAFETY: `id` is live; the address is a valid sockaddr_ib
-            // (librdmacm takes its length from the family).
-            if unsafe { sys::rdma_bind_addr(id, (&mut s as *mut sys::sockaddr_ib).cast()) } != 0 {
-                return Err(last_error("rdma_bind_addr(AF_IB)"));
-            }
-            id
-        };
-        self.check_device(id)?;
-        // SAFETY: `id` is live and bound.
-        if unsafe { sys::rdma_listen(id, backlog as i32) } != 0 {
-            return Err(last_error("rdma_listen"));
-        }
-        Ok(())
+        let mut sib = sockaddr_ib(addr, self.sid_base());
+        let sa = (&mut sib as *mut sys::sockaddr_ib).cast();
+        // SAFETY: `sa` is the valid sockaddr_ib just built.
+        let id =
+            unsafe { self.bind_local(sa, SOCKADDR_IB_LEN, sys::AF_IB, sys::IBV_QPT_XRC_RECV) }?;
+        self.start_listening(id, backlog)
     }
 
     fn resolve_ib(
@@ -811,7 +804,10 @@ impl CmId for VerbsCmId {
                 pkey: dst.pkey,
                 port: 0,
             };
-            self.create_xrc_ib(&sockaddr_ib(any, self.sid_base()), sys::IBV_QPT_XRC_SEND)?
+            let mut sib = sockaddr_ib(any, self.sid_base());
+            let sa = (&mut sib as *mut sys::sockaddr_ib).cast();
+            // SAFETY: `sa` is the valid sockaddr_ib just built.
+            unsafe { self.create_xrc(sa, SOCKADDR_IB_LEN, sys::AF_IB, sys::IBV_QPT_XRC_SEND) }?
         } else {
             self.raw()?
         };

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use xrcbtl_fabric::*;
 
-use super::harness::{Failure, Harness, Outcome};
+use super::harness::{Failure, Harness, Need, Outcome};
 use super::util::*;
 use super::{rule, two, Rule};
 use crate::{ensure, ensure_eq};
@@ -20,6 +20,11 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
         rule("cm_cached_route", &[], cm_cached_route::<H>),
         rule("cm_resolve_never_blocks", &[], cm_resolve_never_blocks::<H>),
         rule("cm_af_ib_by_gid", &[], cm_af_ib::<H>),
+        rule(
+            "cm_ib_port_space_listens",
+            &[Need::IbFamily],
+            cm_ib_port_space_listens::<H>,
+        ),
     ]
 }
 
@@ -299,5 +304,19 @@ fn cm_af_ib<H: Harness>(h: &H) -> Outcome {
         ea.send(0, b"by gid")?;
         check_wc(&wait_cq(h, &eb.cq, 1)?[0], 1000, WcStatus::Success)?;
     }
+    Ok(())
+}
+
+/// An id of the IB port space (the XRC one) listens at the device's
+/// address on a port of its own choosing, and a second id cannot take the
+/// same port.
+fn cm_ib_port_space_listens<H: Harness>(h: &H) -> Outcome {
+    let (_a, b) = two(h)?;
+    let ch = b.ctx.create_cm_channel()?;
+    let (_l, addr) = listen(h, &b, &ch, PortSpace::Ib)?;
+    ensure_eq!(addr.ip(), h.addr(&b));
+    ensure!(addr.port() != 0, "no port picked");
+    let again = ch.create_id(PortSpace::Ib)?;
+    ensure!(again.listen(addr, 4).is_err(), "two listeners on {addr}");
     Ok(())
 }

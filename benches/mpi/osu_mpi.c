@@ -2,11 +2,12 @@
  * MPI-level latency and bandwidth, measured through MPI itself the way the
  * OSU micro-benchmarks 7.4 measure them (osu_latency: blocking ping-pong,
  * half the round trip; osu_bw: a window of non-blocking sends answered by
- * one short reply), printed in their format. Two ranks. Which transport
+ * one short reply; osu_bibw: both ranks send a window and receive the
+ * other's), printed in their format. Two ranks. Which transport
  * carries the messages is mpirun's choice (scripts/guest-osu runs it over
  * ob1 with xrc and with tcp).
  *
- *   osu_mpi latency|bw [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]
+ *   osu_mpi latency|bw|bibw [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -16,19 +17,20 @@
 
 int main(int argc, char **argv)
 {
-    int rank, size, latency, opt;
+    int rank, size, latency, bibw, opt;
     long max = 1 << 22, iters = 1000, warmup = 100, window = 64;
     char *s = NULL, *r = NULL;
 
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (argc < 2 || (strcmp(argv[1], "latency") && strcmp(argv[1], "bw")) || 2 != size) {
-        if (0 == rank) fprintf(stderr, "usage: mpirun -np 2 osu_mpi latency|bw [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]\n");
+    if (argc < 2 || (strcmp(argv[1], "latency") && strcmp(argv[1], "bw") && strcmp(argv[1], "bibw")) || 2 != size) {
+        if (0 == rank) fprintf(stderr, "usage: mpirun -np 2 osu_mpi latency|bw|bibw [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]\n");
         MPI_Finalize();
         return 2;
     }
     latency = !strcmp(argv[1], "latency");
+    bibw = !strcmp(argv[1], "bibw");
     optind = 2;
     while ((opt = getopt(argc, argv, "m:i:x:w:")) != -1) {
         switch (opt) {
@@ -44,7 +46,8 @@ int main(int argc, char **argv)
     memset(s, 'a', (size_t) max + 1);
     memset(r, 'b', (size_t) max + 1);
     if (0 == rank) {
-        printf(latency ? "# OSU MPI Latency Test v7.4\n" : "# OSU MPI Bandwidth Test v7.4\n");
+        printf(latency ? "# OSU MPI Latency Test v7.4\n"
+               : bibw ? "# OSU MPI Bi-Directional Bandwidth Test v7.4\n" : "# OSU MPI Bandwidth Test v7.4\n");
         printf("# Datatype: MPI_CHAR.\n");
         printf("%-10s%20s\n", "# Size", latency ? "Avg Latency(us)" : "Bandwidth (MB/s)");
         fflush(stdout);
@@ -65,6 +68,12 @@ int main(int argc, char **argv)
                     MPI_Recv(r, (int) n, MPI_CHAR, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
                     MPI_Send(s, (int) n, MPI_CHAR, 0, 1, MPI_COMM_WORLD);
                 }
+            } else if (bibw) {
+                MPI_Request q[512];
+                long w = window > 256 ? 256 : window;
+                for (long k = 0; k < w; k++) MPI_Irecv(r, (int) n, MPI_CHAR, 1 - rank, 100, MPI_COMM_WORLD, &q[k]);
+                for (long k = 0; k < w; k++) MPI_Isend(s, (int) n, MPI_CHAR, 1 - rank, 100, MPI_COMM_WORLD, &q[w + k]);
+                MPI_Waitall((int) (2 * w), q, MPI_STATUSES_IGNORE);
             } else {
                 MPI_Request q[256];
                 long w = window > 256 ? 256 : window;
@@ -82,7 +91,7 @@ int main(int argc, char **argv)
         t = MPI_Wtime() - t0;
         if (0 == rank) {
             if (latency) printf("%-10ld%20.2f\n", n, t * 1e6 / (2.0 * (double) it));
-            else printf("%-10ld%20.2f\n", n, (double) n * (double) it * (double) (window > 256 ? 256 : window) / t / 1e6);
+            else printf("%-10ld%20.2f\n", n, (bibw ? 2.0 : 1.0) * (double) n * (double) it * (double) (window > 256 ? 256 : window) / t / 1e6);
             fflush(stdout);
         }
     }

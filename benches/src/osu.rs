@@ -104,6 +104,8 @@ pub struct Options {
     pub window: u64,
     /// Pairs (osu_mbw_mr on the simulated fabric).
     pub pairs: u32,
+    /// Print the BTL's counters (stderr) after the run.
+    pub stats: bool,
     /// Print usage and exit.
     pub help: bool,
 }
@@ -134,6 +136,7 @@ impl Options {
             skip: (0, 0),
             window: 64,
             pairs: 1,
+            stats: false,
             help: false,
         };
         let (mut iters, mut skip) = (None, None);
@@ -148,6 +151,7 @@ impl Options {
         while let Some(a) = args.next() {
             match a.as_str() {
                 "-h" | "--help" => o.help = true,
+                "--stats" => o.stats = true,
                 "--fabric" => {
                     o.fabric = match value(&mut args, &a)?.as_str() {
                         "sim" => FabricKind::Sim,
@@ -258,6 +262,7 @@ pub fn usage(bench: Bench) -> String {
          -x N                   warm-up iterations\n\
          -W N                   window size (bandwidth tests, default 64)\n\
          -p N                   pairs (osu_mbw_mr on the simulated fabric)\n\
+         --stats                print the BTL's and the registration cache's counters (stderr, verbs)\n\
          \n\
          BTL settings come from the XRCBTL_* environment variables (see btl/src/config.rs).",
         bench.name()
@@ -482,6 +487,17 @@ fn run_verbs_rank<C: Context>(
     let work = Rc::new(Cell::new(0));
     let mut r = BenchRank::new(Arc::new(btl), peers.len() as u32, o.max, work);
     let rows = crate::world::block_on(body(&mut r, bench, o, pairs));
+    if o.stats {
+        eprintln!(
+            "{}: rank {}: {:?}\n{}: rank {}: {:?}",
+            bench.name(),
+            r.rank,
+            r.btl.stats(),
+            bench.name(),
+            r.rank,
+            r.btl.rcache_stats()
+        );
+    }
     r.btl.shutdown();
     let end = std::time::Instant::now() + Duration::from_secs(10);
     while !r.btl.is_drained() && std::time::Instant::now() < end {

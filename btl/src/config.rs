@@ -5,9 +5,9 @@
 //! |---|---|---|
 //! | `XRCBTL_EAGER_LIMIT` | 8192 | Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous. |
 //! | `XRCBTL_MAX_INLINE` | 128 | Largest message (header included) posted inline, when the device allows that much. |
-//! | `XRCBTL_RNDV_PROTOCOL` | `get` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS) or `put` (RTS, RTR, the sender RDMA-writes, FIN). |
+//! | `XRCBTL_RNDV_PROTOCOL` | `auto` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS), `put` (RTS, RTR, the sender RDMA-writes, FIN), or `auto`: put on iWARP, get elsewhere (measured: scripts/perf-compare). |
 //! | `XRCBTL_RNDV_FRAG_SIZE` | 524288 | Bytes per RDMA fragment of a rendezvous. |
-//! | `XRCBTL_RNDV_PIPELINE` | 4 | Fragments of one rendezvous in flight at once. |
+//! | `XRCBTL_RNDV_PIPELINE` | 4 | Fragments of one rendezvous in flight at once (reads: at most the device's `max_qp_rd_atom`). |
 //! | `XRCBTL_SEND_SLOTS` | 256 | Bounce buffers for eager sends. |
 //! | `XRCBTL_SMALL_SIZE` | 256 | Buffer size of the small receive class (0: one class only). |
 //! | `XRCBTL_SRQ_DEPTH` | 256 | Receives posted per class at start. |
@@ -50,9 +50,9 @@ pub struct Setting {
 pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_EAGER_LIMIT", default: "8192", help: "Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous." },
     Setting { name: "XRCBTL_MAX_INLINE", default: "128", help: "Largest message (header included) posted inline, when the device allows that much." },
-    Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "get", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS) or put (RTS, RTR, the sender RDMA-writes, FIN)." },
+    Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "auto", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS), put (RTS, RTR, the sender RDMA-writes, FIN), or auto: put on iWARP, get elsewhere." },
     Setting { name: "XRCBTL_RNDV_FRAG_SIZE", default: "524288", help: "Bytes per RDMA fragment of a rendezvous." },
-    Setting { name: "XRCBTL_RNDV_PIPELINE", default: "4", help: "Fragments of one rendezvous in flight at once." },
+    Setting { name: "XRCBTL_RNDV_PIPELINE", default: "4", help: "Fragments of one rendezvous in flight at once (reads: at most the device's max_qp_rd_atom)." },
     Setting { name: "XRCBTL_SEND_SLOTS", default: "256", help: "Bounce buffers for eager sends." },
     Setting { name: "XRCBTL_SMALL_SIZE", default: "256", help: "Buffer size of the small receive class (0: one class only)." },
     Setting { name: "XRCBTL_SRQ_DEPTH", default: "256", help: "Receives posted per class at start." },
@@ -83,11 +83,26 @@ fn flag(name: &str, s: &str) -> Result<bool> {
 /// Which RDMA operation moves a rendezvous's data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RndvProtocol {
+    /// Chosen per device: put on iWARP, where a read response waits for
+    /// the responder's kernel thread (soft-iWARP) and reads need the sink
+    /// registered for remote write anyway; get elsewhere.
+    Auto,
     /// The receiver reads from the sender's memory (RTS, reads, ATS).
     Get,
     /// The sender writes into memory the receiver offers (RTS, RTR, writes,
     /// FIN).
     Put,
+}
+
+impl RndvProtocol {
+    /// Whether rendezvous on a device of `transport` use put.
+    pub fn is_put(self, transport: xrcbtl_fabric::Transport) -> bool {
+        match self {
+            RndvProtocol::Auto => transport == xrcbtl_fabric::Transport::Iwarp,
+            RndvProtocol::Get => false,
+            RndvProtocol::Put => true,
+        }
+    }
 }
 
 /// The time source of a BTL (virtual time on the simulated fabric).
@@ -189,7 +204,7 @@ impl BtlConfig {
             listen,
             eager_limit: 8192,
             max_inline: 128,
-            rndv_protocol: RndvProtocol::Get,
+            rndv_protocol: RndvProtocol::Auto,
             rndv_frag_size: 512 * 1024,
             rndv_pipeline: 4,
             send_slots: 256,
@@ -269,11 +284,12 @@ impl BtlConfig {
         }
         if let Some(s) = g("XRCBTL_RNDV_PROTOCOL") {
             self.rndv_protocol = match s.trim() {
+                "auto" => RndvProtocol::Auto,
                 "get" => RndvProtocol::Get,
                 "put" => RndvProtocol::Put,
                 _ => {
                     return Err(Error::invalid(format!(
-                        "XRCBTL_RNDV_PROTOCOL={s:?}: expected get or put"
+                        "XRCBTL_RNDV_PROTOCOL={s:?}: expected auto, get or put"
                     )))
                 }
             };

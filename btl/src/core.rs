@@ -237,10 +237,17 @@ impl<C: Context> Core<C> {
             1
         };
         let cache = MemCache::new(ctx, iface.pd.clone(), cfg.rcache);
+        let put = cfg.rndv_protocol.is_put(iface.caps.transport);
+        // Reads beyond the initiator depth would only queue in the device.
+        let pipeline = if put {
+            cfg.rndv_pipeline
+        } else {
+            cfg.rndv_pipeline.min(iface.caps.max_qp_rd_atom.max(1))
+        };
         let rndv = Rndv::new(RndvConfig {
-            put: cfg.rndv_protocol == crate::config::RndvProtocol::Put,
+            put,
             frag: cfg.rndv_frag_size as u64,
-            pipeline: cfg.rndv_pipeline,
+            pipeline,
         });
         Ok(Core {
             send_batch: Some(Batch::new(cfg.cq_batch)),

@@ -106,6 +106,44 @@ fn every_size_arrives_intact_over_iwarp() {
     check_both_protocols(SimDevice::iwarp("sim0"), false, Mode::Rc { p2p: true });
 }
 
+/// `auto` (the default) chooses by device: on iWARP the sender writes
+/// (put), elsewhere the receiver reads (get). Which side posted the RDMA
+/// tells.
+#[test]
+fn the_default_rendezvous_is_put_on_iwarp_and_get_elsewhere() {
+    for (device, put) in [
+        (SimDevice::iwarp("sim0"), true),
+        (SimDevice::roce("sim0"), false),
+        (SimDevice::ib("sim0"), false),
+    ] {
+        let mut c = Cluster::with(12, 2, 1, device.clone(), |cfg: &mut BtlConfig| {
+            assert_eq!(cfg.rndv_protocol, RndvProtocol::Auto);
+        });
+        let len = 256 * 1024;
+        c.btl(0)
+            .send_bytes(1, TAG, Bytes::from(pattern(7, len)), None)
+            .unwrap();
+        c.run_until(LIMIT, |c| c.got_count(1) == 1);
+        c.settle(LIMIT);
+        assert!(c.got(1)[0].data == pattern(7, len));
+        let (sender, receiver) = (c.btl(0).stats().rdma_frags, c.btl(1).stats().rdma_frags);
+        if put {
+            assert!(
+                sender > 0 && receiver == 0,
+                "{}: {sender} {receiver}",
+                device.name
+            );
+        } else {
+            assert!(
+                sender == 0 && receiver > 0,
+                "{}: {sender} {receiver}",
+                device.name
+            );
+        }
+        c.shutdown(LIMIT);
+    }
+}
+
 /// Payload of message `i` of a numbered stream: its index, then filler.
 fn numbered(i: u32, len: usize) -> Vec<u8> {
     let mut v = pattern(i, len.max(4));
@@ -519,6 +557,10 @@ fn configuration_comes_from_the_environment_and_bad_values_are_refused() {
         .unwrap();
     assert_eq!(cfg.eager_limit, 4096);
     assert_eq!(cfg.rndv_protocol, RndvProtocol::Put);
+    assert!(RndvProtocol::Auto.is_put(xrcbtl_fabric::Transport::Iwarp));
+    assert!(!RndvProtocol::Auto.is_put(xrcbtl_fabric::Transport::Roce));
+    assert!(!RndvProtocol::Get.is_put(xrcbtl_fabric::Transport::Iwarp));
+    assert!(RndvProtocol::Put.is_put(xrcbtl_fabric::Transport::Infiniband));
     assert!(cfg.force_rc);
     assert_eq!(cfg.sq_max, Some(32));
     for bad in [

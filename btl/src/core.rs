@@ -22,7 +22,7 @@ use crate::config::BtlConfig;
 use crate::conn::{ConnDriver, ConnEvent};
 use crate::ep::{Endpoints, EpState, Item, Msg, Path, Store, Work};
 use crate::iface::Iface;
-use crate::post::PostedWr;
+use crate::post::{PostedWr, SendQueue};
 use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
@@ -90,8 +90,14 @@ pub(crate) struct Core<C: Context> {
     pub drv: ConnDriver<C>,
     pub eps: Endpoints,
     pub slab: WrSlab<PostedWr>,
-    /// Work in flight per QP slot of the driver.
-    pub sq_used: Vec<u32>,
+    /// Send-queue state per QP slot of the driver.
+    pub sq: Vec<SendQueue>,
+    /// Signalled work requests posted and not completed: the send CQ is
+    /// polled only while there are some (and on control ticks).
+    pub signalled_out: usize,
+    /// Someone waits for everything to complete: unsignalled work must be
+    /// followed by a signalled message on its QP.
+    pub want_cover: bool,
     pub rndv: Rndv<Source, Sink>,
     pub ops: Ops<OnDone<C>>,
     pub cache: MemCache<C>,
@@ -258,7 +264,9 @@ impl<C: Context> Core<C> {
             drv,
             eps: Endpoints::default(),
             slab: WrSlab::new(),
-            sq_used: Vec::new(),
+            sq: Vec::new(),
+            signalled_out: 0,
+            want_cover: false,
             rndv,
             ops: Ops::default(),
             cache,
@@ -340,10 +348,13 @@ impl<C: Context> Core<C> {
         let due = self.control_tick % self.control_every == 0;
         self.control_tick = self.control_tick.wrapping_add(1);
         let mut n = if due { self.control_now() } else { 0 };
-        // The send CQ holds completions of posted work (and, rarely, of the
-        // driver's hello, seen on the control ticks).
-        if due || !self.slab.is_empty() {
+        // The send CQ holds completions of signalled work (and, rarely, of
+        // the driver's hello, seen on the control ticks).
+        if due || self.signalled_out > 0 {
             n += self.poll_send();
+        }
+        if self.want_cover {
+            self.cover_unsignalled();
         }
         n += self.poll_recv();
         if self.drv.draining() && self.recv_dry {
@@ -372,8 +383,8 @@ impl<C: Context> Core<C> {
                 qpn,
                 srqns,
             } => {
-                if self.sq_used.len() <= slot as usize {
-                    self.sq_used.resize(slot as usize + 1, 0);
+                if self.sq.len() <= slot as usize {
+                    self.sq.resize_with(slot as usize + 1, SendQueue::default);
                 }
                 if let Some(ei) = self.eps.find(rank) {
                     let ep = self.eps.get_mut(ei);
@@ -414,8 +425,10 @@ impl<C: Context> Core<C> {
             }
             ConnEvent::Notice(Notice::Ready { .. }) => {}
             ConnEvent::Destroyed { slot, qpn } => {
-                if let Some(u) = self.sq_used.get_mut(slot as usize) {
-                    *u = 0;
+                if let Some(q) = self.sq.get_mut(slot as usize) {
+                    q.used = 0;
+                    q.unsignalled.clear();
+                    q.cover_queued = false;
                 }
                 for ep in self.eps.all_mut() {
                     ep.credits.forget(qpn);
@@ -425,6 +438,7 @@ impl<C: Context> Core<C> {
                 }
                 // Work on a destroyed QP never completes: post it again.
                 for (_, p) in self.slab.extract(|p| p.qp == slot) {
+                    self.forget(&p);
                     self.release(&p);
                     self.requeue(p.ep, p.item);
                 }
@@ -441,10 +455,19 @@ impl<C: Context> Core<C> {
         }
     }
 
+    /// Posted work taken out of the slab without its completion: a
+    /// signalled request no longer awaits one. (An unsignalled one's id
+    /// stays in its queue's list and finds nothing when popped.)
+    fn forget(&mut self, p: &PostedWr) {
+        if p.signalled {
+            self.signalled_out -= 1;
+        }
+    }
+
     /// Undoes the accounting of posted work that is over.
     fn release(&mut self, p: &PostedWr) {
-        if let Some(u) = self.sq_used.get_mut(p.qp as usize) {
-            *u = u.saturating_sub(1);
+        if let Some(q) = self.sq.get_mut(p.qp as usize) {
+            q.used = q.used.saturating_sub(1);
         }
         let ep = self.eps.get_mut(p.ep);
         ep.in_flight = ep.in_flight.saturating_sub(1);
@@ -506,6 +529,21 @@ impl<C: Context> Core<C> {
             }
             WrId::Recv(_) => {}
             WrId::Send(id) => {
+                let Some(&PostedWr {
+                    qp, no, signalled, ..
+                }) = self.slab.get(id)
+                else {
+                    return;
+                };
+                // A QP's work completes in order: whatever went unsignalled
+                // before this request is done.
+                self.complete_unsignalled(qp, no, wc);
+                if signalled {
+                    self.signalled_out -= 1;
+                } else if let Some(q) = self.sq.get_mut(qp as usize) {
+                    // An unsignalled request reports only its failure.
+                    q.unsignalled.retain(|&(_, i)| i != id);
+                }
                 let Some(p) = self.slab.remove(id) else {
                     return;
                 };
@@ -531,6 +569,46 @@ impl<C: Context> Core<C> {
                 }
             }
         }
+    }
+
+    /// Completes the unsignalled work posted on QP slot `qp` before its
+    /// post number `no`.
+    fn complete_unsignalled(&mut self, qp: u32, no: u64, wc: &WorkCompletion) {
+        while let Some(&(n, id)) = self.sq.get(qp as usize).and_then(|q| q.unsignalled.front()) {
+            if n >= no {
+                break;
+            }
+            self.sq[qp as usize].unsignalled.pop_front();
+            if let Some(p) = self.slab.remove(id) {
+                self.release(&p);
+                self.on_sent(p.item, wc);
+            }
+        }
+    }
+
+    /// Queues a signalled message behind the unsignalled work of every QP
+    /// that has nothing signalled after it, so that all of it completes.
+    fn cover_unsignalled(&mut self) {
+        let mut any = false;
+        for slot in 0..self.sq.len() {
+            // Work its endpoint's failure took away is no longer waited for.
+            let slab = &self.slab;
+            let q = &mut self.sq[slot];
+            q.unsignalled.retain(|&(_, id)| slab.get(id).is_some());
+            let Some(&(n, id)) = q.unsignalled.back() else {
+                q.cover_queued = false;
+                continue;
+            };
+            any = true;
+            if q.cover_queued || q.last_signalled > n {
+                continue;
+            }
+            if let Some(ei) = self.slab.get(id).map(|p| p.ep) {
+                self.sq[slot].cover_queued = true;
+                self.eps.requeue(ei, crate::post::cover_item());
+            }
+        }
+        self.want_cover = any;
     }
 
     /// Work completed successfully.
@@ -627,6 +705,7 @@ impl<C: Context> Core<C> {
             self.drop_item(ei, item, e.clone());
         }
         for (_, p) in self.slab.extract(|p| p.ep == ei) {
+            self.forget(&p);
             self.release(&p);
             self.drop_item(ei, p.item, e.clone());
         }
@@ -940,8 +1019,14 @@ impl<C: Context> Core<C> {
     }
 
     /// Whether nothing is outstanding: no pending or in-flight work, no
-    /// rendezvous in progress, no operation, nothing to deliver.
-    pub fn is_idle(&self) -> bool {
+    /// rendezvous in progress, no operation, nothing to deliver. Asking
+    /// covers unsignalled work (see [`SendQueue`]) at once.
+    pub fn is_idle(&mut self) -> bool {
+        if self.slab.len() > self.signalled_out {
+            self.want_cover = true;
+            self.cover_unsignalled();
+            self.drain_pending();
+        }
         self.slab.is_empty()
             && self.eps.pending_now == 0
             && self.rndv.is_idle()

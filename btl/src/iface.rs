@@ -72,6 +72,16 @@ impl<C: Context> Slots<C> {
         })
     }
 
+    /// Slots free now.
+    pub fn free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Slots in all.
+    pub fn count(&self) -> usize {
+        self.buf.len() / self.size
+    }
+
     /// A free slot, unless only the reserved ones are left.
     pub fn take(&mut self) -> Option<u32> {
         self.take_for(false)

@@ -12,6 +12,9 @@
 //! the QP's send queue, a bounce slot (messages), and, where the device has
 //! no RNR, credits. Otherwise it goes back to its queue.
 
+use std::collections::VecDeque;
+
+use crate::types::Tag;
 use xrcbtl_fabric::{Context, Error, Payload, Qp, SendOp, SendWr, Sge};
 
 use crate::core::Core;
@@ -25,19 +28,63 @@ use crate::wr_id::WrId;
 /// in).
 pub(crate) const INLINE_MAX: usize = 1024;
 
-/// A credit-only message, to queue ahead of everything.
-pub(crate) fn credit_item() -> Item {
+/// Inline messages a QP may carry unsignalled in a row: the next one is
+/// signalled, and its completion completes them all.
+pub(crate) const SIGNAL_EVERY: usize = 16;
+
+/// The tag of a credit-only message that covers unsignalled work: it goes
+/// (signalled) even with no credits to return.
+const COVER: Tag = 1;
+
+/// The send side of one QP slot of the driver.
+///
+/// Selective signalling: small inline messages (the latency path) are
+/// posted unsignalled, up to [`SIGNAL_EVERY`] in a row, while bounce slots
+/// are plentiful. They stay in the slab, and listed here, until a later
+/// signalled request on the same QP completes: a QP completes its work in
+/// order, so that completion is theirs too. A failed unsignalled request
+/// still reports itself (errors always complete), and a destroyed QP
+/// gives all of its work back for posting again. When someone waits for
+/// everything to complete ([`Core::is_idle`]) and a QP has nothing
+/// signalled behind its unsignalled work, progress queues a signalled
+/// credit-only message (a cover) on it.
+#[derive(Debug, Default)]
+pub(crate) struct SendQueue {
+    /// Work requests posted and not known complete.
+    pub used: u32,
+    /// Requests posted on this QP so far (the next one's number).
+    pub posts: u64,
+    /// Number of the last signalled request.
+    pub last_signalled: u64,
+    /// (number, wr_id) of each unsignalled request not known complete, in
+    /// posting order.
+    pub unsignalled: VecDeque<(u64, u64)>,
+    /// A cover is queued and not yet posted.
+    pub cover_queued: bool,
+}
+
+fn credit_msg(tag: Tag) -> Item {
     Item {
         order: 0,
         tries: 0,
         work: Work::Msg(Msg {
             seq: 0,
             kind: Kind::Credit,
-            tag: 0,
+            tag,
             len: 0,
             store: Store::Heap(Vec::new()),
         }),
     }
+}
+
+/// A credit-only message, to queue ahead of everything.
+pub(crate) fn credit_item() -> Item {
+    credit_msg(0)
+}
+
+/// A credit-only message that goes signalled even with nothing to return.
+pub(crate) fn cover_item() -> Item {
+    credit_msg(COVER)
 }
 
 /// Takes the bounce slot of the last queued message that holds one, moving
@@ -66,6 +113,10 @@ pub(crate) struct PostedWr {
     pub ep: u32,
     /// The driver's slot of the QP it went on.
     pub qp: u32,
+    /// Its number among the requests posted on that QP.
+    pub no: u64,
+    /// Whether it reports its success.
+    pub signalled: bool,
     /// The work.
     pub item: Item,
 }
@@ -91,13 +142,14 @@ impl<C: Context> Core<C> {
         let Some((qp, caps)) = self.drv.qp(slot) else {
             return Err(item);
         };
-        if self.sq_used[slot as usize] >= caps.max_send_wr {
+        if self.sq[slot as usize].used >= caps.max_send_wr {
             self.stats.no_resource += 1;
             return Err(item);
         }
-        // Every posted request is signalled and completes on the one send
-        // CQ that all QPs share: past its capacity the CQ overruns and
-        // takes every QP down with it. The work waits in the pending queue.
+        // Signalled requests complete on the one send CQ that all QPs
+        // share: past its capacity the CQ overruns and takes every QP down
+        // with it. The work waits in the pending queue. (Counted over all
+        // posted work: an unsignalled request still completes with an error.)
         if self.slab.len() >= self.iface.send_budget as usize {
             self.stats.cq_full += 1;
             return Err(item);
@@ -110,7 +162,7 @@ impl<C: Context> Core<C> {
                 let credit = m.kind == Kind::Credit;
                 if self.fc {
                     let cr = ep.credits.of(qpn, self.cfg.credits);
-                    if credit && cr.to_return == 0 {
+                    if credit && cr.to_return == 0 && m.tag != COVER {
                         // A message already carried them: nothing to send.
                         cr.returning = false;
                         if let Store::Slot(s) = m.store {
@@ -133,7 +185,8 @@ impl<C: Context> Core<C> {
                     src: self.cfg.rank,
                     seq: m.seq,
                     kind: m.kind,
-                    tag: m.tag,
+                    // A credit message's tag only marks a cover, locally.
+                    tag: if credit { 0 } else { m.tag },
                     credits: returned,
                     len: m.len,
                 }
@@ -188,10 +241,23 @@ impl<C: Context> Core<C> {
         let first_eager =
             item.tries == 0 && matches!(&item.work, Work::Msg(m) if m.kind == Kind::Eager);
         let credit = item.is_credit();
+        let cover = matches!(&item.work, Work::Msg(m) if m.kind == Kind::Credit && m.tag == COVER);
         let is_msg = matches!(item.work, Work::Msg(_));
+        let q = &self.sq[slot as usize];
+        let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
+        let signalled = !(is_msg
+            && inline_len > 0
+            && !cover
+            && !self.want_cover
+            && q.unsignalled.len() + 1 < every
+            && self.iface.bounce.free() > self.iface.bounce.count() / 4
+            && self.slab.len() < self.iface.send_budget as usize / 2);
+        let no = q.posts;
         let wr_id = WrId::send(self.slab.insert(PostedWr {
             ep: ei,
             qp: slot,
+            no,
+            signalled,
             item,
         }));
         let payload = if inline_len > 0 {
@@ -201,9 +267,25 @@ impl<C: Context> Core<C> {
         };
         let mut wr = SendWr::new(wr_id, op, payload);
         wr.remote_srqn = srqn;
+        if !signalled {
+            wr = wr.unsignaled();
+        }
         match qp.post_send(&wr) {
             Ok(()) => {
-                self.sq_used[slot as usize] += 1;
+                let q = &mut self.sq[slot as usize];
+                q.used += 1;
+                q.posts += 1;
+                if signalled {
+                    q.last_signalled = no;
+                    if cover {
+                        q.cover_queued = false;
+                        self.stats.covers += 1;
+                    }
+                    self.signalled_out += 1;
+                } else {
+                    q.unsignalled.push_back((no, wr_id));
+                    self.stats.unsignalled += 1;
+                }
                 let ep = self.eps.get_mut(ei);
                 ep.in_flight += 1;
                 ep.flight_slot = Some(slot);

@@ -406,6 +406,12 @@ pub struct BtlStats {
     pub eager_sent: u64,
     /// Of which inline.
     pub inline_sent: u64,
+    /// Messages posted unsignalled (completed by a later signalled request
+    /// on their QP).
+    pub unsignalled: u64,
+    /// Signalled credit-only messages posted to complete unsignalled work
+    /// when something waited for it.
+    pub covers: u64,
     /// Eager messages delivered.
     pub eager_received: u64,
     /// Messages received, by receive size class (smallest first).

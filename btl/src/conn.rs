@@ -520,6 +520,12 @@ impl<C: Context> ConnDriver<C> {
         !self.draining.is_empty()
     }
 
+    /// Whether no connection work is under way: no timer of the manager's
+    /// (attempts, retries, a departure), no QP draining, no id accepting.
+    pub fn settled(&self) -> bool {
+        self.draining.is_empty() && self.accepting.is_empty() && self.mgr.poll_timeout().is_none()
+    }
+
     /// The receive CQ was just polled dry: destroys the draining QPs whose
     /// last receive was reported (their completions are all consumed), and
     /// those that waited too long for the report.

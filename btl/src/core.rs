@@ -39,6 +39,8 @@ const MAX_TRIES: u32 = 64;
 /// Progress calls per look at connection and async events, where those
 /// cost system calls.
 const CONTROL_EVERY: u32 = 16;
+/// How many times rarer the look is while every connection is settled.
+const CONTROL_SETTLED: u32 = 8;
 /// Message buffers kept for reuse.
 const BUFS_KEPT: usize = 256;
 /// Rendezvous sinks kept per size for reuse.
@@ -345,7 +347,14 @@ impl<C: Context> Core<C> {
         // Connection and async events cost system calls (the CM's and the
         // device's event descriptors); completions do not. A progress loop
         // spinning on a CQ looks at them every `CONTROL_EVERY` calls only.
-        let due = self.control_tick % self.control_every == 0;
+        // Settled connections (no attempt, retry or departure under way)
+        // are looked at less often still.
+        let every = if self.control_every > 1 && self.drv.settled() {
+            self.control_every * CONTROL_SETTLED
+        } else {
+            self.control_every
+        };
+        let due = self.control_tick % every == 0;
         self.control_tick = self.control_tick.wrapping_add(1);
         let mut n = if due { self.control_now() } else { 0 };
         // The send CQ holds completions of signalled work (and, rarely, of

@@ -53,6 +53,9 @@ pub(crate) struct RecvClass<C: Context> {
     pub limit: u32,
 }
 
+/// Receives posted together in one call into the device.
+const REPOST_CHAIN: usize = 16;
+
 /// Fixed-size slots of registered memory, taken and given back.
 pub(crate) struct Slots<C: Context> {
     buf: DmaBuf<C>,
@@ -297,22 +300,38 @@ impl<C: Context> Iface<C> {
         Ok(())
     }
 
-    /// Posts every consumed buffer of `class` again.
+    /// Posts every consumed buffer of `class` again, [`REPOST_CHAIN`] to a
+    /// call into the device.
     pub fn repost(&mut self, class: usize) -> Result<()> {
         let c = &mut self.classes[class];
-        while let Some((chunk, index)) = c.repost.pop() {
-            let sge = [c.chunks[chunk as usize].sge(index as usize * c.size as usize, c.size)];
-            let wr_id = RecvSlot {
-                class: class as u16,
-                chunk,
-                index,
+        while !c.repost.is_empty() {
+            let n = c.repost.len().min(REPOST_CHAIN);
+            let from = c.repost.len() - n;
+            let mut sges = [Sge::default(); REPOST_CHAIN];
+            for (sge, &(chunk, index)) in sges.iter_mut().zip(&c.repost[from..]) {
+                *sge = c.chunks[chunk as usize].sge(index as usize * c.size as usize, c.size);
             }
-            .wr_id();
-            if let Err(e) = c.srq.post_recv(&RecvWr { wr_id, sgl: &sge }) {
-                c.repost.push((chunk, index));
-                return Err(e);
-            }
-            c.posted += 1;
+            let wrs: [RecvWr<'_>; REPOST_CHAIN] = std::array::from_fn(|i| RecvWr {
+                wr_id: c.repost.get(from + i).map_or(0, |&(chunk, index)| {
+                    RecvSlot {
+                        class: class as u16,
+                        chunk,
+                        index,
+                    }
+                    .wr_id()
+                }),
+                sgl: &sges[i..i + 1],
+            });
+            let posted = match c.srq.post_recvs(&wrs[..n]) {
+                Ok(()) => n,
+                Err((posted, e)) => {
+                    c.repost.drain(from..from + posted);
+                    c.posted += posted as u32;
+                    return Err(e);
+                }
+            };
+            c.repost.truncate(from);
+            c.posted += posted as u32;
         }
         Ok(())
     }

@@ -257,6 +257,15 @@ pub trait Srq: Clone + Send + Sync {
     fn srq_num(&self) -> Option<u32>;
     /// Posts a receive.
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+    /// Posts several receives, in order, in as few calls into the device
+    /// as it allows (verbs: one chained `ibv_post_srq_recv` per 16). On
+    /// failure, says how many were posted before it.
+    fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_recv(wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     /// Arms the limit event at `limit` receives (0 disarms).
     fn arm_limit(&self, limit: u32) -> Result<()>;
 }

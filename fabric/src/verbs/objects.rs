@@ -760,6 +760,71 @@ impl Srq for VerbsSrq {
         })
     }
 
+    fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+        const CHAIN: usize = 16;
+        let mut done = 0;
+        for chunk in wrs.chunks(CHAIN) {
+            if chunk.iter().any(|w| w.sgl.len() != 1) {
+                for (i, wr) in chunk.iter().enumerate() {
+                    self.post_recv(wr).map_err(|e| (done + i, e))?;
+                }
+                done += chunk.len();
+                continue;
+            }
+            let mut sges = [sys::ibv_sge::default(); CHAIN];
+            let mut raw = [sys::ibv_recv_wr {
+                wr_id: 0,
+                next: null_mut(),
+                sg_list: null_mut(),
+                num_sge: 1,
+            }; CHAIN];
+            for (i, wr) in chunk.iter().enumerate() {
+                let s = &wr.sgl[0];
+                sges[i] = sys::ibv_sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                };
+            }
+            // The chain links point into `raw`, which stays put from here
+            // until the call returns.
+            let base = raw.as_mut_ptr();
+            let sge_base = sges.as_mut_ptr();
+            for (i, wr) in chunk.iter().enumerate() {
+                let r = &mut raw[i];
+                r.wr_id = wr.wr_id;
+                // SAFETY: `i` and `i + 1` are within the arrays (of CHAIN
+                // entries; a chunk has at most CHAIN work requests).
+                r.sg_list = unsafe { sge_base.add(i) };
+                r.next = if i + 1 < chunk.len() {
+                    // SAFETY: as above.
+                    unsafe { base.add(i + 1) }
+                } else {
+                    null_mut()
+                };
+            }
+            let mut bad: *mut sys::ibv_recv_wr = null_mut();
+            // SAFETY: the SRQ is live; the chain and its SGEs are valid for
+            // the call (the provider copies them).
+            let rc = unsafe { sys::ibv_post_srq_recv(self.0.srq, base, &mut bad) };
+            if rc != 0 {
+                // `bad` is the first request not posted.
+                let posted = if bad.is_null() {
+                    0
+                } else {
+                    // SAFETY: the provider points `bad` into the chain.
+                    unsafe { bad.offset_from(base) as usize }
+                };
+                return Err((
+                    done + posted,
+                    check("ibv_post_srq_recv", rc).expect_err("a failed call"),
+                ));
+            }
+            done += chunk.len();
+        }
+        Ok(())
+    }
+
     fn arm_limit(&self, limit: u32) -> Result<()> {
         if limit > self.0.max_wr {
             return Err(Error::invalid(format!(

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-#[cfg(feature = "verbs")]
 use std::sync::Arc;
 
 use xrcbtl_btl::sim::SimJob;
@@ -457,7 +456,137 @@ pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
         if o.same_node { "one node" } else { "two nodes" },
         o.seed
     );
-    Ok(report(bench, o, &about, &rows, pairs))
+    let mut out = report(bench, o, &about, &rows, pairs);
+    if bench == Bench::Latency {
+        let cost = sw_cost(device, o.seed, SW_COST_ROUND_TRIPS)?;
+        out += &cost.report(SW_COST_ROUND_TRIPS);
+    }
+    Ok(out)
+}
+
+/// Round trips the software-cost measurement times.
+const SW_COST_ROUND_TRIPS: u32 = 2000;
+
+/// What the BTL's own code cost on this machine, the simulated device's
+/// time taken out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwCost {
+    /// Per 8-byte message: [`Btl::send`].
+    pub send: Duration,
+    /// Per message: the progress calls that found work (receiving,
+    /// delivering, completions, reposting).
+    pub receive: Duration,
+    /// One progress call that found nothing.
+    pub empty_progress: Duration,
+    /// One clock read (two per timed call are in the numbers above).
+    pub clock_read: Duration,
+}
+
+impl SwCost {
+    /// Extra lines for the latency report.
+    pub fn report(&self, round_trips: u32) -> String {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        format!(
+            "# xrcbtl's own code on this machine, measured in wall-clock time with the simulated\n\
+             # device's share taken out ({round_trips} round trips of 8 B): per message {:.3} us\n\
+             # (send {:.3} + receive {:.3}); a progress call that finds nothing {:.3} us\n\
+             # (each timed call includes two clock reads of {:.3} us).\n\
+             # On an RDMA device: osu_latency --fabric verbs -d DEVICE --bind IP, with -s on one\n\
+             # side and --connect HOST on the other; scripts/perf-compare runs it beside perftest.\n",
+            us(self.send + self.receive),
+            us(self.send),
+            us(self.receive),
+            us(self.empty_progress),
+            us(self.clock_read),
+        )
+    }
+}
+
+/// Times `round_trips` 8-byte ping-pongs between two ranks on two
+/// simulated nodes of `device`, call by call: the time in [`Btl::send`] and
+/// in progress calls that found work, less the time the calling thread
+/// spent inside the simulated device, per message.
+pub fn sw_cost(device: SimDevice, seed: u64, round_trips: u32) -> Result<SwCost> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+    use xrcbtl_fabric::sim::{device_time, time_device};
+    let mut job = SimJob::with(
+        SimConfig::new(seed, 2).with_devices(vec![device]),
+        1,
+        |_| {},
+    )?;
+    let btls = [job.peek(0).clone(), job.peek(1).clone()];
+    let got: [Arc<AtomicU64>; 2] = Default::default();
+    for (b, g) in btls.iter().zip(&got) {
+        let g = g.clone();
+        b.register_am(crate::world::DATA, move |_, _| {
+            g.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    let payload = [0x5au8; 8];
+    let (mut send, mut busy, mut empty, mut empties) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO, 0u64);
+    time_device(true);
+    let mut ping = |job: &mut SimJob, from: usize, timed: bool| -> Result<()> {
+        let to = 1 - from;
+        let want = got[to].load(Ordering::Relaxed) + 1;
+        let (t, d) = (Instant::now(), device_time());
+        btls[from].send(to as u32, crate::world::DATA, &[], &payload)?;
+        if timed {
+            send += t.elapsed().saturating_sub(device_time() - d);
+        }
+        while got[to].load(Ordering::Relaxed) < want {
+            let mut found = false;
+            for b in &btls {
+                let (t, d) = (Instant::now(), device_time());
+                let n = b.progress();
+                let spent = t.elapsed().saturating_sub(device_time() - d);
+                if !timed {
+                    continue;
+                }
+                if n > 0 {
+                    busy += spent;
+                    found = true;
+                } else {
+                    empty += spent;
+                    empties += 1;
+                }
+            }
+            if !found {
+                job.refresh_timers();
+                if !job.idle_advance() {
+                    job.sim.advance(Duration::from_millis(1));
+                }
+            }
+        }
+        Ok(())
+    };
+    let res = (|| {
+        // Connect and warm up first.
+        for _ in 0..10 {
+            ping(&mut job, 0, false)?;
+            ping(&mut job, 1, false)?;
+        }
+        for _ in 0..round_trips {
+            ping(&mut job, 0, true)?;
+            ping(&mut job, 1, true)?;
+        }
+        Ok(())
+    })();
+    time_device(false);
+    res?;
+    let t = Instant::now();
+    for _ in 0..1000 {
+        std::hint::black_box(Instant::now());
+    }
+    let clock_read = t.elapsed() / 1001;
+    let messages = 2 * round_trips;
+    Ok(SwCost {
+        send: send / messages,
+        receive: busy / messages,
+        empty_progress: empty / empties.max(1) as u32,
+        clock_read,
+    })
 }
 
 /// The verbs device and interface address that `--fabric verbs` needs.
@@ -735,6 +864,20 @@ mod tests {
         assert!(parse(Bench::Bw, &["-i"]).is_err());
         assert!(parse(Bench::Bw, &["--bogus"]).is_err());
         assert!(parse(Bench::Bw, &["-i", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_software_cost_is_measured_and_reported() {
+        let c = sw_cost(SimDevice::ib("sim0"), 3, 50).unwrap();
+        // Real work was timed: a send posts, a receive delivers.
+        assert!(
+            c.send > Duration::ZERO && c.receive > Duration::ZERO,
+            "{c:?}"
+        );
+        assert!(c.send < Duration::from_millis(10), "{c:?}");
+        let r = c.report(50);
+        assert!(r.lines().all(|l| l.starts_with('#')), "{r}");
+        assert!(r.contains("50 round trips"), "{r}");
     }
 
     #[test]

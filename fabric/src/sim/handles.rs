@@ -34,7 +34,10 @@ impl Shared {
     /// Locks the world. A panic under the lock (a bug, reported where it
     /// happened) does not wedge the other simulated processes.
     pub(crate) fn lock(&self) -> WorldGuard<'_> {
-        DEPTH.with(|d| d.set(d.get() + 1));
+        let depth = DEPTH.with(|d| d.replace(d.get() + 1));
+        if depth == 0 && TIMING.with(|t| t.get()) {
+            ENTERED.with(|e| e.set(Some(std::time::Instant::now())));
+        }
         WorldGuard(self.world.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
@@ -42,6 +45,26 @@ impl Shared {
 thread_local! {
     /// How deep this thread is in the simulated device.
     static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Whether this thread times its stays in the device.
+    static TIMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// When the current stay began.
+    static ENTERED: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+    /// Wall-clock time of the stays so far.
+    static SPENT: std::cell::Cell<std::time::Duration> =
+        const { std::cell::Cell::new(std::time::Duration::ZERO) };
+}
+
+/// Starts (or stops) timing the calling thread's stays in the simulated
+/// device, so that a benchmark can tell the cost of the code above the
+/// fabric from the simulator's (two clock reads per stay while on).
+pub fn time_device(on: bool) {
+    TIMING.with(|t| t.set(on));
+}
+
+/// Wall-clock time the calling thread spent in the simulated device while
+/// [`time_device`] was on.
+pub fn device_time() -> std::time::Duration {
+    SPENT.with(|s| s.get())
 }
 
 /// Whether the calling thread is running the simulated device right now:
@@ -57,7 +80,11 @@ pub(crate) struct WorldGuard<'a>(MutexGuard<'a, World>);
 
 impl Drop for WorldGuard<'_> {
     fn drop(&mut self) {
-        DEPTH.with(|d| d.set(d.get() - 1));
+        if DEPTH.with(|d| d.replace(d.get() - 1)) == 1 {
+            if let Some(t) = ENTERED.with(|e| e.take()) {
+                SPENT.with(|s| s.set(s.get() + t.elapsed()));
+            }
+        }
     }
 }
 

@@ -37,8 +37,8 @@ use std::time::Duration;
 pub use alloc::CountingAlloc;
 pub use faults::{CmAction, CmFault, CmMsgKind};
 pub use handles::{
-    inside, SimCmChannel, SimCmId, SimContext, SimCq, SimMr, SimPd, SimProcess, SimQp, SimSrq,
-    SimXrcd,
+    device_time, inside, time_device, SimCmChannel, SimCmId, SimContext, SimCq, SimMr, SimPd,
+    SimProcess, SimQp, SimSrq, SimXrcd,
 };
 
 use crate::types::*;

@@ -471,7 +471,7 @@ const SW_COST_ROUND_TRIPS: u32 = 2000;
 /// time taken out.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwCost {
-    /// Per 8-byte message: [`Btl::send`].
+    /// Per 8-byte message: [`xrcbtl_btl::Btl::send`].
     pub send: Duration,
     /// Per message: the progress calls that found work (receiving,
     /// delivering, completions, reposting).
@@ -503,7 +503,7 @@ impl SwCost {
 }
 
 /// Times `round_trips` 8-byte ping-pongs between two ranks on two
-/// simulated nodes of `device`, call by call: the time in [`Btl::send`] and
+/// simulated nodes of `device`, call by call: the time in [`xrcbtl_btl::Btl::send`] and
 /// in progress calls that found work, less the time the calling thread
 /// spent inside the simulated device, per message.
 pub fn sw_cost(device: SimDevice, seed: u64, round_trips: u32) -> Result<SwCost> {

@@ -322,16 +322,13 @@ impl<C: Context> Iface<C> {
                 }),
                 sgl: &sges[i..i + 1],
             });
-            let posted = match c.srq.post_recvs(&wrs[..n]) {
-                Ok(()) => n,
-                Err((posted, e)) => {
-                    c.repost.drain(from..from + posted);
-                    c.posted += posted as u32;
-                    return Err(e);
-                }
-            };
+            if let Err((posted, e)) = c.srq.post_recvs(&wrs[..n]) {
+                c.repost.drain(from..from + posted);
+                c.posted += posted as u32;
+                return Err(e);
+            }
             c.repost.truncate(from);
-            c.posted += posted as u32;
+            c.posted += n as u32;
         }
         Ok(())
     }

@@ -34,6 +34,18 @@ fn resolve_of(actions: &[Action], rank: Rank) -> CmRef {
 }
 
 /// The message of the `Connect` action.
+/// The route of `cm` is resolved: the connect request that follows.
+fn resolved(m: &mut ConnManager, now: Duration, cm: CmRef) -> (CmRef, Option<QpRef>, Msg) {
+    m.handle(
+        now,
+        Event::Resolved {
+            cm,
+            route: RouteRef(7),
+        },
+    );
+    connect_of(&drain(m))
+}
+
 fn connect_of(actions: &[Action]) -> (CmRef, Option<QpRef>, Msg) {
     actions
         .iter()
@@ -73,14 +85,7 @@ fn anchored(m: &mut ConnManager) -> (QpRef, CmRef, u32) {
         "{a:?}"
     );
     let cm = resolve_of(&a, 1);
-    m.handle(
-        T0,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (c, qp, msg) = connect_of(&drain(m));
+    let (c, qp, msg) = resolved(m, T0, cm);
     assert_eq!((c, msg.kind, msg.dst), (cm, Kind::Connect, 1));
     m.handle(
         T0,
@@ -138,14 +143,7 @@ fn second_rank_of_a_node_reuses_the_ini_qp() {
             ..
         }
     )));
-    m.handle(
-        T0,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (_, q, msg) = connect_of(&drain(&mut m));
+    let (_, q, msg) = resolved(&mut m, T0, cm);
     assert_eq!(
         (q, msg.kind, msg.tgt),
         (None, Kind::Reuse, 77),
@@ -180,14 +178,7 @@ fn not_ready_rebuilds_the_ini_qp_with_a_new_anchor() {
     let (old_qp, old_cm, _) = anchored(&mut m);
     m.connect(T0, 2);
     let cm = resolve_of(&drain(&mut m), 2);
-    m.handle(
-        T0,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (_, _, msg) = connect_of(&drain(&mut m));
+    let (_, _, msg) = resolved(&mut m, T0, cm);
     // The TGT QP is gone by the time rank 2 looks for it.
     m.handle(
         T0,
@@ -215,14 +206,7 @@ fn not_ready_rebuilds_the_ini_qp_with_a_new_anchor() {
     // Rank 1's endpoint used the dead TGT QP: lost, rebuilt on next use.
     assert_eq!(notices(&mut m), vec![Notice::Lost { rank: 1 }]);
     assert_eq!(m.live_qps(), 1);
-    m.handle(
-        T0,
-        Event::Resolved {
-            cm: cm2,
-            route: RouteRef(7),
-        },
-    );
-    let (_, q, msg) = connect_of(&drain(&mut m));
+    let (_, q, msg) = resolved(&mut m, T0, cm2);
     assert_eq!((q, msg.kind, msg.dst), (Some(new_qp), Kind::Connect, 2));
     m.handle(
         T0,
@@ -288,14 +272,7 @@ fn a_reply_from_the_wrong_rank_or_tag_is_not_trusted() {
     let mut m = mgr(0, 0);
     m.connect(T0, 1);
     let cm = resolve_of(&drain(&mut m), 1);
-    m.handle(
-        T0,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (_, _, msg) = connect_of(&drain(&mut m));
+    let (_, _, msg) = resolved(&mut m, T0, cm);
     m.handle(
         T0,
         Event::Established {
@@ -311,14 +288,7 @@ fn a_reply_from_the_wrong_rank_or_tag_is_not_trusted() {
     let t = m.poll_timeout().expect("a retry is scheduled");
     m.handle_timeout(t);
     let cm = resolve_of(&drain(&mut m), 1);
-    m.handle(
-        t,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (_, _, msg2) = connect_of(&drain(&mut m));
+    let (_, _, msg2) = resolved(&mut m, t, cm);
     assert_ne!(msg2.tag, msg.tag, "a new attempt has a new tag");
     m.handle(
         t,
@@ -608,14 +578,7 @@ fn a_gone_anchor_is_replaced_by_the_next_rank_of_its_node() {
     m.connect(T0, 1);
     m.connect(T0, 2);
     let cm = resolve_of(&drain(&mut m), 1);
-    m.handle(
-        T0,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (c, _, _) = connect_of(&drain(&mut m));
+    let (c, _, _) = resolved(&mut m, T0, cm);
     // Nobody listens at rank 1's address: its process is gone.
     m.handle(
         T0,
@@ -638,14 +601,7 @@ fn a_gone_anchor_is_replaced_by_the_next_rank_of_its_node() {
     m.handle_timeout(now);
     a.extend(drain(&mut m));
     let cm = resolve_of(&a, 2);
-    m.handle(
-        now,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (c, qp, msg) = connect_of(&drain(&mut m));
+    let (c, qp, msg) = resolved(&mut m, now, cm);
     assert_eq!((msg.kind, msg.dst), (Kind::Connect, 2));
     m.handle(
         now,
@@ -739,14 +695,7 @@ fn rc_a_crossing_request_that_arrives_late_does_not_undo_the_connection() {
     m.connect(T0, 1);
     let a = drain(&mut m);
     let cm = resolve_of(&a, 1);
-    m.handle(
-        T0,
-        Event::Resolved {
-            cm,
-            route: RouteRef(7),
-        },
-    );
-    let (_, qp, msg) = connect_of(&drain(&mut m));
+    let (_, qp, msg) = resolved(&mut m, T0, cm);
     assert_eq!(msg.tgt, 0, "the first connection's request carries count 0");
     m.handle(
         T0,

@@ -274,6 +274,23 @@ impl World {
         );
     }
 
+    /// ESTABLISHED on `id`, naming the peer's QP `qpn` as the wire shows
+    /// it.
+    fn established_event(&mut self, id: Id<CmIdObj>, qpn: Option<u32>, private_data: Vec<u8>) {
+        let remote_qpn = self.qpn_on_wire(id, qpn);
+        self.post_cm_event(
+            id,
+            PendingCmEvent {
+                id,
+                kind: CmEventKind::Established,
+                private_data,
+                remote_qpn,
+                peer: None,
+                new_id: None,
+            },
+        );
+    }
+
     fn arm_cm_timer(&mut self, id: Id<CmIdObj>) {
         let Some(c) = self.cm_ids.get_mut(id) else {
             return;
@@ -896,18 +913,7 @@ impl World {
         let c = self.cm_ids.get_mut(id).expect("live");
         c.state = CmState::Established;
         let qpn = c.req.as_ref().and_then(|r| r.qpn);
-        let remote_qpn = self.qpn_on_wire(id, qpn);
-        self.post_cm_event(
-            id,
-            PendingCmEvent {
-                id,
-                kind: CmEventKind::Established,
-                private_data: Vec::new(),
-                remote_qpn,
-                peer: None,
-                new_id: None,
-            },
-        );
+        self.established_event(id, qpn, Vec::new());
     }
 
     /// `rdma_notify(COMM_EST)`: establishes an id still waiting for its RTU.
@@ -1205,18 +1211,7 @@ impl World {
                 }
                 self.cm_ids.get_mut(id).expect("live").state = CmState::Established;
                 self.send_to_peer(id, CmWire::Rtu);
-                let remote_qpn = self.qpn_on_wire(id, qpn);
-                self.post_cm_event(
-                    id,
-                    PendingCmEvent {
-                        id,
-                        kind: CmEventKind::Established,
-                        private_data: private,
-                        remote_qpn,
-                        peer: None,
-                        new_id: None,
-                    },
-                );
+                self.established_event(id, qpn, private);
             }
             (CmWire::Rep { .. }, CmState::Established) => {
                 // Our RTU was lost and the peer resent its reply.

@@ -658,6 +658,36 @@ impl VerbsCmId {
         Ok(id)
     }
 
+    /// Starts resolving `dst` asynchronously. An XRC id not made yet is
+    /// first created passive at `any` (`len` bytes, of `family`: the
+    /// wildcard of the destination's family); any other id resolves as it
+    /// is.
+    ///
+    /// # Safety
+    /// `any` points to a valid socket address of `len` bytes, `dst` to a
+    /// valid one of its family.
+    unsafe fn start_resolve(
+        &self,
+        any: *mut sys::sockaddr,
+        len: u32,
+        family: u32,
+        dst: *mut sys::sockaddr,
+        timeout_ms: u32,
+        verb: &'static str,
+    ) -> Result<()> {
+        let id = if self.ps == PortSpace::Ib && self.id.load(Ordering::Acquire).is_null() {
+            // SAFETY: the caller's promise.
+            unsafe { self.create_xrc(any, len, family, sys::IBV_QPT_XRC_SEND) }?
+        } else {
+            self.raw()?
+        };
+        // SAFETY: `id` is live; `dst` is valid (the caller's promise).
+        if unsafe { sys::rdma_resolve_addr(id, null_mut(), dst, timeout_ms as i32) } != 0 {
+            return Err(last_error(verb));
+        }
+        Ok(())
+    }
+
     /// Listens on an id bound to this channel's device.
     fn start_listening(&self, id: *mut sys::rdma_cm_id, backlog: u32) -> Result<()> {
         self.check_device(id)?;
@@ -751,33 +781,25 @@ impl CmId for VerbsCmId {
     }
 
     fn resolve_addr(&self, dst: SocketAddr, timeout_ms: u32) -> Result<()> {
-        let id = if self.ps == PortSpace::Ib && self.id.load(Ordering::Acquire).is_null() {
-            let any = match dst {
-                SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
-                SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
-            };
-            let (mut ss, len) = to_sockaddr(any);
-            let family = u32::from(ss.ss_family);
-            let sa = (&mut ss as *mut libc::sockaddr_storage).cast();
-            // SAFETY: `sa` is the valid address just built, of `len` bytes.
-            unsafe { self.create_xrc(sa, len, family, sys::IBV_QPT_XRC_SEND) }?
-        } else {
-            self.raw()?
+        let any = match dst {
+            SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
         };
+        let (mut any, len) = to_sockaddr(any);
+        let family = u32::from(any.ss_family);
         let (mut ss, _) = to_sockaddr(dst);
-        // SAFETY: `id` is live; the destination is a valid sockaddr.
-        let rc = unsafe {
-            sys::rdma_resolve_addr(
-                id,
-                null_mut(),
+        // SAFETY: both addresses were just built, the wildcard of `len`
+        // bytes.
+        unsafe {
+            self.start_resolve(
+                (&mut any as *mut libc::sockaddr_storage).cast(),
+                len,
+                family,
                 (&mut ss as *mut libc::sockaddr_storage).cast(),
-                timeout_ms as i32,
+                timeout_ms,
+                "rdma_resolve_addr",
             )
-        };
-        if rc != 0 {
-            return Err(last_error("rdma_resolve_addr"));
         }
-        Ok(())
     }
 
     fn listen_ib(&self, addr: IbAddr, backlog: u32) -> Result<()> {
@@ -797,36 +819,27 @@ impl CmId for VerbsCmId {
         timeout_ms: u32,
     ) -> Result<()> {
         self.check_af_ib()?;
-        let id = if self.ps == PortSpace::Ib && self.id.load(Ordering::Acquire).is_null() {
-            // Bound to the AF_IB wildcard, in the destination's partition.
-            let any = IbAddr {
-                gid: crate::types::Gid::default(),
-                pkey: dst.pkey,
-                port: 0,
-            };
-            let mut sib = sockaddr_ib(any, self.sid_base());
-            let sa = (&mut sib as *mut sys::sockaddr_ib).cast();
-            // SAFETY: `sa` is the valid sockaddr_ib just built.
-            unsafe { self.create_xrc(sa, SOCKADDR_IB_LEN, sys::AF_IB, sys::IBV_QPT_XRC_SEND) }?
-        } else {
-            self.raw()?
-        };
         *self.path.lock().unwrap_or_else(|e| e.into_inner()) = route.and_then(|r| r.path);
-        let mut sib = sockaddr_ib(dst, self.sid_base());
-        // SAFETY: `id` is live; the destination is a valid sockaddr_ib. The
-        // kernel resolves a GID without a query on the wire.
-        let rc = unsafe {
-            sys::rdma_resolve_addr(
-                id,
-                null_mut(),
-                (&mut sib as *mut sys::sockaddr_ib).cast(),
-                timeout_ms as i32,
-            )
+        // An XRC id is bound to the AF_IB wildcard, in the destination's
+        // partition. The kernel resolves a GID without a query on the wire.
+        let any = IbAddr {
+            gid: crate::types::Gid::default(),
+            pkey: dst.pkey,
+            port: 0,
         };
-        if rc != 0 {
-            return Err(last_error("rdma_resolve_addr(AF_IB)"));
+        let mut any = sockaddr_ib(any, self.sid_base());
+        let mut sib = sockaddr_ib(dst, self.sid_base());
+        // SAFETY: both sockaddr_ib were just built.
+        unsafe {
+            self.start_resolve(
+                (&mut any as *mut sys::sockaddr_ib).cast(),
+                SOCKADDR_IB_LEN,
+                sys::AF_IB,
+                (&mut sib as *mut sys::sockaddr_ib).cast(),
+                timeout_ms,
+                "rdma_resolve_addr(AF_IB)",
+            )
         }
-        Ok(())
     }
 
     fn local_ib_addr(&self) -> Option<IbAddr> {

@@ -1,0 +1,37 @@
+"""Readers of benchmark output, shared by scripts/osu-side-by-side and
+scripts/perf-report."""
+import glob
+import re
+
+
+def osu(path):
+    """size -> first number of an OSU-format file ({} if it is missing)."""
+    rows = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                p = line.split()
+                if len(p) >= 2 and not line.startswith("#") and p[0].isdigit():
+                    rows[int(p[0])] = float(p[1])
+    except OSError:
+        pass
+    return rows
+
+
+def perftest(pattern, column):
+    """size -> the named column of the perftest result rows in the files
+    matching `pattern` (a run's .err and .server files left aside)."""
+    rows = {}
+    for path in glob.glob(pattern):
+        if path.endswith((".err", ".server")):
+            continue
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip().startswith("#bytes") and i + 1 < len(lines):
+                # Multi-word column names become one word each.
+                head = re.sub(r"(BW|99%|99\.9%) (peak|average|percentile)", r"\1_\2", line).split()
+                vals = lines[i + 1].split()
+                if column in head and len(vals) == len(head):
+                    rows[int(vals[0])] = float(vals[head.index(column)])
+    return rows

@@ -712,11 +712,15 @@ impl VerbsSrq {
                 // SAFETY: context, PD, domain and CQ are live.
                 let srq = unsafe { sys::ibv_create_srq_ex(ctx.raw(), &mut init) };
                 let mut n = 0u32;
-                // SAFETY: a non-null XRC SRQ has a number.
-                if !srq.is_null() && unsafe { sys::ibv_get_srq_num(srq, &mut n) } != 0 {
-                    // SAFETY: created just above, not shared yet.
-                    unsafe { sys::ibv_destroy_srq(srq) };
-                    return Err(last_error("ibv_get_srq_num"));
+                if !srq.is_null() {
+                    // ibv_get_srq_num returns the errno value itself.
+                    // SAFETY: a non-null XRC SRQ has a number.
+                    let rc = unsafe { sys::ibv_get_srq_num(srq, &mut n) };
+                    if let Err(e) = check("ibv_get_srq_num", rc) {
+                        // SAFETY: created just above, not shared yet.
+                        unsafe { sys::ibv_destroy_srq(srq) };
+                        return Err(e);
+                    }
                 }
                 (srq, Some(n))
             }

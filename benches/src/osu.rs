@@ -251,8 +251,8 @@ pub fn usage(bench: Bench) -> String {
          --sim-device ib|roce|iwarp   simulated device (ib: XRC; roce: RC + SRQ; iwarp)\n\
          --seed N               seed of the simulated fabric\n\
          --same-node            both ranks on one simulated node\n\
-         -d, --device NAME      verbs device (with --fabric verbs)\n\
-         --bind IP              address of the device's interface (verbs)\n\
+         -d, --device NAME      verbs device (default: the nearest with an IPv4 address, from hwloc)\n\
+         --bind IP              address of the device's interface (default: its IPv4 address)\n\
          -s, --server           wait for the other side (verbs)\n\
          --connect HOST         connect to the server (verbs)\n\
          --port N               TCP port of the out-of-band exchange (default 18520)\n\
@@ -589,17 +589,41 @@ pub fn sw_cost(device: SimDevice, seed: u64, round_trips: u32) -> Result<SwCost>
     })
 }
 
-/// The verbs device and interface address that `--fabric verbs` needs.
+/// The verbs device and interface address of `--fabric verbs`, and a line
+/// for the header saying how the device was chosen. Without `--device`,
+/// the nearest device (hwloc) of those with an IPv4 address; without
+/// `--bind`, that address.
 #[cfg(feature = "verbs")]
-fn verbs_target(o: &Options) -> Result<(String, IpAddr)> {
-    let device = o
-        .device
-        .clone()
-        .ok_or_else(|| Error::invalid("--fabric verbs needs --device NAME"))?;
-    let bind = o.bind.ok_or_else(|| {
-        Error::invalid("--fabric verbs needs --bind IP (the device's interface address)")
-    })?;
-    Ok((device, bind))
+fn verbs_target(o: &Options) -> Result<(String, IpAddr, String)> {
+    use xrcbtl_btl::place::{describe_choice, verbs_devices_nearest_first};
+    use xrcbtl_fabric::verbs::{device_ip, VerbsFabric};
+    let (device, chosen) = match &o.device {
+        Some(d) => (d.clone(), format!("{d} (named)")),
+        None => {
+            let ranked = verbs_devices_nearest_first(&VerbsFabric::new()?)?;
+            let first = ranked.first().ok_or_else(|| {
+                Error::not_found(
+                    "a verbs device with an IPv4 address on its interface (name one with --device)",
+                )
+            })?;
+            (
+                first.device.clone(),
+                describe_choice(&first.device, &ranked),
+            )
+        }
+    };
+    let bind = match o.bind {
+        Some(ip) => ip,
+        None => device_ip(&device)?,
+    };
+    Ok((device, bind, chosen))
+}
+
+/// The header lines about the device: how it was chosen and what the BTL
+/// placed near it.
+#[cfg(feature = "verbs")]
+fn locality_lines<C: Context>(chosen: &str, btl: &Btl<C>) -> String {
+    format!("\n# device: {chosen}\n# locality: {}", btl.placed())
 }
 
 /// Runs this process's rank once every peer is known: connects on demand,
@@ -613,6 +637,10 @@ fn run_verbs_rank<C: Context>(
     pairs: u32,
 ) -> Result<Vec<Row>> {
     btl.add_procs(peers)?;
+    // This thread polls the device: it is the rank's progress thread, and
+    // goes where the BTL's placement puts one (the device's CPUs). Unbound,
+    // it still measures, only perhaps across a socket.
+    let _ = xrcbtl_btl::place::bind_this_thread(&btl.placed().placement);
     let work = Rc::new(Cell::new(0));
     let mut r = BenchRank::new(Arc::new(btl), peers.len() as u32, o.max, work);
     let rows = crate::world::block_on(body(&mut r, bench, o, pairs));
@@ -641,7 +669,7 @@ fn run_verbs_rank<C: Context>(
 pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
     use xrcbtl_fabric::Fabric;
-    let (device, bind) = verbs_target(o)?;
+    let (device, bind, chosen) = verbs_target(o)?;
     if !o.server && o.connect.is_none() {
         return Err(Error::invalid(if cfg!(feature = "mpi") {
             "--fabric verbs needs -s (server) or --connect HOST, or mpirun"
@@ -666,13 +694,14 @@ pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     let host = o.connect.clone().unwrap_or_default();
     let other = crate::world::exchange_tcp(me, o.server, &host, o.port, Duration::from_secs(60))?;
     let mode = btl.mode();
+    let locality = locality_lines(&chosen, &btl);
     let mut peers = [me, other];
     peers.sort_by_key(|p| p.rank);
     let rows = run_verbs_rank(btl, &peers, bench, o, 1)?;
     if rank != 0 {
         return Ok(None);
     }
-    let about = format!("fabric verbs ({device}, {mode:?}), wall-clock time");
+    let about = format!("fabric verbs ({device}, {mode:?}), wall-clock time{locality}");
     Ok(Some(report(bench, o, &about, &[rows], 1)))
 }
 
@@ -686,7 +715,7 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
     use mpi::traits::*;
     use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
     use xrcbtl_fabric::Fabric;
-    let (device, bind) = verbs_target(o)?;
+    let (device, bind, chosen) = verbs_target(o)?;
     let universe = mpi::initialize().ok_or_else(|| Error::state("MPI was initialised already"))?;
     let world = universe.world();
     let (rank, size) = (world.rank() as u32, world.size() as u32);
@@ -767,6 +796,7 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
         })
         .collect::<Result<Vec<_>>>()?;
     let mode = btl.mode();
+    let locality = locality_lines(&chosen, &btl);
     let rows = run_verbs_rank(btl, &peers, bench, o, pairs)?;
     // Every rank's timings reach rank 0 (osu_mbw_mr counts the slowest
     // sender).
@@ -794,7 +824,7 @@ pub fn run_mpi_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
         .collect::<std::collections::BTreeSet<_>>()
         .len();
     let about = format!(
-        "fabric verbs ({device}, {mode:?}), {size} ranks on {nodes} node(s) under mpirun, wall-clock time"
+        "fabric verbs ({device}, {mode:?}), {size} ranks on {nodes} node(s) under mpirun, wall-clock time{locality}"
     );
     Ok(Some(report(bench, o, &about, &measured, pairs)))
 }

@@ -93,6 +93,7 @@ pub struct Btl<C: Context> {
     credits: bool,
     max_message: usize,
     recv_cq: C::Cq,
+    placed: crate::place::Placed,
 }
 
 impl<C: Context> std::fmt::Debug for Btl<C> {
@@ -120,6 +121,7 @@ impl<C: Context> Btl<C> {
             credits: core.fc,
             max_message: core.iface.max_message(),
             recv_cq: core.iface.recv_cq.clone(),
+            placed: core.iface.placed.clone(),
             core: Mutex::new(core),
             delivering: AtomicBool::new(false),
             queued,
@@ -141,6 +143,12 @@ impl<C: Context> Btl<C> {
     /// The address peers connect to.
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         self.listen
+    }
+
+    /// Where the device is, and where the BTL put its buffers and (for
+    /// [`crate::Threaded`]) its progress thread.
+    pub fn placed(&self) -> &crate::place::Placed {
+        &self.placed
     }
 
     /// XRC or RC (from the device caps).
@@ -173,6 +181,13 @@ impl<C: Context> Btl<C> {
     /// [`Btl::sendi`] take.
     pub fn max_send_size(&self) -> usize {
         self.max_message - HEADER
+    }
+
+    /// The NUMA node the kernel prefers for each of the BTL's own
+    /// registered buffers (receive, bounce, atomic results), read back
+    /// from the kernel's memory policy: shows that [`Btl::placed`] took.
+    pub fn buffer_nodes(&self) -> Result<Vec<Option<u32>>> {
+        self.lock().iface.buffer_nodes()
     }
 
     /// What the BTL counted.

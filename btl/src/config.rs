@@ -23,6 +23,7 @@
 //! | `XRCBTL_MIN_RNR_TIMER` | 12 | RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms). |
 //! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
 //! | `XRCBTL_AF_IB` | 1 | 1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only. |
+//! | `XRCBTL_PLACE` | `auto` | `auto`: registered buffers on the NUMA node of the device and the progress thread on its CPUs (of those the process may use), from this machine's hardware topology (hwloc); `off`: neither. |
 //! | `XRCBTL_XRCD_DIR` | (empty) | Absolute directory of the XRC domain key file, the same for every rank of a node (empty: `/tmp/xrcbtl-<uid>`). Read by the C ABI and the benchmarks, which make the key. |
 
 use std::net::SocketAddr;
@@ -68,6 +69,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_MIN_RNR_TIMER", default: "12", help: "RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms)." },
     Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },
     Setting { name: "XRCBTL_AF_IB", default: "1", help: "1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only." },
+    Setting { name: "XRCBTL_PLACE", default: "auto", help: "auto: registered buffers on the NUMA node of the device and the progress thread on its CPUs (of those the process may use), from this machine's hardware topology (hwloc); off: neither." },
     Setting { name: "XRCBTL_XRCD_DIR", default: "", help: "Absolute directory of the XRC domain key file, the same for every rank of a node (empty: /tmp/xrcbtl-<uid>). Read by the C ABI and the benchmarks, which make the key." },
 ];
 
@@ -189,6 +191,8 @@ pub struct BtlConfig {
     /// Where whoever makes [`BtlConfig::xrcd_key`] puts it (`None`: the
     /// default directory). The BTL itself opens `xrcd_key` only.
     pub xrcd_dir: Option<std::path::PathBuf>,
+    /// Where buffers and the progress thread go.
+    pub place: crate::place::Place,
     /// Time source.
     pub clock: Clock,
 }
@@ -222,6 +226,7 @@ impl BtlConfig {
             ack_timeout: xrcbtl_fabric::DEFAULT_ACK_TIMEOUT,
             af_ib: true,
             xrcd_dir: None,
+            place: crate::place::Place::Auto,
             clock: Clock::wall(),
         }
     }
@@ -290,6 +295,17 @@ impl BtlConfig {
                 _ => {
                     return Err(Error::invalid(format!(
                         "XRCBTL_RNDV_PROTOCOL={s:?}: expected auto, get or put"
+                    )))
+                }
+            };
+        }
+        if let Some(s) = g("XRCBTL_PLACE") {
+            self.place = match s.trim() {
+                "auto" => crate::place::Place::Auto,
+                "off" => crate::place::Place::Off,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "XRCBTL_PLACE={s:?}: expected auto or off"
                     )))
                 }
             };

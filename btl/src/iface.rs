@@ -9,7 +9,9 @@
 //!   in batches, refilled and grown when the SRQ reports its limit, and
 //!   provisioned for credit flow control;
 //! - the bounce slots eager messages are copied into;
-//! - the 8-byte result slots of atomics.
+//! - the 8-byte result slots of atomics;
+//! - where all that memory lives: on the device's NUMA node when the
+//!   topology knows it ([`crate::place`]).
 //!
 //! The transport (XRC, or RC + SRQ) is decided here from the device caps.
 
@@ -66,9 +68,16 @@ pub(crate) struct Slots<C: Context> {
 }
 
 impl<C: Context> Slots<C> {
-    fn new(ctx: &C, pd: &C::Pd, count: u32, size: usize, reserved: usize) -> Result<Self> {
+    fn new(
+        ctx: &C,
+        pd: &C::Pd,
+        count: u32,
+        size: usize,
+        reserved: usize,
+        numa: Option<u32>,
+    ) -> Result<Self> {
         Ok(Slots {
-            buf: DmaBuf::new(ctx, pd, count as usize * size, Access::LOCAL_WRITE)?,
+            buf: DmaBuf::new_on(ctx, pd, count as usize * size, Access::LOCAL_WRITE, numa)?,
             size,
             free: (0..count).rev().collect(),
             reserved,
@@ -149,6 +158,8 @@ pub(crate) struct Iface<C: Context> {
     pub bounce: Slots<C>,
     /// Result slots of atomics.
     pub results: Slots<C>,
+    /// Where the device is and what was placed near it.
+    pub placed: crate::place::Placed,
 }
 
 impl<C: Context> Iface<C> {
@@ -166,6 +177,8 @@ impl<C: Context> Iface<C> {
         if !caps.srq {
             return Err(Error::Unsupported("the BTL needs shared receive queues"));
         }
+        let placed = crate::place::resolve(&ctx.locality_names(), &cfg.place);
+        let numa = placed.placement.numa_node;
         let pd = ctx.alloc_pd()?;
         let send_cq = ctx.create_cq(CQ_ENTRIES.min(caps.max_cqe))?;
         let recv_cq = ctx.create_cq(CQ_ENTRIES.min(caps.max_cqe))?;
@@ -195,7 +208,13 @@ impl<C: Context> Iface<C> {
                 None => ctx.create_srq(&pd, attr)?,
             };
             let depth = cfg.srq_depth.min(capacity);
-            let buf = DmaBuf::new(&ctx, &pd, (size * depth) as usize, Access::LOCAL_WRITE)?;
+            let buf = DmaBuf::new_on(
+                &ctx,
+                &pd,
+                (size * depth) as usize,
+                Access::LOCAL_WRITE,
+                numa,
+            )?;
             classes.push(RecvClass {
                 srq,
                 size,
@@ -214,8 +233,9 @@ impl<C: Context> Iface<C> {
             cfg.send_slots + RESERVED_SLOTS as u32,
             large as usize,
             RESERVED_SLOTS,
+            numa,
         )?;
-        let results = Slots::new(&ctx, &pd, ATOMIC_SLOTS, 8, 0)?;
+        let results = Slots::new(&ctx, &pd, ATOMIC_SLOTS, 8, 0, numa)?;
         let mut iface = Iface {
             ctx,
             caps,
@@ -228,6 +248,7 @@ impl<C: Context> Iface<C> {
             classes,
             bounce,
             results,
+            placed,
         };
         // Arm the low-watermark once the SRQ holds its receives, so that it
         // fires when they run low, not at once.
@@ -258,6 +279,17 @@ impl<C: Context> Iface<C> {
             .iter()
             .position(|c| c.size as usize >= total)
             .unwrap_or(self.classes.len() - 1)
+    }
+
+    /// The NUMA node the kernel prefers for each registered buffer of the
+    /// interface (receive chunks, bounce slots, result slots), read back.
+    pub fn buffer_nodes(&self) -> Result<Vec<Option<u32>>> {
+        self.classes
+            .iter()
+            .flat_map(|c| c.chunks.iter())
+            .chain([&self.bounce.buf, &self.results.buf])
+            .map(DmaBuf::preferred_node)
+            .collect()
     }
 
     /// The largest message a receive buffer holds, header included.
@@ -355,11 +387,12 @@ impl<C: Context> Iface<C> {
         if c.chunks.len() > usize::from(u16::MAX) {
             return Err(Error::NoResource("receive chunks"));
         }
-        let buf = DmaBuf::new(
+        let buf = DmaBuf::new_on(
             &self.ctx,
             &self.pd,
             (c.size * n) as usize,
             Access::LOCAL_WRITE,
+            self.placed.placement.numa_node,
         )?;
         let chunk = c.chunks.len() as u16;
         c.chunks.push(buf);

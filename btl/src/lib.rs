@@ -17,6 +17,7 @@
 //! | `proto/` | eager order, rendezvous, one-sided, atomics, operations: state machines without I/O |
 //! | [`wire`] | the message header and the rendezvous control payloads |
 //! | [`config`] | settings and their `XRCBTL_*` variables |
+//! | [`place`] | the device's locality: the nearest device, buffers on its NUMA node, the progress thread on its CPUs |
 //! | [`threaded`] | a BTL progressed by its own thread |
 //! | [`sim`] | a simulated job (N nodes × M ranks) for tests, benches and examples |
 
@@ -30,6 +31,7 @@ mod core;
 mod credits;
 mod ep;
 mod iface;
+pub mod place;
 mod post;
 mod proto;
 pub mod sim;

@@ -3,6 +3,9 @@
 //! a bounded time, so that work submitted meanwhile is not left waiting).
 //! The application keeps calling the BTL (it takes `&self`) from its own
 //! threads meanwhile, and may progress it too.
+//!
+//! The thread binds itself to the CPUs of the BTL's placement (the device's
+//! CPUs, [`crate::place`]) before its first progress call.
 
 use std::sync::Arc;
 
@@ -28,10 +31,17 @@ impl<C: Context> Threaded<C> {
     pub fn spawn(btl: Arc<Btl<C>>, name: &str, cfg: ThreadConfig) -> Result<Threaded<C>> {
         let cq = btl.recv_cq();
         let b = btl.clone();
+        let mut placement = Some(btl.placed().placement.clone());
         let thread = ProgressThread::spawn(
             name,
             cfg,
-            move || b.progress(),
+            move || {
+                if let Some(p) = placement.take() {
+                    // Unbound, the thread still works: only slower.
+                    let _ = crate::place::bind_this_thread(&p);
+                }
+                b.progress()
+            },
             move |d| {
                 // A failed wait only means the thread polls again sooner.
                 let _ = cq.wait(d);

@@ -29,7 +29,7 @@ mod usermem;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use buf::DmaBuf;
+pub use buf::{DmaBuf, NUMA_NODE_MAX};
 pub use cm::{
     max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, IbAddr, PathRecord,
     PortSpace, RejectReason, DEFAULT_PKEY,
@@ -88,6 +88,14 @@ pub trait Context: Clone + Send + Sync + Sized + 'static {
     /// on only once every queue has been looked at and found empty.
     fn events_cost_syscalls(&self) -> bool {
         true
+    }
+
+    /// The names this machine's hardware topology may know the device by:
+    /// its own, then its network interfaces' (a software device such as
+    /// rxe is found through the interface it runs on). The simulated
+    /// fabric answers none: its devices are nowhere on this machine.
+    fn locality_names(&self) -> Vec<String> {
+        vec![self.name().to_string()]
     }
 
     /// Attributes of a port (1-based).

@@ -311,3 +311,38 @@ fn srq_qps_destroyed_before_their_last_receive_are_counted() {
         assert_eq!(early, u64::from(!stop_first), "stopped first: {stop_first}");
     }
 }
+
+/// A buffer placed on a NUMA node carries that node in the kernel's memory
+/// policy (read back with get_mempolicy), still works as a buffer, and a
+/// node the kernel does not have leaves it unplaced rather than failing.
+#[test]
+fn dma_buffers_are_placed_on_their_numa_node() {
+    let sim = SimFabric::new(SimConfig::new(5, 1)).unwrap();
+    let p = sim.spawn(0).unwrap();
+    let ctx = p.open(&sim.config().devices[0].name).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let placed = DmaBuf::new_on(&ctx, &pd, 3 * 4096 + 5, Access::LOCAL_WRITE, Some(0)).unwrap();
+    assert_eq!(placed.node(), Some(0));
+    assert_eq!(placed.preferred_node().unwrap(), Some(0));
+    placed.write(3 * 4096, b"hello");
+    assert_eq!(placed.read(3 * 4096, 5), b"hello");
+    let plain = DmaBuf::new(&ctx, &pd, 4096, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        (plain.node(), plain.preferred_node().unwrap()),
+        (None, None)
+    );
+    // No machine here has node 1000: the kernel refuses, the buffer stays.
+    let nowhere = DmaBuf::new_on(&ctx, &pd, 4096, Access::LOCAL_WRITE, Some(1000)).unwrap();
+    assert_eq!(
+        (nowhere.node(), nowhere.preferred_node().unwrap()),
+        (None, None)
+    );
+    assert!(DmaBuf::new_on(
+        &ctx,
+        &pd,
+        4096,
+        Access::LOCAL_WRITE,
+        Some(NUMA_NODE_MAX + 1)
+    )
+    .is_err());
+}

@@ -382,7 +382,8 @@ typedef struct {
    */
   uint32_t rank;
   /**
-   * The verbs device (default: the first device with an IPv4 address).
+   * The verbs device (default: of the devices with an IPv4 address, the
+   * nearest to where the process runs, from the hardware topology).
    */
   const char *device;
   /**

@@ -66,8 +66,8 @@ static int xrc_register(void)
                                            MCA_BASE_VAR_SCOPE_LOCAL, &c->verbose);
     device_param = "";
     (void) mca_base_component_var_register(v, "device",
-                                           "Verbs device to use (empty: the first one with an IPv4 address on its "
-                                           "interface)",
+                                           "Verbs device to use (empty: of those with an IPv4 address on their "
+                                           "interface, the nearest to the rank's CPUs, from hwloc)",
                                            MCA_BASE_VAR_TYPE_STRING, NULL, 0, 0, OPAL_INFO_LVL_3,
                                            MCA_BASE_VAR_SCOPE_READONLY, &device_param);
     c->finalize_timeout_ms = 5000;

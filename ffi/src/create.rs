@@ -102,11 +102,10 @@ fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
         // SAFETY: as above.
         unsafe { c_str(p.device, "device") }?.to_string()
     } else {
-        fabric
-            .devices()?
+        xrcbtl_btl::place::verbs_devices_nearest_first(&fabric)?
             .into_iter()
-            .map(|d| d.name)
-            .find(|d| device_ip(d).is_ok())
+            .map(|c| c.device)
+            .next()
             .ok_or_else(|| {
                 Failure::new(
                     XRCBTL_ERR_NOT_FOUND,

@@ -43,7 +43,8 @@ pub struct xrcbtl_params_t {
     pub field_mask: u64,
     /// This process's rank (unique in the job).
     pub rank: u32,
-    /// The verbs device (default: the first device with an IPv4 address).
+    /// The verbs device (default: of the devices with an IPv4 address, the
+    /// nearest to where the process runs, from the hardware topology).
     pub device: *const c_char,
     /// The job's name, the same on every rank: the ranks of a node that
     /// give the same name share one XRC domain. Letters, digits, `-`, `_`

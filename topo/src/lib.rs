@@ -517,7 +517,10 @@ mod tests {
         }
         assert!(s.includes(&IndexSet::new([1, 8])));
         assert!(!s.includes(&IndexSet::new([1, 9])));
-        assert_eq!(s.intersection(&IndexSet::new([2, 9, 10])).as_slice(), &[2, 10]);
+        assert_eq!(
+            s.intersection(&IndexSet::new([2, 9, 10])).as_slice(),
+            &[2, 10]
+        );
     }
 
     #[test]

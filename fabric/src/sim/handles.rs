@@ -264,6 +264,10 @@ impl Context for SimContext {
         false
     }
 
+    fn locality_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     fn caps(&self) -> &DeviceCaps {
         &self.0.caps
     }

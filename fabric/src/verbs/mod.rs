@@ -304,7 +304,7 @@ pub fn job_xrcd_key(job: &str, device: &str, dir: Option<&Path>) -> Result<XrcdK
 /// The network interfaces of a verbs device: for RoCE and iWARP the netdev
 /// its GIDs are bound to (`ports/1/gid_attrs/ndevs/*`), for InfiniBand the
 /// IPoIB interfaces of its PCI device (`device/net/*`).
-fn device_netdevs(device: &str) -> Vec<String> {
+pub fn device_netdevs(device: &str) -> Vec<String> {
     let base = PathBuf::from("/sys/class/infiniband").join(device);
     let mut out: Vec<String> = Vec::new();
     if let Ok(dir) = std::fs::read_dir(base.join("ports/1/gid_attrs/ndevs")) {
@@ -386,6 +386,12 @@ impl Context for VerbsContext {
 
     fn name(&self) -> &str {
         &self.0.name
+    }
+
+    fn locality_names(&self) -> Vec<String> {
+        let mut names = vec![self.0.name.clone()];
+        names.extend(device_netdevs(&self.0.name));
+        names
     }
 
     fn caps(&self) -> &DeviceCaps {

@@ -43,10 +43,30 @@ const CONTROL_EVERY: u32 = 16;
 const CONTROL_SETTLED: u32 = 8;
 /// Message buffers kept for reuse.
 const BUFS_KEPT: usize = 256;
-/// Rendezvous sinks kept per size for reuse.
-const SINKS_KEPT: usize = 4;
-/// Buffers at least this large are rendezvous sinks.
+/// Bytes of rendezvous sinks kept for reuse, all sizes together: a window
+/// of 64 messages of 1 MiB in flight (osu_bw's) finds its sinks, and their
+/// registrations, again on the next window instead of allocating, zeroing
+/// and registering each.
+const SINK_BYTES_KEPT: usize = 64 << 20;
+/// Rendezvous sinks hold at least this much.
 const SINK_MIN: usize = 64 * 1024;
+/// A sink's data starts on a page of its own and fills whole pages:
+/// registrations pin whole pages, and two sinks sharing a page would have
+/// their registrations merged by the cache (a new registration, and an old
+/// one kept pinned, at every use). A sink is allocated one page larger than
+/// its size, and its data starts at the first page boundary inside.
+const PAGE: usize = 4096;
+
+/// The size of the sink a buffer of capacity `cap` is, if it is one.
+fn sink_size(cap: usize) -> Option<usize> {
+    cap.checked_sub(PAGE)
+        .filter(|c| *c >= SINK_MIN && c.is_power_of_two())
+}
+
+/// Where a sink's data starts in its buffer: its first page boundary.
+fn sink_start(buf: &[u8]) -> usize {
+    buf.as_ptr().align_offset(PAGE)
+}
 /// The longest rendezvous a receiver accepts.
 pub(crate) const MAX_RNDV: u64 = 1 << 40;
 
@@ -106,6 +126,8 @@ pub(crate) struct Core<C: Context> {
     /// User registrations, by id.
     pub regs: WrSlab<Registration>,
     sinks: HashMap<usize, Vec<Vec<u8>>>,
+    /// Bytes held in `sinks`.
+    sink_bytes: usize,
     bufs: Vec<Vec<u8>>,
     pub am: Vec<Option<AmCallback<C>>>,
     pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
@@ -274,6 +296,7 @@ impl<C: Context> Core<C> {
             cache,
             regs: WrSlab::new(),
             sinks: HashMap::new(),
+            sink_bytes: 0,
             bufs: Vec::new(),
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
@@ -316,10 +339,10 @@ impl<C: Context> Core<C> {
     /// Takes back a buffer a delivery is done with.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         let cap = buf.capacity();
-        if cap >= SINK_MIN && cap.is_power_of_two() {
-            let pool = self.sinks.entry(cap).or_default();
-            if pool.len() < SINKS_KEPT {
-                pool.push(buf);
+        if let Some(size) = sink_size(cap) {
+            if self.sink_bytes + cap <= SINK_BYTES_KEPT && buf.len() == cap {
+                self.sink_bytes += cap;
+                self.sinks.entry(size).or_default().push(buf);
             }
         } else if self.bufs.len() < BUFS_KEPT && cap > 0 {
             self.bufs.push(buf);
@@ -329,14 +352,18 @@ impl<C: Context> Core<C> {
     /// A rendezvous sink for `len` bytes: a buffer from the pool, or a new
     /// one (`None` when the memory cannot be had).
     fn sink_buf(&mut self, len: usize) -> Option<Vec<u8>> {
-        let cap = len.checked_next_power_of_two()?.max(SINK_MIN);
-        if let Some(b) = self.sinks.get_mut(&cap).and_then(|p| p.pop()) {
+        let size = len.checked_next_power_of_two()?.max(SINK_MIN);
+        if let Some(b) = self.sinks.get_mut(&size).and_then(|p| p.pop()) {
+            self.sink_bytes -= b.capacity();
             return Some(b);
         }
+        let cap = size.checked_add(PAGE)?;
         let mut b = Vec::new();
         b.try_reserve_exact(cap).ok()?;
-        b.resize(cap, 0);
-        Some(b)
+        b.resize(b.capacity(), 0);
+        // An allocator that gave more than asked makes no sink: the pool
+        // could not tell it apart from another buffer.
+        (sink_size(b.capacity()) == Some(size)).then_some(b)
     }
 
     // ---- progress ----------------------------------------------------------
@@ -852,9 +879,10 @@ impl<C: Context> Core<C> {
             return;
         };
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let start = sink_start(&buf);
         let reg = match self
             .cache
-            .register_mut(&mut buf[..rts.len as usize], access)
+            .register_mut(&mut buf[start..start + rts.len as usize], access)
         {
             Ok(r) => r,
             Err(_) => {
@@ -863,7 +891,7 @@ impl<C: Context> Core<C> {
             }
         };
         let sink = Local {
-            addr: buf.as_ptr() as u64,
+            addr: buf[start..].as_ptr() as u64,
             lkey: reg.lkey(),
             rkey: reg.rkey(),
         };
@@ -898,12 +926,13 @@ impl<C: Context> Core<C> {
                     self.cache.release(sink.reg);
                     self.stats.rndv_received += 1;
                     self.stats.bytes_received += len;
+                    let start = sink_start(&sink.buf);
                     self.deliver(Delivery::Message {
                         src: peer,
                         tag,
                         buf: sink.buf,
-                        start: 0,
-                        end: len as usize,
+                        start,
+                        end: start + len as usize,
                     });
                 }
                 Act::Finished { op, src, result } => {

@@ -104,3 +104,51 @@ fn the_counter_sees_an_allocation() {
     assert_eq!(v.len(), 100);
     assert!(n >= 1, "the counting allocator counts");
 }
+
+/// A window of 64 rendezvous of 64 KiB in flight at once, as osu_bw
+/// sends: once one window has gone, the next finds every sink the
+/// receiver needs, and its registration, in the BTL's pool (it used to
+/// keep 4 per size, so 60 sinks of every window were allocated, zeroed and
+/// registered again).
+#[test]
+fn a_window_of_rendezvous_reuses_its_sinks_and_registrations() {
+    const WINDOW: u64 = 64;
+    const LEN: usize = 64 * 1024;
+    let job = SimJob::new(1, 2, 1, SimDevice::ib("sim0")).unwrap();
+    job.sim.set_auto_advance(true);
+    let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    b.register_am(TAG, move |_, m| {
+        assert_eq!(m.data.len(), LEN);
+        g.fetch_add(1, Ordering::Relaxed);
+    });
+    let data = xrcbtl_btl::Bytes::from(vec![0x33u8; LEN]);
+    let window = || {
+        let want = got.load(Ordering::Relaxed) + WINDOW;
+        for _ in 0..WINDOW {
+            a.send_bytes(1, TAG, data.clone(), None).unwrap();
+        }
+        while got.load(Ordering::Relaxed) < want || !a.is_idle() {
+            a.progress();
+            b.progress();
+        }
+    };
+    window();
+    window();
+    let before = b.rcache_stats();
+    let ((), n) = CountingAlloc::count(|| {
+        for _ in 0..3 {
+            window();
+        }
+    });
+    let after = b.rcache_stats();
+    assert_eq!(
+        after.registrations, before.registrations,
+        "the receiver registered new sinks: {before:?} -> {after:?}"
+    );
+    assert!(after.hits >= before.hits + 3 * WINDOW, "{after:?}");
+    // A sink is 64 KiB: allocating them again would show as at least one
+    // allocation per message.
+    assert!(n < WINDOW, "{n} allocations in 3 windows");
+}

@@ -37,7 +37,7 @@ use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
 use crate::config::BtlConfig;
 use crate::conn::DriverStats;
-use crate::core::{Core, Delivery, Source};
+use crate::core::{Body, Core, Delivery, Source};
 use crate::ep::Work;
 use crate::proto::atomic::{atomic, Atomic};
 use crate::proto::rma::transfer;
@@ -53,7 +53,7 @@ enum Job<C: Context> {
     Message {
         src: Rank,
         tag: Tag,
-        buf: Vec<u8>,
+        body: Body<C>,
         start: usize,
         end: usize,
         cb: Option<AmCallback<C>>,
@@ -381,7 +381,7 @@ impl<C: Context> Btl<C> {
         core.deliver(Delivery::Message {
             src,
             tag,
-            buf,
+            body: Body::Heap(buf),
             start: 0,
             end,
         });
@@ -703,7 +703,7 @@ impl<C: Context> Btl<C> {
                 let job = {
                     let mut core = self.lock();
                     if let Some(b) = spent.take() {
-                        core.recycle(b);
+                        core.consumed(b);
                     }
                     let Some(d) = core.next_delivery() else { break };
                     resolve(&mut core, d)
@@ -720,29 +720,22 @@ impl<C: Context> Btl<C> {
         }
     }
 
-    /// Runs one delivery's callbacks (no lock held); returns the buffer to
-    /// recycle.
-    fn run(&self, job: Job<C>) -> Option<Vec<u8>> {
+    /// Runs one delivery's callbacks (no lock held); returns the message
+    /// body it consumed.
+    fn run(&self, job: Job<C>) -> Option<Body<C>> {
         match job {
             Job::Message {
                 src,
                 tag,
-                buf,
+                body,
                 start,
                 end,
                 cb,
             } => {
                 if let Some(cb) = cb {
-                    cb(
-                        self,
-                        &Incoming {
-                            src,
-                            tag,
-                            data: &buf[start..end],
-                        },
-                    );
+                    body.with(start, end, |data| cb(self, &Incoming { src, tag, data }));
                 }
-                Some(buf)
+                Some(body)
             }
             Job::Done { op, result, cb } => {
                 cb(self, OpId(op), result);
@@ -804,7 +797,7 @@ fn resolve<C: Context>(core: &mut Core<C>, d: Delivery<C>) -> Job<C> {
         Delivery::Message {
             src,
             tag,
-            buf,
+            body,
             start,
             end,
         } => {
@@ -815,7 +808,7 @@ fn resolve<C: Context>(core: &mut Core<C>, d: Delivery<C>) -> Job<C> {
             Job::Message {
                 src,
                 tag,
-                buf,
+                body,
                 start,
                 end,
                 cb,

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use xrcbtl_fabric::{
-    Access, Context, Cq, Error, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
-    Xrcd, XrcdId,
+    Access, Context, Cq, DmaBuf, Error, MemCache, Registration, Result, WcOpcode, WcStatus,
+    WorkCompletion, Xrcd, XrcdId,
 };
 use xrcbtl_progress::{Batch, WrSlab};
 use xrcbtl_xrc_conn::{Node, Notice, Rank};
@@ -32,7 +32,7 @@ use crate::types::{
     Receive, Tag,
 };
 use crate::wire::{self, Header, Kind, HEADER};
-use crate::wr_id::WrId;
+use crate::wr_id::{RecvSlot, WrId};
 
 /// Give up on a work request after this many failed attempts.
 const MAX_TRIES: u32 = 64;
@@ -83,13 +83,48 @@ pub(crate) struct Sink {
     pub reg: Registration,
 }
 
+/// A receive buffer a message arrived in, while its delivery reads it.
+struct Received<'a, C: Context> {
+    chunk: &'a Arc<DmaBuf<C>>,
+    /// Where the buffer starts in the chunk.
+    at: usize,
+    slot: RecvSlot,
+    /// The local QP it came on.
+    qpn: u32,
+}
+
+/// Where a delivered message's bytes are.
+pub(crate) enum Body<C: Context> {
+    /// In a buffer of the BTL's (a rendezvous sink, a copy to itself).
+    Heap(Vec<u8>),
+    /// In place, in the receive buffer it arrived in: not posted again
+    /// until the consumer is done ([`Core::consumed`]). Where credits flow,
+    /// the credit the sender spent on it is owed back then, to `(sender,
+    /// local QP)`.
+    Received {
+        chunk: Arc<DmaBuf<C>>,
+        slot: RecvSlot,
+        credit: Option<(Rank, u32)>,
+    },
+}
+
+impl<C: Context> Body<C> {
+    /// Lends bytes `start..end` to `f`.
+    pub fn with<R>(&self, start: usize, end: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        match self {
+            Body::Heap(b) => f(&b[start..end]),
+            Body::Received { chunk, .. } => chunk.with_slice(start, end - start, f),
+        }
+    }
+}
+
 /// What the user must hear of, queued until the lock is released.
 pub(crate) enum Delivery<C: Context> {
-    /// A message: `buf[start..end]` from `src` with `tag`.
+    /// A message: bytes `start..end` of `body`, from `src` with `tag`.
     Message {
         src: Rank,
         tag: Tag,
-        buf: Vec<u8>,
+        body: Body<C>,
         start: usize,
         end: usize,
     },
@@ -770,7 +805,9 @@ impl<C: Context> Core<C> {
         };
         self.recv_batch = Some(batch);
         self.recv_dry = n < self.cfg.cq_batch.max(1);
-        if n > 0 && self.iface.repost_due(self.cfg.srq_refill).is_err() {
+        // Also with nothing new: buffers come back from deliveries after
+        // the poll that found their messages.
+        if self.iface.repost_due(self.cfg.srq_refill).is_err() {
             self.stats.no_resource += 1;
         }
         n
@@ -780,16 +817,17 @@ impl<C: Context> Core<C> {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
             return;
         };
-        if self.iface.consumed(slot).is_none() {
+        let Some((chunk, at)) = self.iface.taken(slot) else {
             return;
-        }
+        };
         if wc.status != WcStatus::Success
             || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
         {
-            return;
+            return self.iface.give_back(slot);
         }
         if wc.byte_len == 0 {
             // The iWARP initiator's hello: the responder may speak now.
+            self.iface.give_back(slot);
             let now = self.cfg.clock.now();
             self.drv.handle_first_receive(now, wc.qp_num);
             return;
@@ -799,58 +837,80 @@ impl<C: Context> Core<C> {
             self.stats.received_by_class.resize(class + 1, 0);
         }
         self.stats.received_by_class[class] += 1;
-        let mut buf = self.buf();
-        self.iface.read(slot, wc.byte_len as usize, &mut buf);
-        self.on_message(buf, wc.qp_num);
+        let rx = Received {
+            chunk: &chunk,
+            at,
+            slot,
+            qpn: wc.qp_num,
+        };
+        let kept = chunk.with_slice(at, wc.byte_len as usize, |bytes| self.on_message(bytes, rx));
+        if !kept {
+            self.iface.give_back(slot);
+        }
     }
 
-    /// A message arrived on local QP `qpn`.
-    fn on_message(&mut self, buf: Vec<u8>, qpn: u32) {
-        let Some(h) = Header::decode(&buf) else {
+    /// A message arrived in a receive buffer (`bytes`, read in place; the
+    /// buffer is not posted while it is read). Returns whether a delivery
+    /// keeps the buffer: it is then given back when its consumer is done
+    /// ([`Core::give_back`]), else at once by the caller.
+    fn on_message(&mut self, bytes: &[u8], rx: Received<'_, C>) -> bool {
+        let Some(h) = Header::decode(bytes) else {
             self.stats.malformed += 1;
-            return self.recycle(buf);
+            return false;
         };
         let Some(ei) = self.eps.find(h.src) else {
             self.stats.malformed += 1;
-            return self.recycle(buf);
+            return false;
         };
+        let deliver = h.kind == Kind::Eager && self.eps.get(ei).is_open();
+        let arrival = if h.kind == Kind::Credit || !self.eps.get(ei).is_open() {
+            None
+        } else {
+            Some(self.eps.get_mut(ei).rx.arrive(h.seq))
+        };
+        let keep = deliver && arrival == Some(Arrival::Next);
         if self.fc {
-            // Every message took one of our receives (duplicates too): it
-            // is owed back once reposted. Returns to us ride on it.
+            // Every message took one of our receives (duplicates too): the
+            // credit is owed back once that receive is free again, now or,
+            // for a message delivered in place, when its consumer is done.
+            // Returns to us ride on it.
             let cap = self.cfg.credits;
-            let cr = self.eps.get_mut(ei).credits.of(qpn, cap);
-            if cr.on_receive(h.credits, cap) {
+            let cr = self.eps.get_mut(ei).credits.of(rx.qpn, cap);
+            cr.take_returned(h.credits);
+            if !keep && cr.owe(cap) {
                 self.eps.requeue(ei, crate::post::credit_item());
             }
         }
-        if h.kind == Kind::Credit || !self.eps.get(ei).is_open() {
-            return self.recycle(buf);
-        }
-        match self.eps.get_mut(ei).rx.arrive(h.seq) {
-            Arrival::Next => {}
-            Arrival::Duplicate => {
+        match arrival {
+            None => return false,
+            Some(Arrival::Next) => {}
+            Some(Arrival::Duplicate) => {
                 self.stats.duplicates += 1;
-                return self.recycle(buf);
+                return false;
             }
-            Arrival::Ahead => {
+            Some(Arrival::Ahead) => {
                 self.stats.out_of_order += 1;
                 self.stats.malformed += 1;
-                return self.recycle(buf);
+                return false;
             }
         }
-        if h.kind == Kind::Eager {
+        if keep {
             self.stats.eager_received += 1;
             self.stats.bytes_received += u64::from(h.len);
-            let end = buf.len();
-            return self.deliver(Delivery::Message {
+            self.deliver(Delivery::Message {
                 src: h.src,
                 tag: h.tag,
-                buf,
-                start: HEADER,
-                end,
+                body: Body::Received {
+                    chunk: rx.chunk.clone(),
+                    slot: rx.slot,
+                    credit: self.fc.then_some((h.src, rx.qpn)),
+                },
+                start: rx.at + HEADER,
+                end: rx.at + bytes.len(),
             });
+            return true;
         }
-        match Control::decode(h.kind, &buf[HEADER..]) {
+        match Control::decode(h.kind, &bytes[HEADER..]) {
             Some(Control::Rts(rts)) => self.on_rts(h.src, h.tag, rts),
             Some(Control::Rtr(rtr)) => {
                 self.rndv.on_rtr(h.src, rtr);
@@ -863,7 +923,25 @@ impl<C: Context> Core<C> {
             }
             None => self.stats.malformed += 1,
         }
-        self.recycle(buf);
+        false
+    }
+
+    /// A message delivered with `body` is consumed: its buffer is recycled,
+    /// or its receive is given back (with, where credits flow, the credit
+    /// it owes its sender).
+    pub fn consumed(&mut self, body: Body<C>) {
+        match body {
+            Body::Heap(buf) => self.recycle(buf),
+            Body::Received { slot, credit, .. } => {
+                self.iface.give_back(slot);
+                let Some((src, qpn)) = credit else { return };
+                let Some(ei) = self.eps.find(src) else { return };
+                let cap = self.cfg.credits;
+                if self.eps.get_mut(ei).credits.of(qpn, cap).owe(cap) {
+                    self.eps.requeue(ei, crate::post::credit_item());
+                }
+            }
+        }
     }
 
     /// A peer asks to send a rendezvous: find a sink, register it, start.
@@ -930,7 +1008,7 @@ impl<C: Context> Core<C> {
                     self.deliver(Delivery::Message {
                         src: peer,
                         tag,
-                        buf: sink.buf,
+                        body: Body::Heap(sink.buf),
                         start,
                         end: start + len as usize,
                     });

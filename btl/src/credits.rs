@@ -56,11 +56,17 @@ impl Credit {
         self.to_return -= u32::from(returned);
     }
 
-    /// A message arrived carrying `returned` credits; it took one of our
-    /// receives, owed back once reposted. Returns whether a credit-only
-    /// message should now be queued (half of `cap` owed, none queued).
-    pub fn on_receive(&mut self, returned: u16, cap: u32) -> bool {
+    /// A message arrived carrying `returned` credits. It took one of our
+    /// receives, owed back ([`Credit::owe`]) once that receive is free
+    /// again: at once, or when a message delivered in place is consumed.
+    pub fn take_returned(&mut self, returned: u16) {
         self.credits = self.credits.saturating_add(u32::from(returned));
+    }
+
+    /// A receive the peer filled is free again: one more credit is owed
+    /// back. Returns whether a credit-only message should now be queued
+    /// (half of `cap` owed, none queued).
+    pub fn owe(&mut self, cap: u32) -> bool {
         self.to_return += 1;
         if self.to_return >= (cap / 2).max(1) && !self.returning {
             self.returning = true;
@@ -111,7 +117,8 @@ mod tests {
     /// Two sides of one connection exchange messages in random order; each
     /// side has `cap + 1 + REFILL` receives (what the BTL provisions per
     /// peer) and reposts consumed ones now and then, at the latest when
-    /// `REFILL` wait. No side may ever send into an empty receive queue,
+    /// `REFILL` wait. A message may be held in its receive for a while (a
+    /// delivery in place): its credit is owed only once it is let go. No side may ever send into an empty receive queue,
     /// and every message must get through.
     #[test]
     fn credits_never_overrun_the_receiver_and_never_deadlock() {
@@ -133,17 +140,19 @@ mod tests {
             let mut todo = [300u32, 200u32];
             let mut wire: [Vec<(bool, u16)>; 2] = [Vec::new(), Vec::new()];
             let mut unposted = [0u32, 0u32];
+            let mut held = [0u32, 0u32];
             let mut got = [0u32, 0u32];
             let mut stuck = 0;
             while todo != [0, 0]
                 || wire.iter().any(|w| !w.is_empty())
+                || held != [0, 0]
                 || cr.iter().any(|c| c.returning)
             {
                 stuck += 1;
                 assert!(stuck < 100_000, "seed {seed}: no progress {cr:?} {todo:?}");
                 let s = next(2) as usize;
                 let p = 1 - s;
-                match next(4) {
+                match next(5) {
                     // Send a message, or a queued credit message.
                     0 | 1 => {
                         let credit_only = cr[s].returning && cr[s].to_return > 0;
@@ -178,11 +187,24 @@ mod tests {
                             unposted[s] = 0;
                         }
                         if let Some((credit_only, r)) = wire[s].pop() {
-                            unposted[s] += 1;
+                            cr[s].take_returned(r);
                             if !credit_only {
                                 got[s] += 1;
                             }
-                            cr[s].on_receive(r, cap);
+                            if !credit_only && next(2) == 0 {
+                                held[s] += 1;
+                            } else {
+                                unposted[s] += 1;
+                                cr[s].owe(cap);
+                            }
+                        }
+                    }
+                    // A message delivered in place is let go.
+                    3 => {
+                        if held[s] > 0 {
+                            held[s] -= 1;
+                            unposted[s] += 1;
+                            cr[s].owe(cap);
                         }
                     }
                     // Repost what was consumed.

@@ -15,6 +15,8 @@
 //!
 //! The transport (XRC, or RC + SRQ) is decided here from the device caps.
 
+use std::sync::Arc;
+
 use xrcbtl_fabric::{
     Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, RecvWr, Result, Sge, Srq, SrqAttr,
     Transport,
@@ -40,7 +42,9 @@ pub(crate) struct RecvClass<C: Context> {
     pub srq: C::Srq,
     /// Buffer size in bytes.
     pub size: u32,
-    chunks: Vec<DmaBuf<C>>,
+    /// Shared with deliveries, which hand a received message to its
+    /// consumer in place.
+    chunks: Vec<Arc<DmaBuf<C>>>,
     /// Buffers in each chunk after the first.
     per_chunk: u32,
     /// Buffers allocated in all.
@@ -218,7 +222,7 @@ impl<C: Context> Iface<C> {
             classes.push(RecvClass {
                 srq,
                 size,
-                chunks: vec![buf],
+                chunks: vec![Arc::new(buf)],
                 per_chunk: depth,
                 total: depth,
                 capacity,
@@ -286,7 +290,7 @@ impl<C: Context> Iface<C> {
     pub fn buffer_nodes(&self) -> Result<Vec<Option<u32>>> {
         self.classes
             .iter()
-            .flat_map(|c| c.chunks.iter())
+            .flat_map(|c| c.chunks.iter().map(|c| &**c))
             .chain([&self.bounce.buf, &self.results.buf])
             .map(DmaBuf::preferred_node)
             .collect()
@@ -302,22 +306,22 @@ impl<C: Context> Iface<C> {
         self.classes.iter().position(|c| c.srq.id() == srq_id)
     }
 
-    /// A receive completed into `slot`: its buffer is to be posted again.
-    /// Returns the buffer size, or `None` for a slot that is not ours.
-    pub fn consumed(&mut self, slot: RecvSlot) -> Option<usize> {
+    /// A receive completed into `slot`: it is no longer posted, and is the
+    /// caller's until [`Iface::give_back`]. Returns the buffer's chunk and
+    /// where the buffer starts in it, or `None` for a slot that is not
+    /// ours.
+    pub fn taken(&mut self, slot: RecvSlot) -> Option<(Arc<DmaBuf<C>>, usize)> {
         let c = self.classes.get_mut(slot.class as usize)?;
-        if slot.chunk as usize >= c.chunks.len() {
-            return None;
-        }
+        let chunk = c.chunks.get(slot.chunk as usize)?.clone();
         c.posted = c.posted.saturating_sub(1);
-        c.repost.push((slot.chunk, slot.index));
-        Some(c.size as usize)
+        Some((chunk, slot.index as usize * c.size as usize))
     }
 
-    /// Copies `len` bytes received into `slot` into `out`.
-    pub fn read(&self, slot: RecvSlot, len: usize, out: &mut Vec<u8>) {
-        let c = &self.classes[slot.class as usize];
-        c.chunks[slot.chunk as usize].read_into(slot.index as usize * c.size as usize, len, out);
+    /// A taken buffer is done with: it is posted again with the next batch.
+    pub fn give_back(&mut self, slot: RecvSlot) {
+        if let Some(c) = self.classes.get_mut(slot.class as usize) {
+            c.repost.push((slot.chunk, slot.index));
+        }
     }
 
     /// Reposts consumed buffers of every class that has a batch of them
@@ -395,7 +399,7 @@ impl<C: Context> Iface<C> {
             self.placed.placement.numa_node,
         )?;
         let chunk = c.chunks.len() as u16;
-        c.chunks.push(buf);
+        c.chunks.push(Arc::new(buf));
         c.repost.extend((0..n).map(|i| (chunk, i)));
         c.total += n;
         self.repost(class)

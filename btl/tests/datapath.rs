@@ -638,3 +638,62 @@ fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
     assert!(c.btl(0).stats().retransmits > 0);
     c.shutdown(LIMIT);
 }
+
+/// Messages are delivered in place, from the receive buffer they arrived
+/// in, which is posted again only once the consumer is done. A consumer
+/// that progresses the BTL from inside its callback keeps every message
+/// that arrives meanwhile in its receive (their deliveries wait for the
+/// callback to return). On iWARP, where a send that finds no receive breaks
+/// the connection, the credits of those messages must not go back to the
+/// sender before their receives do.
+#[test]
+fn receives_held_by_a_consumer_in_a_callback_are_not_credited_back_on_iwarp() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+    use xrcbtl_btl::sim::SimJob;
+    use xrcbtl_fabric::sim::SimConfig;
+    const N: u32 = 400;
+    let cfg = SimConfig::new(4, 2).with_devices(vec![SimDevice::iwarp("sim0")]);
+    let job = SimJob::with(cfg, 1, |c: &mut BtlConfig| {
+        c.srq_depth = 4;
+        c.srq_max_depth = 16;
+        c.srq_refill = 2;
+        c.credits = 6;
+    })
+    .unwrap();
+    job.sim.set_auto_advance(true);
+    let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let depth = Arc::new(AtomicU32::new(0));
+    let (g, d, sender) = (got.clone(), depth.clone(), a.clone());
+    b.register_am(TAG, move |btl, m| {
+        g.lock()
+            .unwrap()
+            .push(u32::from_le_bytes(m.data[..4].try_into().unwrap()));
+        // Every tenth message, the consumer progresses from inside its
+        // callback (and the sender meanwhile) until more has arrived
+        // behind it.
+        let n = g.lock().unwrap().len();
+        if n % 10 == 0 && d.fetch_add(1, Ordering::Relaxed) == 0 {
+            for _ in 0..200 {
+                btl.progress();
+                sender.progress();
+            }
+        }
+        d.store(0, Ordering::Relaxed);
+    });
+    for i in 0..N {
+        a.send(1, TAG, &[], &numbered(i, 100)).unwrap();
+    }
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    while got.lock().unwrap().len() < N as usize || !a.is_idle() {
+        assert!(std::time::Instant::now() < end, "stuck: {:?}", a.stats());
+        a.progress();
+        b.progress();
+    }
+    assert_eq!(*got.lock().unwrap(), (0..N).collect::<Vec<_>>());
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.send_errors, sa.retransmits), (0, 0), "{sa:?}");
+    assert_eq!((sb.duplicates, sb.malformed), (0, 0), "{sb:?}");
+    assert!(sa.credit_stalls > 0, "the sender never waited: {sa:?}");
+}

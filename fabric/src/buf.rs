@@ -5,10 +5,13 @@
 //! device hangs off, so that the device's reads and writes and the CPU's
 //! copies stay on one socket.
 //!
-//! The CPU side reads and writes through copies, never through references,
-//! because the device may write the memory whenever a receive or an RDMA
-//! operation targeting it is outstanding. Read what the device wrote only
-//! after polling the completion that covers it.
+//! The CPU side reads and writes through copies, or through a shared
+//! reference lent to a closure for as long as it runs
+//! ([`DmaBuf::with_slice`]), never through references it could keep: the
+//! device may write the memory whenever a receive or an RDMA operation
+//! targeting it is outstanding. Read what the device wrote only after
+//! polling the completion that covers it, and only while nothing is posted
+//! that targets those bytes.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
@@ -270,6 +273,27 @@ impl<C: Context> DmaBuf<C> {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), len);
             out.set_len(len);
         }
+    }
+
+    /// Lends the `len` bytes at `offset` to `f`, without copying them: a
+    /// received message is handed to its consumer in place. The rule of
+    /// every read holds: the device has finished writing those bytes (the
+    /// completion that covers them was polled), and nothing that targets
+    /// them (a receive, an RDMA operation) is posted while `f` runs. Like
+    /// posting (whose scatter lists are plain addresses), this relies on
+    /// the caller keeping that rule: it is the fabric's soundness boundary,
+    /// kept by the layer that owns the buffer (the BTL never writes a
+    /// receive buffer from the CPU, and posts it again only after the
+    /// message's consumer has returned).
+    pub fn with_slice<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.check(offset, len);
+        // SAFETY: the range is inside the allocation (checked) and stays
+        // allocated while `self` is borrowed; the CPU writes the buffer
+        // only through `&self` methods that copy, which the caller does not
+        // call on this range while `f` holds it; the device does not write
+        // it (the rule above). The reference does not outlive `f`.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
+        f(bytes)
     }
 
     /// Sets every byte to `byte`.

@@ -91,10 +91,11 @@ impl<C: Context> BenchRank<C> {
         self.btl.config().clock.now()
     }
 
-    /// Sends `len` bytes of the payload to `dst`: copied when it fits an
-    /// eager send, else by rendezvous straight from the buffer.
+    /// Sends `len` bytes of the payload to `dst`, as an MPI library hands
+    /// the BTL a user buffer: eagerly (copied when short, else straight
+    /// from the buffer), or by rendezvous straight from it.
     pub fn send(&mut self, dst: u32, len: usize) -> Result<()> {
-        if len <= self.btl.max_send_size() {
+        if len < self.btl.config().zcopy_min {
             self.btl.send(dst, DATA, &[], &self.buf[..len])
         } else {
             self.btl

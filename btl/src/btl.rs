@@ -419,10 +419,13 @@ impl<C: Context> Btl<C> {
         Ok(core.send_eager(ei, tag, [header, payload], true))
     }
 
-    /// Sends a shared buffer with `tag` to `dst`: eagerly (copied) up to
-    /// [`Btl::max_send_size`], else by rendezvous straight from `data`
-    /// (registered through the cache, no copy; `data` is kept until the
-    /// peer has it). `done` runs when the send is complete.
+    /// Sends a shared buffer with `tag` to `dst`: eagerly up to
+    /// [`Btl::max_send_size`] (copied into a bounce buffer below
+    /// [`BtlConfig::zcopy_min`] bytes, else posted straight from `data`),
+    /// else by rendezvous straight from `data`. Sent from `data`, it is
+    /// registered through the cache and kept until the peer has it. `done`
+    /// runs when the send is complete (`data` may be dropped at once:
+    /// the BTL holds its own reference).
     pub fn send_bytes(
         &self,
         dst: Rank,
@@ -435,6 +438,8 @@ impl<C: Context> Btl<C> {
         if data.len() <= self.max_send_size() || dst == self.cfg.rank {
             if dst == self.cfg.rank {
                 Self::to_self(&mut core, tag, [&data, &[]]);
+            } else if data.len() >= self.cfg.zcopy_min {
+                core.send_eager_zcopy(ei, tag, data.clone());
             } else {
                 core.send_eager(ei, tag, [&data, &[]], false);
             }

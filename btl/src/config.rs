@@ -4,6 +4,7 @@
 //! | Variable | Default | Meaning |
 //! |---|---|---|
 //! | `XRCBTL_EAGER_LIMIT` | 8192 | Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous. |
+//! | `XRCBTL_ZCOPY_MIN` | 4096 | Smallest eager payload `send_bytes` sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer. |
 //! | `XRCBTL_MAX_INLINE` | 128 | Largest message (header included) posted inline, when the device allows that much. |
 //! | `XRCBTL_RNDV_PROTOCOL` | `auto` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS), `put` (RTS, RTR, the sender RDMA-writes, FIN), or `auto`: put on iWARP, get elsewhere (measured: scripts/perf-compare). |
 //! | `XRCBTL_RNDV_FRAG_SIZE` | 524288 | Bytes per RDMA fragment of a rendezvous. |
@@ -50,6 +51,7 @@ pub struct Setting {
 /// above.
 pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_EAGER_LIMIT", default: "8192", help: "Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous." },
+    Setting { name: "XRCBTL_ZCOPY_MIN", default: "4096", help: "Smallest eager payload send_bytes sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer." },
     Setting { name: "XRCBTL_MAX_INLINE", default: "128", help: "Largest message (header included) posted inline, when the device allows that much." },
     Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "auto", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS), put (RTS, RTR, the sender RDMA-writes, FIN), or auto: put on iWARP, get elsewhere." },
     Setting { name: "XRCBTL_RNDV_FRAG_SIZE", default: "524288", help: "Bytes per RDMA fragment of a rendezvous." },
@@ -151,6 +153,8 @@ pub struct BtlConfig {
     pub listen: SocketAddr,
     /// Largest eager payload.
     pub eager_limit: usize,
+    /// Smallest eager payload `send_bytes` sends without a copy.
+    pub zcopy_min: usize,
     /// Largest inline message, header included.
     pub max_inline: u32,
     /// Rendezvous protocol.
@@ -207,6 +211,7 @@ impl BtlConfig {
             xrcd_key,
             listen,
             eager_limit: 8192,
+            zcopy_min: 4096,
             max_inline: 128,
             rndv_protocol: RndvProtocol::Auto,
             rndv_frag_size: 512 * 1024,
@@ -253,6 +258,7 @@ impl BtlConfig {
         }
         let g: &dyn Fn(&str) -> Option<String> = &get;
         num(g, "XRCBTL_EAGER_LIMIT", &mut self.eager_limit)?;
+        num(g, "XRCBTL_ZCOPY_MIN", &mut self.zcopy_min)?;
         num(g, "XRCBTL_MAX_INLINE", &mut self.max_inline)?;
         num(g, "XRCBTL_RNDV_FRAG_SIZE", &mut self.rndv_frag_size)?;
         num(g, "XRCBTL_RNDV_PIPELINE", &mut self.rndv_pipeline)?;

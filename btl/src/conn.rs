@@ -842,7 +842,9 @@ impl<C: Context> ConnDriver<C> {
                 let qcaps = QpCaps {
                     max_send_wr: sq_depth.clamp(1, caps.max_qp_wr),
                     max_recv_wr: 0,
-                    max_send_sge: 1,
+                    // A header from a bounce slot and a body from the
+                    // sender's memory (zero-copy eager).
+                    max_send_sge: 2.min(caps.max_sge).max(1),
                     max_recv_sge: 0,
                     max_inline: self.max_inline,
                 };

@@ -553,12 +553,8 @@ impl<C: Context> Core<C> {
     fn requeue(&mut self, ei: u32, mut item: Item) {
         if item.is_credit() {
             // Credits belong to the connection that failed.
-            if let Work::Msg(Msg {
-                store: Store::Slot(s),
-                ..
-            }) = item.work
-            {
-                self.iface.bounce.give(s);
+            if let Work::Msg(m) = item.work {
+                self.let_go(m.store);
             }
             self.eps.get_mut(ei).credits = Default::default();
             return;
@@ -686,13 +682,12 @@ impl<C: Context> Core<C> {
     fn on_sent(&mut self, item: Item, wc: &WorkCompletion) {
         match item.work {
             Work::Msg(m) => {
-                let Store::Slot(s) = m.store else { return };
-                if m.kind == Kind::Fin {
+                if let (Kind::Fin, Store::Slot(s)) = (m.kind, &m.store) {
                     let mut id = [0u8; 8];
-                    self.iface.bounce.read_to(s, HEADER, &mut id);
+                    self.iface.bounce.read_to(*s, HEADER, &mut id);
                     self.rndv.on_fin_sent(u64::from_le_bytes(id));
                 }
-                self.iface.bounce.give(s);
+                self.let_go(m.store);
             }
             Work::Rdma(r) => match r.owner {
                 Owner::RndvIn { .. } | Owner::RndvOut { .. } => {
@@ -714,6 +709,23 @@ impl<C: Context> Core<C> {
         }
     }
 
+    /// A message's body is no longer needed: its slot goes back, a user
+    /// buffer's registration goes back to the cache and the buffer to its
+    /// owner (dropped outside the lock: its drop is user code).
+    pub(crate) fn let_go(&mut self, store: Store) {
+        match store {
+            Store::Slot(s) => self.iface.bounce.give(s),
+            Store::Heap(_) => {}
+            Store::User { slot, data, reg } => {
+                if let Some(s) = slot {
+                    self.iface.bounce.give(s);
+                }
+                self.cache.release(reg);
+                self.deliver(Delivery::Release(data));
+            }
+        }
+    }
+
     /// Work that will never be done: fail what it belongs to.
     fn drop_item(&mut self, ei: u32, item: Item, e: BtlError) {
         let peer = self.eps.get(ei).rank;
@@ -722,12 +734,11 @@ impl<C: Context> Core<C> {
                 let mut body = [0u8; wire::CONTROL_MAX];
                 let n = (m.len as usize).min(body.len());
                 match &m.store {
-                    Store::Slot(s) => {
-                        self.iface.bounce.read_to(*s, HEADER, &mut body[..n]);
-                        self.iface.bounce.give(*s);
-                    }
+                    Store::Slot(s) => self.iface.bounce.read_to(*s, HEADER, &mut body[..n]),
                     Store::Heap(b) => body[..n].copy_from_slice(&b[..n]),
+                    Store::User { data, .. } => body[..n].copy_from_slice(&data[..n]),
                 }
+                self.let_go(m.store);
                 if m.kind != Kind::Credit {
                     self.stats.lost += 1;
                 }
@@ -1075,6 +1086,36 @@ impl<C: Context> Core<C> {
                 Store::Heap([parts[0], parts[1]].concat())
             }
         };
+        self.send_msg(ei, tag, len, store, now_only)
+    }
+
+    /// Sends `data` eagerly to endpoint `ei` from where it is, without a
+    /// copy: registered through the cache, kept until the message
+    /// completes. Falls back to a copy when the memory cannot be
+    /// registered.
+    pub fn send_eager_zcopy(&mut self, ei: u32, tag: Tag, data: Bytes) {
+        let len = data.len();
+        match self.cache.register(&data) {
+            Ok(reg) => {
+                self.stats.zcopy_sent += 1;
+                let store = Store::User {
+                    slot: None,
+                    data,
+                    reg,
+                };
+                self.send_msg(ei, tag, len, store, false);
+            }
+            Err(_) => {
+                self.send_eager(ei, tag, [&data, &[]], false);
+                self.deliver(Delivery::Release(data));
+            }
+        }
+    }
+
+    /// Posts an eager message with its body in `store` now, or queues it
+    /// behind the endpoint's pending work (with `now_only`, gives the store
+    /// back and answers `false` instead).
+    fn send_msg(&mut self, ei: u32, tag: Tag, len: usize, store: Store, now_only: bool) -> bool {
         let ep = self.eps.get(ei);
         let idle = ep.pending.is_empty();
         let msg = Msg {
@@ -1086,9 +1127,7 @@ impl<C: Context> Core<C> {
         };
         if !idle {
             if now_only {
-                if let Store::Slot(s) = msg.store {
-                    self.iface.bounce.give(s);
-                }
+                self.let_go(msg.store);
                 return false;
             }
             self.eps.get_mut(ei).tx.take();
@@ -1104,12 +1143,8 @@ impl<C: Context> Core<C> {
         match self.post(ei, item) {
             Ok(()) => {}
             Err(item) if now_only => {
-                if let Work::Msg(Msg {
-                    store: Store::Slot(s),
-                    ..
-                }) = item.work
-                {
-                    self.iface.bounce.give(s);
+                if let Work::Msg(m) = item.work {
+                    self.let_go(m.store);
                 }
                 return false;
             }

@@ -17,6 +17,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
+use bytes::Bytes;
+use xrcbtl_fabric::Registration;
 use xrcbtl_xrc_conn::Rank;
 
 use crate::credits::Credits;
@@ -26,13 +28,25 @@ use crate::types::{BtlError, Tag};
 use crate::wire::Kind;
 
 /// Where a message's body is kept until its completion: a bounce slot, or
-/// (when none was free) a heap copy that takes a slot when it is posted.
+/// (when none was free) a heap copy that takes a slot when it is posted,
+/// or the sender's own registered memory.
 #[derive(Debug)]
 pub(crate) enum Store {
     /// A bounce slot: the body sits after the header's room.
     Slot(u32),
     /// The body itself (empty for header-only messages).
     Heap(Vec<u8>),
+    /// The body in the sender's shared buffer, registered through the
+    /// cache and sent from where it is (zero copy); the header goes from a
+    /// bounce slot, taken when the message is posted.
+    User {
+        /// The header's slot, once posted.
+        slot: Option<u32>,
+        /// The body, kept until the message completes.
+        data: Bytes,
+        /// Its registration.
+        reg: Registration,
+    },
 }
 
 /// A message: eager, rendezvous control, or credit-only.

@@ -154,7 +154,8 @@ impl<C: Context> Core<C> {
             self.stats.cq_full += 1;
             return Err(item);
         }
-        let mut sgl = [Sge::default()];
+        let mut sgl = [Sge::default(); 2];
+        let mut sges = 1;
         let mut inline_len = 0;
         let mut returned = 0u16;
         let (op, srqn) = match &mut item.work {
@@ -201,12 +202,13 @@ impl<C: Context> Core<C> {
                             self.iface.bounce.read_to(*s, HEADER, &mut inline[HEADER..])
                         }
                         Store::Heap(body) => inline[HEADER..].copy_from_slice(body),
+                        Store::User { data, .. } => inline[HEADER..].copy_from_slice(data),
                     }
                     inline_len = total;
                 } else {
-                    let s = match &m.store {
-                        Store::Slot(s) => *s,
-                        Store::Heap(body) => {
+                    let s = match &mut m.store {
+                        Store::Slot(s) | Store::User { slot: Some(s), .. } => *s,
+                        Store::Heap(_) | Store::User { slot: None, .. } => {
                             // The last slots are kept for credit messages,
                             // which must always be able to go. With none
                             // free, a message queued behind this one gives
@@ -222,13 +224,37 @@ impl<C: Context> Core<C> {
                                     }
                                 },
                             };
-                            self.iface.bounce.write(s, HEADER, body);
-                            m.store = Store::Slot(s);
+                            match &mut m.store {
+                                Store::User { slot, .. } => *slot = Some(s),
+                                store => {
+                                    if let Store::Heap(body) = store {
+                                        self.iface.bounce.write(s, HEADER, body);
+                                    }
+                                    *store = Store::Slot(s);
+                                }
+                            }
                             s
                         }
                     };
                     self.iface.bounce.write(s, 0, &hdr);
-                    sgl[0] = self.iface.bounce.sge(s, total as u32);
+                    match &m.store {
+                        Store::User { data, .. } if caps.max_send_sge < 2 => {
+                            // The QP gathers nothing: copy after all.
+                            self.iface.bounce.write(s, HEADER, data);
+                            sgl[0] = self.iface.bounce.sge(s, total as u32);
+                        }
+                        Store::User { data, reg, .. } => {
+                            // Header from the slot, body from where it is.
+                            sgl[0] = self.iface.bounce.sge(s, HEADER as u32);
+                            sgl[1] = Sge {
+                                addr: data.as_ptr() as u64,
+                                length: data.len() as u32,
+                                lkey: reg.lkey(),
+                            };
+                            sges = 2;
+                        }
+                        _ => sgl[0] = self.iface.bounce.sge(s, total as u32),
+                    }
                 }
                 let class = self.iface.class_for(total);
                 (SendOp::Send, path.srqns.get(class).copied())
@@ -263,7 +289,7 @@ impl<C: Context> Core<C> {
         let payload = if inline_len > 0 {
             Payload::Inline(&self.inline[..inline_len])
         } else {
-            Payload::Sgl(&sgl)
+            Payload::Sgl(&sgl[..sges])
         };
         let mut wr = SendWr::new(wr_id, op, payload);
         wr.remote_srqn = srqn;

@@ -406,6 +406,9 @@ pub struct BtlStats {
     pub eager_sent: u64,
     /// Of which inline.
     pub inline_sent: u64,
+    /// Of which sent from the sender's own registered memory, without a
+    /// copy (`send_bytes` from [`crate::BtlConfig::zcopy_min`] bytes).
+    pub zcopy_sent: u64,
     /// Messages posted unsignalled (completed by a later signalled request
     /// on their QP).
     pub unsignalled: u64,

@@ -68,6 +68,13 @@ fn check_both_protocols(device: SimDevice, force_rc: bool, expect: Mode) {
         let s = c.btl(0).stats();
         assert!(s.inline_sent > 0, "{s:?}");
         assert!(s.rndv_sent > 0 && s.eager_sent > 0, "{s:?}");
+        // Eager sizes from zcopy_min up went from the caller's buffer.
+        let max = c.btl(0).max_send_size();
+        let zcopy = sizes()
+            .iter()
+            .filter(|&&n| (4096..=max).contains(&n))
+            .count() as u64;
+        assert_eq!(s.zcopy_sent, 2 * zcopy, "{s:?}");
         assert_eq!(s.retransmits, 0);
         for r in [1, 3] {
             let rs = c.btl(r).stats();
@@ -104,6 +111,15 @@ fn every_size_arrives_intact_over_rc_srq() {
 #[test]
 fn every_size_arrives_intact_over_iwarp() {
     check_both_protocols(SimDevice::iwarp("sim0"), false, Mode::Rc { p2p: true });
+}
+
+/// A device whose send requests gather one entry only: a zero-copy eager
+/// message is copied into its bounce slot when it is posted after all.
+#[test]
+fn every_size_arrives_intact_where_sends_gather_one_entry() {
+    let mut device = SimDevice::ib("sim0");
+    device.caps.max_sge = 1;
+    check_both_protocols(device, false, Mode::Xrc);
 }
 
 /// `auto` (the default) chooses by device: on iWARP the sender writes

@@ -6,23 +6,30 @@
 #
 # SERVER and CLIENT are shell command lines (redirections allowed). Under
 # TCG a server can take seconds to listen, and a client that finds no
-# listener fails at once (perftest: RDMA_CM_EVENT_REJECTED, error 8): the
-# client is tried again, 0.3 s apart, up to 20 times, while the server is
-# still running. A client that fails for good takes its server down with it,
-# so that nothing waits out the server's timeout.
+# listener fails at once (perftest: RDMA_CM_EVENT_REJECTED, error 8), or
+# half-connects and leaves its server waiting for it. So when the client
+# fails while its server still runs, both are started afresh: the server
+# is killed, and the pair tried again, up to 5 times. A client that fails
+# after its server has exited, or 5 times, fails the pair; no server is
+# left behind to wait out its timeout.
 # Returns 0, 1 (the client failed) or 2 (the server failed).
 pair_run() {
-    local log=$1 server=$2 client=$3 tries=0 s
-    timeout 600 bash -c "$server" > "$log" 2>&1 &
-    s=$!
-    until timeout 600 bash -c "$client"; do
-        tries=$((tries + 1))
-        if [ $tries -ge 20 ] || ! kill -0 $s 2>/dev/null; then
-            kill $s 2>/dev/null
-            wait $s 2>/dev/null
+    local log=$1 server=$2 client=$3 try s
+    for try in 1 2 3 4 5; do
+        timeout 600 bash -c "$server" > "$log" 2>&1 &
+        s=$!
+        sleep 0.5
+        if timeout 600 bash -c "$client"; then
+            wait $s || return 2
+            return 0
+        fi
+        if ! kill -0 $s 2>/dev/null; then
+            wait $s
             return 1
         fi
-        sleep 0.3
+        kill $s 2>/dev/null
+        wait $s 2>/dev/null
+        sleep 1
     done
-    wait $s || return 2
+    return 1
 }

@@ -715,7 +715,7 @@ impl<C: Context> Core<C> {
     pub(crate) fn let_go(&mut self, store: Store) {
         match store {
             Store::Slot(s) => self.iface.bounce.give(s),
-            Store::Heap(_) => {}
+            Store::Heap(_) | Store::Small { .. } => {}
             Store::User { slot, data, reg } => {
                 if let Some(s) = slot {
                     self.iface.bounce.give(s);
@@ -733,10 +733,10 @@ impl<C: Context> Core<C> {
             Work::Msg(m) => {
                 let mut body = [0u8; wire::CONTROL_MAX];
                 let n = (m.len as usize).min(body.len());
-                match &m.store {
-                    Store::Slot(s) => self.iface.bounce.read_to(*s, HEADER, &mut body[..n]),
-                    Store::Heap(b) => body[..n].copy_from_slice(&b[..n]),
-                    Store::User { data, .. } => body[..n].copy_from_slice(&data[..n]),
+                match (&m.store, m.store.bytes()) {
+                    (_, Some(b)) => body[..n].copy_from_slice(&b[..n]),
+                    (Store::Slot(s), None) => self.iface.bounce.read_to(*s, HEADER, &mut body[..n]),
+                    _ => {}
                 }
                 self.let_go(m.store);
                 if m.kind != Kind::Credit {
@@ -1067,11 +1067,17 @@ impl<C: Context> Core<C> {
     }
 
     /// Sends an eager message of `parts` (header, then payload) to
-    /// endpoint `ei`: copied into a bounce slot and posted now if it can
-    /// go, else queued (in a heap copy if no slot is free). With `now_only`
+    /// endpoint `ei`: copied into the message itself when it is short
+    /// enough to go inline, else into a bounce slot, and posted now if it
+    /// can go, else queued (in a heap copy if no slot is free). With `now_only`
     /// nothing is queued: `false` if it cannot go at once.
     pub fn send_eager(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> bool {
         let len = parts[0].len() + parts[1].len();
+        if HEADER + len <= self.cfg.max_inline as usize {
+            if let Some(store) = Store::small(parts) {
+                return self.send_msg(ei, tag, len, store, now_only);
+            }
+        }
         let store = match self.iface.bounce.take() {
             Some(s) => {
                 self.iface.bounce.write(s, HEADER, parts[0]);

@@ -27,6 +27,9 @@ use crate::proto::Rdma;
 use crate::types::{BtlError, Tag};
 use crate::wire::Kind;
 
+/// The longest body a message keeps in itself ([`Store::Small`]).
+pub(crate) const SMALL_BODY: usize = 112;
+
 /// Where a message's body is kept until its completion: a bounce slot, or
 /// (when none was free) a heap copy that takes a slot when it is posted,
 /// or the sender's own registered memory.
@@ -36,6 +39,14 @@ pub(crate) enum Store {
     Slot(u32),
     /// The body itself (empty for header-only messages).
     Heap(Vec<u8>),
+    /// A short body kept in the message itself: it goes inline, with no
+    /// bounce slot to take, fill, read back and give back.
+    Small {
+        /// Bytes used.
+        len: u8,
+        /// The body.
+        bytes: [u8; SMALL_BODY],
+    },
     /// The body in the sender's shared buffer, registered through the
     /// cache and sent from where it is (zero copy); the header goes from a
     /// bounce slot, taken when the message is posted.
@@ -47,6 +58,33 @@ pub(crate) enum Store {
         /// Its registration.
         reg: Registration,
     },
+}
+
+impl Store {
+    /// A short body copied from `parts`, if it fits.
+    pub fn small(parts: [&[u8]; 2]) -> Option<Store> {
+        let len = parts[0].len() + parts[1].len();
+        if len > SMALL_BODY {
+            return None;
+        }
+        let mut bytes = [0u8; SMALL_BODY];
+        bytes[..parts[0].len()].copy_from_slice(parts[0]);
+        bytes[parts[0].len()..len].copy_from_slice(parts[1]);
+        Some(Store::Small {
+            len: len as u8,
+            bytes,
+        })
+    }
+
+    /// The body, where the store holds it in memory (not in a slot).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Store::Slot(_) => None,
+            Store::Heap(b) => Some(b),
+            Store::Small { len, bytes } => Some(&bytes[..usize::from(*len)]),
+            Store::User { data, .. } => Some(data),
+        }
+    }
 }
 
 /// A message: eager, rendezvous control, or credit-only.

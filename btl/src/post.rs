@@ -4,10 +4,12 @@
 //! queues.
 //!
 //! A message goes as one work request: its header is written in front of
-//! the body in the message's bounce slot and the slot is posted, or, when
-//! the whole message fits the QP's inline limit, header and body are
-//! gathered in a scratch buffer and posted inline (the slot stays with the message
-//! until it completes: it is what a retransmission sends). Before posting,
+//! the body in the message's bounce slot and the slot is posted (or the
+//! header alone, gathered with a body in the sender's registered memory),
+//! or, when the whole message fits the QP's inline limit, header and body
+//! are gathered in a scratch buffer and posted inline. The body stays with
+//! the message until it completes, in its slot or, when short, in the
+//! message itself: it is what a retransmission sends. Before posting,
 //! the work must have a path, nothing in flight on an older path, room in
 //! the QP's send queue, a bounce slot (messages), and, where the device has
 //! no RNR, credits. Otherwise it goes back to its queue.
@@ -197,18 +199,19 @@ impl<C: Context> Core<C> {
                     // heap needs no slot.
                     let inline = &mut self.inline[..total];
                     inline[..HEADER].copy_from_slice(&hdr);
-                    match &m.store {
-                        Store::Slot(s) => {
-                            self.iface.bounce.read_to(*s, HEADER, &mut inline[HEADER..])
+                    match m.store.bytes() {
+                        Some(body) => inline[HEADER..].copy_from_slice(body),
+                        None => {
+                            if let Store::Slot(s) = m.store {
+                                self.iface.bounce.read_to(s, HEADER, &mut inline[HEADER..])
+                            }
                         }
-                        Store::Heap(body) => inline[HEADER..].copy_from_slice(body),
-                        Store::User { data, .. } => inline[HEADER..].copy_from_slice(data),
                     }
                     inline_len = total;
                 } else {
                     let s = match &mut m.store {
                         Store::Slot(s) | Store::User { slot: Some(s), .. } => *s,
-                        Store::Heap(_) | Store::User { slot: None, .. } => {
+                        Store::Heap(_) | Store::Small { .. } | Store::User { slot: None, .. } => {
                             // The last slots are kept for credit messages,
                             // which must always be able to go. With none
                             // free, a message queued behind this one gives
@@ -227,7 +230,7 @@ impl<C: Context> Core<C> {
                             match &mut m.store {
                                 Store::User { slot, .. } => *slot = Some(s),
                                 store => {
-                                    if let Store::Heap(body) = store {
+                                    if let Some(body) = store.bytes() {
                                         self.iface.bounce.write(s, HEADER, body);
                                     }
                                     *store = Store::Slot(s);

@@ -945,6 +945,11 @@ impl<C: Context> Core<C> {
             Body::Heap(buf) => self.recycle(buf),
             Body::Received { slot, credit, .. } => {
                 self.iface.give_back(slot);
+                // Posted again now when a batch is due: the receiver may
+                // not poll again for a long while.
+                if self.iface.repost_due(self.cfg.srq_refill).is_err() {
+                    self.stats.no_resource += 1;
+                }
                 let Some((src, qpn)) = credit else { return };
                 let Some(ei) = self.eps.find(src) else { return };
                 let cap = self.cfg.credits;

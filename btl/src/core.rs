@@ -43,10 +43,11 @@ const CONTROL_EVERY: u32 = 16;
 const CONTROL_SETTLED: u32 = 8;
 /// Message buffers kept for reuse.
 const BUFS_KEPT: usize = 256;
-/// Bytes of rendezvous sinks kept for reuse, all sizes together: a window
-/// of 64 messages of 1 MiB in flight (osu_bw's) finds its sinks, and their
-/// registrations, again on the next window instead of allocating, zeroing
-/// and registering each.
+/// Bytes of rendezvous sinks kept for reuse, all sizes together (at most
+/// what the registration cache keeps registered): a window of 64 messages
+/// of 1 MiB in flight (osu_bw's) finds its sinks, and their registrations,
+/// again on the next window instead of allocating, zeroing and registering
+/// each.
 const SINK_BYTES_KEPT: usize = 64 << 20;
 /// Rendezvous sinks hold at least this much.
 const SINK_MIN: usize = 64 * 1024;
@@ -163,6 +164,8 @@ pub(crate) struct Core<C: Context> {
     sinks: HashMap<usize, Vec<Vec<u8>>>,
     /// Bytes held in `sinks`.
     sink_bytes: usize,
+    /// The most `sinks` may hold.
+    sink_budget: usize,
     bufs: Vec<Vec<u8>>,
     pub am: Vec<Option<AmCallback<C>>>,
     pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
@@ -302,6 +305,7 @@ impl<C: Context> Core<C> {
             1
         };
         let cache = MemCache::new(ctx, iface.pd.clone(), cfg.rcache);
+        let sink_budget = SINK_BYTES_KEPT.min(cache.bytes_max());
         let put = cfg.rndv_protocol.is_put(iface.caps.transport);
         // Reads beyond the initiator depth would only queue in the device.
         let pipeline = if put {
@@ -332,6 +336,7 @@ impl<C: Context> Core<C> {
             regs: WrSlab::new(),
             sinks: HashMap::new(),
             sink_bytes: 0,
+            sink_budget,
             bufs: Vec::new(),
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
@@ -375,7 +380,22 @@ impl<C: Context> Core<C> {
     pub fn recycle(&mut self, buf: Vec<u8>) {
         let cap = buf.capacity();
         if let Some(size) = sink_size(cap) {
-            if self.sink_bytes + cap <= SINK_BYTES_KEPT && buf.len() == cap {
+            if buf.len() != cap {
+                return;
+            }
+            // The pool follows the sizes in use now: sinks of other sizes
+            // make room (a run that went through smaller sizes first must
+            // not leave the budget to them).
+            if self.sink_bytes + cap > self.sink_budget {
+                for (other, pool) in self.sinks.iter_mut().filter(|(s, _)| **s != size) {
+                    while self.sink_bytes + cap > self.sink_budget {
+                        let Some(old) = pool.pop() else { break };
+                        debug_assert_eq!(sink_size(old.capacity()), Some(*other));
+                        self.sink_bytes -= old.capacity();
+                    }
+                }
+            }
+            if self.sink_bytes + cap <= self.sink_budget {
                 self.sink_bytes += cap;
                 self.sinks.entry(size).or_default().push(buf);
             }

@@ -121,6 +121,12 @@ impl<C: Context> MemCache<C> {
         }
     }
 
+    /// The most bytes it keeps registered (the configured bytes, or the
+    /// process's locked-memory limit if lower).
+    pub fn bytes_max(&self) -> usize {
+        self.cache.bytes_max()
+    }
+
     /// Whether registrations are cached (a memory monitor runs).
     pub fn caches(&self) -> bool {
         self.caching

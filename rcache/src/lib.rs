@@ -253,6 +253,12 @@ impl<R: Registrar, M: Monitor> RegCache<R, M> {
         self.slots.iter().filter(|s| s.entry.is_some()).count()
     }
 
+    /// The most bytes it keeps registered: the configured bytes, or the
+    /// locked-memory limit if lower.
+    pub fn bytes_max(&self) -> usize {
+        self.cfg.max_bytes.min(self.cfg.memlock_bytes)
+    }
+
     /// The registrar (for its own counters).
     pub fn registrar(&self) -> &R {
         &self.registrar

@@ -972,8 +972,11 @@ impl<C: Context> Core<C> {
                 }
                 let Some((src, qpn)) = credit else { return };
                 let Some(ei) = self.eps.find(src) else { return };
+                // A connection gone meanwhile took its credits with it:
+                // nothing is owed on it any more.
                 let cap = self.cfg.credits;
-                if self.eps.get_mut(ei).credits.of(qpn, cap).owe(cap) {
+                let owe = self.eps.get_mut(ei).credits.existing(qpn);
+                if owe.is_some_and(|c| c.owe(cap)) {
                     self.eps.requeue(ei, crate::post::credit_item());
                 }
             }

@@ -101,6 +101,19 @@ impl Credits {
         &mut self.cur.insert((qpn, Credit::new(cap))).1
     }
 
+    /// The credits of the connection on local QP `qpn`, if it still has
+    /// them (a QP forgotten, or a connection reset, has none).
+    pub fn existing(&mut self, qpn: u32) -> Option<&mut Credit> {
+        match &mut self.cur {
+            Some((q, c)) if *q == qpn => Some(c),
+            _ => self
+                .older
+                .iter_mut()
+                .find(|(q, _)| *q == qpn)
+                .map(|(_, c)| c),
+        }
+    }
+
     /// The QP is gone: its credits with it.
     pub fn forget(&mut self, qpn: u32) {
         if self.cur.as_ref().is_some_and(|(q, _)| *q == qpn) {
@@ -216,6 +229,20 @@ mod tests {
             }
             assert_eq!(got, [200, 300], "seed {seed}");
         }
+    }
+
+    /// A message delivered in place owes its credit when its consumer is
+    /// done; if its connection went meanwhile, nothing is owed, and the
+    /// gone QP must not come back as the current connection.
+    #[test]
+    fn a_late_credit_of_a_gone_connection_is_owed_to_nobody() {
+        let mut c = Credits::default();
+        c.of(7, 4).take_returned(0);
+        c.forget(7);
+        c.of(9, 4);
+        assert!(c.existing(7).is_none());
+        assert!(c.existing(9).is_some());
+        assert_eq!(c.cur.as_ref().map(|(q, _)| *q), Some(9));
     }
 
     #[test]

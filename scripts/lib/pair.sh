@@ -4,7 +4,9 @@
 #
 #   pair_run SERVER_LOG SERVER CLIENT
 #
-# SERVER and CLIENT are shell command lines (redirections allowed). Under
+# SERVER and CLIENT are shell command lines (redirections and pipes
+# allowed: a pipeline fails with any of its commands, so that a client
+# piped into grep or tee still counts as failed when it fails). Under
 # TCG a server can take seconds to listen, and a client that finds no
 # listener fails at once (perftest: RDMA_CM_EVENT_REJECTED, error 8), or
 # half-connects and leaves its server waiting for it. So when the client
@@ -19,7 +21,7 @@ pair_run() {
         timeout 600 bash -c "$server" > "$log" 2>&1 &
         s=$!
         sleep 0.5
-        if timeout 600 bash -c "$client"; then
+        if timeout 600 bash -o pipefail -c "$client"; then
             wait $s || return 2
             return 0
         fi

@@ -753,11 +753,7 @@ impl<C: Context> Core<C> {
             Work::Msg(m) => {
                 let mut body = [0u8; wire::CONTROL_MAX];
                 let n = (m.len as usize).min(body.len());
-                match (&m.store, m.store.bytes()) {
-                    (_, Some(b)) => body[..n].copy_from_slice(&b[..n]),
-                    (Store::Slot(s), None) => self.iface.bounce.read_to(*s, HEADER, &mut body[..n]),
-                    _ => {}
-                }
+                self.iface.bounce.copy_body(&m.store, &mut body[..n]);
                 self.let_go(m.store);
                 if m.kind != Kind::Credit {
                     self.stats.lost += 1;

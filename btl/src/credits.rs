@@ -131,8 +131,9 @@ mod tests {
     /// side has `cap + 1 + REFILL` receives (what the BTL provisions per
     /// peer) and reposts consumed ones now and then, at the latest when
     /// `REFILL` wait. A message may be held in its receive for a while (a
-    /// delivery in place): its credit is owed only once it is let go. No side may ever send into an empty receive queue,
-    /// and every message must get through.
+    /// delivery in place): its credit is owed only once it is let go. No
+    /// side may ever send into an empty receive queue, and every message
+    /// must get through.
     #[test]
     fn credits_never_overrun_the_receiver_and_never_deadlock() {
         for seed in 1..200u64 {

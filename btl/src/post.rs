@@ -202,14 +202,7 @@ impl<C: Context> Core<C> {
                     // heap needs no slot.
                     let inline = &mut self.inline[..total];
                     inline[..HEADER].copy_from_slice(&hdr);
-                    match m.store.bytes() {
-                        Some(body) => inline[HEADER..].copy_from_slice(body),
-                        None => {
-                            if let Store::Slot(s) = m.store {
-                                self.iface.bounce.read_to(s, HEADER, &mut inline[HEADER..])
-                            }
-                        }
-                    }
+                    self.iface.bounce.copy_body(&m.store, &mut inline[HEADER..]);
                     inline_len = total;
                 } else {
                     let s = match &mut m.store {

@@ -29,7 +29,6 @@ use std::sync::OnceLock;
 
 use hwlocality::cpu::binding::CpuBindingFlags;
 use hwlocality::cpu::cpuset::CpuSet;
-use hwlocality::memory::nodeset::NodeSet;
 use hwlocality::object::attributes::ObjectAttributes;
 use hwlocality::object::types::{OSDeviceType, ObjectType};
 use hwlocality::object::TopologyObject;
@@ -107,7 +106,7 @@ impl IndexSet {
         )
     }
 
-    fn of_bitmap<'a>(set: impl IntoIterator<Item = hwlocality::bitmap::BitmapIndex> + 'a) -> Self {
+    fn of_bitmap(set: impl IntoIterator<Item = hwlocality::bitmap::BitmapIndex>) -> Self {
         IndexSet::new(set.into_iter().map(|i| usize::from(i) as u32))
     }
 
@@ -476,12 +475,6 @@ impl Topo {
             .cpu_binding(CpuBindingFlags::THREAD)
             .map_err(|e| TopoError::Binding(e.to_string()))?;
         Ok(IndexSet::of_bitmap(set.iter_set()))
-    }
-
-    /// The machine's NUMA nodes.
-    pub fn numa_nodes(&self) -> IndexSet {
-        let n: &NodeSet = &self.t.nodeset();
-        IndexSet::of_bitmap(n.iter_set())
     }
 }
 

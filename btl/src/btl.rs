@@ -27,7 +27,7 @@
 //! one returns).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -94,6 +94,11 @@ pub struct Btl<C: Context> {
     max_message: usize,
     recv_cq: C::Cq,
     placed: crate::place::Placed,
+    /// Empty progress calls in a row after which the caller yields (0:
+    /// never), and the count so far.
+    yield_after: u32,
+    empties: AtomicU32,
+    yields: AtomicU64,
 }
 
 impl<C: Context> std::fmt::Debug for Btl<C> {
@@ -122,6 +127,9 @@ impl<C: Context> Btl<C> {
             max_message: core.iface.max_message(),
             recv_cq: core.iface.recv_cq.clone(),
             placed: core.iface.placed.clone(),
+            yield_after: cfg.idle_yield.after(&core.iface.caps),
+            empties: AtomicU32::new(0),
+            yields: AtomicU64::new(0),
             core: Mutex::new(core),
             delivering: AtomicBool::new(false),
             queued,
@@ -195,6 +203,7 @@ impl<C: Context> Btl<C> {
         let core = self.lock();
         BtlStats {
             pending_max: core.eps.pending_max,
+            idle_yields: self.yields.load(Ordering::Relaxed),
             ..core.stats.clone()
         }
     }
@@ -687,7 +696,27 @@ impl<C: Context> Btl<C> {
     /// found.
     pub fn progress(&self) -> usize {
         let n = self.lock().poll();
-        n + self.deliver_all()
+        let n = n + self.deliver_all();
+        if self.yield_after > 0 {
+            self.after_progress(n);
+        }
+        n
+    }
+
+    /// Counts empty progress calls in a row and yields the CPU after
+    /// [`BtlConfig::idle_yield`] of them: on a device the host's kernel
+    /// emulates, the completion this rank spins for is produced by a kernel
+    /// thread that needs a CPU, and with every CPU spinning it waits for
+    /// the scheduler to preempt one (measured on Soft-RoCE in a 2-CPU
+    /// guest: osu_latency's 8 B average fell from about 105 to 77 us).
+    fn after_progress(&self, work: usize) {
+        if work > 0 {
+            self.empties.store(0, Ordering::Relaxed);
+        } else if self.empties.fetch_add(1, Ordering::Relaxed) + 1 >= self.yield_after {
+            self.empties.store(0, Ordering::Relaxed);
+            self.yields.fetch_add(1, Ordering::Relaxed);
+            std::thread::yield_now();
+        }
     }
 
     /// Runs queued deliveries, unless another thread (or a caller up this

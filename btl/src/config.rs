@@ -25,6 +25,7 @@
 //! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
 //! | `XRCBTL_AF_IB` | 1 | 1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only. |
 //! | `XRCBTL_PLACE` | `auto` | `auto`: registered buffers on the NUMA node of the device and the progress thread on its CPUs (of those the process may use), from this machine's hardware topology (hwloc); `off`: neither. |
+//! | `XRCBTL_IDLE_YIELD` | `auto` | After how many progress calls in a row that found nothing the calling thread yields its CPU (`sched_yield`): a number, `off`, or `auto`: after every one on a device the host's kernel emulates in threads of its own (Soft-RoCE, whose work a spinning rank holds up when the CPUs are all busy), never elsewhere (hardware, and soft-iWARP, which works in the sender's system call and the receiving softirq; measured: scripts/perf-compare). |
 //! | `XRCBTL_XRCD_DIR` | (empty) | Absolute directory of the XRC domain key file, the same for every rank of a node (empty: `/tmp/xrcbtl-<uid>`). Read by the C ABI and the benchmarks, which make the key. |
 
 use std::net::SocketAddr;
@@ -72,6 +73,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },
     Setting { name: "XRCBTL_AF_IB", default: "1", help: "1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only." },
     Setting { name: "XRCBTL_PLACE", default: "auto", help: "auto: registered buffers on the NUMA node of the device and the progress thread on its CPUs (of those the process may use), from this machine's hardware topology (hwloc); off: neither." },
+    Setting { name: "XRCBTL_IDLE_YIELD", default: "auto", help: "After how many progress calls in a row that found nothing the calling thread yields its CPU (sched_yield): a number, off, or auto: after every one on a device the host's kernel emulates in threads of its own (Soft-RoCE), never elsewhere (hardware, soft-iWARP)." },
     Setting { name: "XRCBTL_XRCD_DIR", default: "", help: "Absolute directory of the XRC domain key file, the same for every rank of a node (empty: /tmp/xrcbtl-<uid>). Read by the C ABI and the benchmarks, which make the key." },
 ];
 
@@ -105,6 +107,33 @@ impl RndvProtocol {
             RndvProtocol::Auto => transport == xrcbtl_fabric::Transport::Iwarp,
             RndvProtocol::Get => false,
             RndvProtocol::Put => true,
+        }
+    }
+}
+
+/// When a progress loop that finds nothing gives its CPU away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleYield {
+    /// After every empty progress call on a Soft-RoCE device, whose
+    /// protocol work runs in kernel threads that a spinning rank keeps off
+    /// the CPUs; never elsewhere.
+    Auto,
+    /// Never.
+    Off,
+    /// After this many empty progress calls in a row (at least 1).
+    After(u32),
+}
+
+impl IdleYield {
+    /// Empty progress calls in a row after which a device with `caps`
+    /// yields (0: never).
+    pub fn after(self, caps: &xrcbtl_fabric::DeviceCaps) -> u32 {
+        match self {
+            IdleYield::Auto => {
+                u32::from(caps.host_emulated && caps.transport != xrcbtl_fabric::Transport::Iwarp)
+            }
+            IdleYield::Off => 0,
+            IdleYield::After(n) => n,
         }
     }
 }
@@ -197,6 +226,8 @@ pub struct BtlConfig {
     pub xrcd_dir: Option<std::path::PathBuf>,
     /// Where buffers and the progress thread go.
     pub place: crate::place::Place,
+    /// When an idle progress loop yields its CPU.
+    pub idle_yield: IdleYield,
     /// Time source.
     pub clock: Clock,
 }
@@ -232,6 +263,7 @@ impl BtlConfig {
             af_ib: true,
             xrcd_dir: None,
             place: crate::place::Place::Auto,
+            idle_yield: IdleYield::Auto,
             clock: Clock::wall(),
         }
     }
@@ -314,6 +346,18 @@ impl BtlConfig {
                         "XRCBTL_PLACE={s:?}: expected auto or off"
                     )))
                 }
+            };
+        }
+        if let Some(s) = g("XRCBTL_IDLE_YIELD") {
+            self.idle_yield = match s.trim() {
+                "auto" => IdleYield::Auto,
+                "off" | "0" => IdleYield::Off,
+                n => IdleYield::After(n.parse().map_err(|_| {
+                    Error::invalid(format!(
+                        "XRCBTL_IDLE_YIELD={s:?}: expected auto, off or a number of empty \
+                         progress calls"
+                    ))
+                })?),
             };
         }
         if let Some(s) = g("XRCBTL_FORCE_RC") {

@@ -402,6 +402,9 @@ pub(crate) fn inside(what: &str, base: u64, size: u64, addr: u64, len: u64) -> R
 /// What the BTL counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BtlStats {
+    /// Times an idle progress loop yielded its CPU
+    /// ([`crate::BtlConfig::idle_yield`]).
+    pub idle_yields: u64,
     /// Eager messages sent (posted the first time).
     pub eager_sent: u64,
     /// Of which inline.

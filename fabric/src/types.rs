@@ -92,6 +92,13 @@ pub struct DeviceCaps {
     /// respect to other atomics through this device (`atomic_cap` of
     /// `IBV_ATOMIC_HCA` or `IBV_ATOMIC_GLOB`; iWARP devices have none).
     pub atomics: bool,
+    /// The host's own kernel plays the device (Soft-RoCE `rdma_rxe`,
+    /// soft-iWARP `siw`): its protocol work runs in kernel threads and
+    /// softirqs on the CPUs the application runs on, so that a process
+    /// spinning on a CQ can hold up the very work it waits for. Known from
+    /// the vendor ids those drivers report; false on hardware and on the
+    /// simulator.
+    pub host_emulated: bool,
 }
 
 /// A device as listed by [`crate::Fabric::devices`].

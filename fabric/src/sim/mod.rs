@@ -90,6 +90,7 @@ impl SimDevice {
                 max_mr_size: u64::MAX,
                 max_qp_rd_atom: 16,
                 atomics: true,
+                host_emulated: false,
             },
         }
     }
@@ -133,6 +134,7 @@ impl SimDevice {
                 max_qp_rd_atom: 32,
                 // RDMAP (RFC 5040) has no atomics; siw offers none.
                 atomics: false,
+                host_emulated: false,
             },
         }
     }

@@ -14,6 +14,11 @@ use super::{check, errno_error, last_error, VerbsContext};
 use crate::types::*;
 use crate::{Cq, Error, Mr, Pd, Qp, QpInit, Result, Srq, Xrcd};
 
+/// The vendor id `rdma_rxe` reports (`RXE_VENDOR_ID`, Linux 5.x and later).
+const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+/// The vendor id `siw` reports (`SIW_VENDOR_ID`, "bmt").
+const SIW_VENDOR_ID: u32 = 0x0062_6d74;
+
 /// Reads the device's capabilities and vendor id.
 pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)> {
     let mut attr = sys::ibv_device_attr_ex::default();
@@ -56,6 +61,7 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)
         max_mr_size: a.max_mr_size,
         max_qp_rd_atom: pos(a.max_qp_rd_atom),
         atomics: a.atomic_cap != sys::IBV_ATOMIC_NONE,
+        host_emulated: matches!(a.vendor_id, RXE_VENDOR_ID | SIW_VENDOR_ID),
     };
     Ok((caps, a.vendor_id))
 }

@@ -1,0 +1,89 @@
+//! Yielding the CPU when idle: a progress loop that keeps finding nothing
+//! yields after the configured number of empty calls in a row (counted in
+//! `BtlStats::idle_yields`), starts counting again after a call that found
+//! work, and by default yields only on a Soft-RoCE device.
+
+use xrcbtl_btl::sim::SimJob;
+use xrcbtl_btl::{BtlConfig, IdleYield};
+use xrcbtl_fabric::sim::{SimConfig, SimDevice};
+use xrcbtl_fabric::Transport;
+
+fn job(idle: IdleYield) -> SimJob {
+    let cfg = SimConfig::new(5, 2).with_devices(vec![SimDevice::ib("sim0")]);
+    SimJob::with(cfg, 1, move |c| c.idle_yield = idle).unwrap()
+}
+
+#[test]
+fn an_idle_loop_yields_after_the_set_number_of_empty_calls() {
+    let mut job = job(IdleYield::After(3));
+    let btl = job.btl(0).clone();
+    let before = btl.stats().idle_yields;
+    // The model: a call that found work starts the count again, and the
+    // third empty call in a row yields and starts it again too.
+    let (mut empties, mut want) = (0u32, 0u64);
+    for _ in 0..100 {
+        if btl.progress() > 0 {
+            empties = 0;
+        } else {
+            empties += 1;
+            if empties == 3 {
+                empties = 0;
+                want += 1;
+            }
+        }
+    }
+    let got = btl.stats().idle_yields - before;
+    assert_eq!(got, want);
+    assert!(
+        want >= 20,
+        "an idle BTL's calls are mostly empty: {want} yields"
+    );
+}
+
+#[test]
+fn by_default_only_a_soft_roce_device_yields() {
+    let mut job = job(IdleYield::Auto);
+    let btl = job.btl(0).clone();
+    for _ in 0..100 {
+        btl.progress();
+    }
+    assert_eq!(
+        btl.stats().idle_yields,
+        0,
+        "a simulated device never yields"
+    );
+    let mut caps = SimDevice::roce("r").caps;
+    assert_eq!(IdleYield::Auto.after(&caps), 0, "hardware RoCE");
+    caps.host_emulated = true;
+    assert_eq!(IdleYield::Auto.after(&caps), 1, "Soft-RoCE");
+    caps.transport = Transport::Iwarp;
+    assert_eq!(
+        IdleYield::Auto.after(&caps),
+        0,
+        "soft-iWARP works in the system call and the softirq"
+    );
+    assert_eq!(IdleYield::Off.after(&caps), 0);
+    assert_eq!(IdleYield::After(4).after(&caps), 4);
+}
+
+#[test]
+fn the_setting_reads_auto_off_and_counts() {
+    let parse = |v: &str| {
+        let v = v.to_string();
+        BtlConfig::new(
+            0,
+            0,
+            1,
+            xrcbtl_fabric::XrcdKey::new("k"),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .with_vars(move |k| (k == "XRCBTL_IDLE_YIELD").then(|| v.clone()))
+        .map(|c| c.idle_yield)
+    };
+    assert_eq!(parse("auto").unwrap(), IdleYield::Auto);
+    assert_eq!(parse("off").unwrap(), IdleYield::Off);
+    assert_eq!(parse("0").unwrap(), IdleYield::Off);
+    assert_eq!(parse(" 8 ").unwrap(), IdleYield::After(8));
+    let err = parse("sometimes").unwrap_err().to_string();
+    assert!(err.contains("XRCBTL_IDLE_YIELD"), "{err}");
+}

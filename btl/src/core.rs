@@ -181,7 +181,8 @@ pub(crate) struct Core<C: Context> {
     pub stats: BtlStats,
     /// Credit flow control: the device has no RNR (iWARP).
     pub fc: bool,
-    control_tick: u32,
+    /// Progress calls left before the next look at connection events.
+    control_left: u32,
     control_every: u32,
     pub drained: bool,
     send_batch: Option<Batch<WorkCompletion>>,
@@ -347,7 +348,7 @@ impl<C: Context> Core<C> {
             queued,
             stats: BtlStats::default(),
             fc,
-            control_tick: 0,
+            control_left: 0,
             control_every,
             drained: false,
             ring_blocked: VecDeque::new(),
@@ -428,17 +429,24 @@ impl<C: Context> Core<C> {
     pub fn poll(&mut self) -> usize {
         // Connection and async events cost system calls (the CM's and the
         // device's event descriptors); completions do not. A progress loop
-        // spinning on a CQ looks at them every `CONTROL_EVERY` calls only.
-        // Settled connections (no attempt, retry or departure under way)
-        // are looked at less often still.
-        let every = if self.control_every > 1 && self.drv.settled() {
-            self.control_every * CONTROL_SETTLED
+        // spinning on a CQ looks at them every `CONTROL_EVERY` calls only,
+        // and while every connection is settled (no attempt, retry or
+        // departure under way: judged at each look) `CONTROL_SETTLED` times
+        // less often still. A connection started meanwhile waits at most
+        // that many calls for its first look.
+        let due = self.control_left == 0;
+        let mut n = 0;
+        if due {
+            n += self.control_now();
+            let every = if self.control_every > 1 && self.drv.settled() {
+                self.control_every * CONTROL_SETTLED
+            } else {
+                self.control_every
+            };
+            self.control_left = every - 1;
         } else {
-            self.control_every
-        };
-        let due = self.control_tick % every == 0;
-        self.control_tick = self.control_tick.wrapping_add(1);
-        let mut n = if due { self.control_now() } else { 0 };
+            self.control_left -= 1;
+        }
         // The send CQ holds completions of signalled work (and, rarely, of
         // the driver's hello, seen on the control ticks).
         if due || self.signalled_out > 0 {
@@ -453,6 +461,12 @@ impl<C: Context> Core<C> {
         }
         n += self.run_rndv();
         n + self.drain_pending()
+    }
+
+    /// Connection work was just started or changed: the next progress call
+    /// looks at its events, whatever the countdown.
+    pub(crate) fn look_soon(&mut self) {
+        self.control_left = 0;
     }
 
     /// Looks at connection and async events now.
@@ -612,6 +626,7 @@ impl<C: Context> Core<C> {
                 if wc.status != WcStatus::Success {
                     let now = self.cfg.clock.now();
                     self.drv.handle_send_failure_qpn(now, wc.qp_num);
+                    self.look_soon();
                 }
             }
             WrId::Recv(_) => {}
@@ -641,6 +656,7 @@ impl<C: Context> Core<C> {
                 self.stats.send_errors += 1;
                 let now = self.cfg.clock.now();
                 self.drv.handle_send_failure(now, p.qp);
+                self.look_soon();
                 let fatal = matches!(
                     wc.status,
                     WcStatus::RemoteAccess

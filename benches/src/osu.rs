@@ -68,6 +68,13 @@ pub enum FabricKind {
     Verbs,
 }
 
+/// Most messages in a window (`-W`).
+pub const MAX_WINDOW: u64 = 4096;
+/// Most pairs of ranks (`-p`).
+pub const MAX_PAIRS: u64 = 512;
+/// Most timed or warm-up iterations (`-i`, `-x`).
+pub const MAX_ITERS: u64 = 1_000_000_000;
+
 /// Command-line options (OSU's where they exist).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -195,8 +202,24 @@ impl Options {
                 o.min, o.max
             ));
         }
-        if o.window == 0 || o.pairs == 0 {
-            return Err("window and pairs must be at least 1".into());
+        // Bounds that keep the counts meaningful: the time per iteration is
+        // a division by the iterations (near u64::MAX they wrap), every
+        // message of a window waits in the BTL at once, and every pair is
+        // two simulated ranks.
+        let bounded = |flag: &str, v: u64, lo: u64, hi: u64| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{flag} {v}: outside {lo}..={hi}"))
+            }
+        };
+        bounded("-W", o.window, 1, MAX_WINDOW)?;
+        bounded("-p", u64::from(o.pairs), 1, MAX_PAIRS)?;
+        if let Some(i) = iters {
+            bounded("-i", i, 1, MAX_ITERS)?;
+        }
+        if let Some(x) = skip {
+            bounded("-x", x, 0, MAX_ITERS)?;
         }
         if o.fabric == FabricKind::Verbs && o.pairs != 1 {
             return Err("--pairs: one pair per process pair on verbs".into());
@@ -894,6 +917,23 @@ mod tests {
         assert!(parse(Bench::Bw, &["-i"]).is_err());
         assert!(parse(Bench::Bw, &["--bogus"]).is_err());
         assert!(parse(Bench::Bw, &["-i", "0"]).is_err());
+    }
+
+    #[test]
+    fn counts_out_of_bounds_are_refused_naming_the_option() {
+        for (flag, v) in [
+            ("-p", "2147483648"),
+            ("-p", "0"),
+            ("-W", "100000000"),
+            ("-i", "18446744073709551615"),
+            ("-x", "18446744073709551000"),
+        ] {
+            let b = if flag == "-p" { Bench::MbwMr } else { Bench::Bw };
+            let err = parse(b, &[flag, v]).unwrap_err();
+            assert!(err.starts_with(&format!("{flag} {v}")), "{err}");
+        }
+        let o = parse(Bench::MbwMr, &["-p", "512", "-W", "4096", "-x", "0"]).unwrap();
+        assert_eq!((o.pairs, o.window), (512, 4096));
     }
 
     #[test]

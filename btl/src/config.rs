@@ -268,8 +268,10 @@ impl BtlConfig {
         }
     }
 
-    /// Applies the `XRCBTL_*` environment variables.
+    /// Applies the `XRCBTL_*` environment variables, and refuses an
+    /// `XRCBTL_*` variable that names no setting ([`BtlConfig::check_names`]).
     pub fn from_env(self) -> Result<Self> {
+        Self::check_names(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))?;
         self.with_vars(|k| std::env::var(k).ok())
     }
 
@@ -375,59 +377,207 @@ impl BtlConfig {
         xrcbtl_fabric::failure_detection_time(self.ack_timeout, 7).unwrap_or(Duration::MAX)
     }
 
-    /// Checks the values against each other.
+    /// Checks every value against its bounds and the values against each
+    /// other. An error names the `XRCBTL_*` variable of the value (the same
+    /// whether it came from the environment, the C ABI's settings or code),
+    /// the value, and the range it must lie in.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::invalid(m));
-        if self.eager_limit == 0 || self.eager_limit > 1 << 20 {
-            return bad(format!(
-                "eager limit {} outside 1..=1 MiB",
-                self.eager_limit
+        let size = |v: usize| v as u64;
+        let small_min = crate::wire::HEADER as u64 + 1;
+        let mut checks: Vec<(&str, u64, u64, u64, &str)> = vec![
+            (
+                "XRCBTL_EAGER_LIMIT",
+                size(self.eager_limit),
+                1,
+                1 << 20,
+                "bytes",
+            ),
+            (
+                "XRCBTL_ZCOPY_MIN",
+                size(self.zcopy_min),
+                0,
+                1 << 30,
+                "bytes",
+            ),
+            (
+                "XRCBTL_MAX_INLINE",
+                self.max_inline.into(),
+                0,
+                1 << 16,
+                "bytes",
+            ),
+            (
+                "XRCBTL_RNDV_FRAG_SIZE",
+                size(self.rndv_frag_size),
+                4096,
+                1 << 30,
+                "bytes",
+            ),
+            (
+                "XRCBTL_RNDV_PIPELINE",
+                self.rndv_pipeline.into(),
+                1,
+                128,
+                "fragments",
+            ),
+            (
+                "XRCBTL_SEND_SLOTS",
+                self.send_slots.into(),
+                1,
+                1 << 16,
+                "buffers",
+            ),
+            (
+                "XRCBTL_SRQ_MAX_DEPTH",
+                self.srq_max_depth.into(),
+                1,
+                1 << 20,
+                "receives",
+            ),
+            // At most the max depth: a class starts no deeper than it may grow.
+            (
+                "XRCBTL_SRQ_DEPTH",
+                self.srq_depth.into(),
+                1,
+                self.srq_max_depth.into(),
+                "receives, at most XRCBTL_SRQ_MAX_DEPTH",
+            ),
+            (
+                "XRCBTL_SRQ_REFILL",
+                self.srq_refill.into(),
+                1,
+                4096,
+                "receives",
+            ),
+            (
+                "XRCBTL_CREDITS",
+                self.credits.into(),
+                4,
+                u16::MAX.into(),
+                "messages",
+            ),
+            (
+                "XRCBTL_CQ_BATCH",
+                size(self.cq_batch),
+                1,
+                1024,
+                "completions",
+            ),
+            (
+                "XRCBTL_RCACHE_MAX_REGIONS",
+                size(self.rcache.max_regions),
+                1,
+                1 << 24,
+                "registrations",
+            ),
+            (
+                "XRCBTL_RCACHE_MAX_BYTES",
+                size(self.rcache.max_bytes),
+                1 << 20,
+                u64::MAX,
+                "bytes",
+            ),
+            ("XRCBTL_RETRIES", self.retries.into(), 1, 1000, "attempts"),
+            (
+                "XRCBTL_MIN_RNR_TIMER",
+                self.min_rnr_timer.into(),
+                0,
+                31,
+                "the IB encoding",
+            ),
+            // 0 would wait forever, and never find a dead peer.
+            (
+                "XRCBTL_ACK_TIMEOUT",
+                self.ack_timeout.into(),
+                1,
+                31,
+                "the IB encoding; 0, forever, would never find a dead peer",
+            ),
+        ];
+        if let Some(v) = self.sq_max {
+            checks.push((
+                "XRCBTL_SQ_MAX",
+                v.into(),
+                1,
+                1 << 20,
+                "requests, or 0 for the device's maximum",
             ));
         }
-        if self.rndv_frag_size < 4096 || self.rndv_frag_size > 1 << 30 {
-            return bad(format!(
-                "rendezvous fragment {} outside 4 KiB..=1 GiB",
-                self.rndv_frag_size
+        if self.small_size != 0 {
+            checks.push((
+                "XRCBTL_SMALL_SIZE",
+                self.small_size.into(),
+                small_min,
+                1 << 20,
+                "bytes, more than the header, or 0 for one class",
             ));
         }
-        if self.rndv_pipeline == 0
-            || self.send_slots == 0
-            || self.cq_batch == 0
-            || self.srq_refill == 0
-        {
-            return bad(
-                "pipeline, send slots, CQ batch and refill batch must be at least 1".into(),
-            );
-        }
-        if !(4..=u32::from(u16::MAX)).contains(&self.credits) {
-            return bad(format!("credits {} outside 4..=65535", self.credits));
-        }
-        if self.srq_depth == 0 || self.srq_max_depth < self.srq_depth {
-            return bad(format!(
-                "SRQ depth {} must be at least 1 and at most the max depth {}",
-                self.srq_depth, self.srq_max_depth
+        if let IdleYield::After(n) = self.idle_yield {
+            checks.push((
+                "XRCBTL_IDLE_YIELD",
+                n.into(),
+                1,
+                1 << 20,
+                "empty progress calls, or auto, or off",
             ));
         }
-        if self.min_rnr_timer > 31 {
-            return bad(format!(
-                "RNR timer {} outside the IB encoding 0..=31",
-                self.min_rnr_timer
-            ));
-        }
-        if !(1..=31).contains(&self.ack_timeout) {
-            return bad(format!(
-                "ACK timeout {} outside 1..=31 (0, waiting forever, would never find a dead peer)",
-                self.ack_timeout
-            ));
-        }
-        if self.small_size != 0 && (self.small_size as usize) <= crate::wire::HEADER {
-            return bad(format!(
-                "small class of {} bytes cannot hold the header",
-                self.small_size
-            ));
+        for (var, v, lo, hi, unit) in checks {
+            if !(lo..=hi).contains(&v) {
+                return Err(Error::invalid(format!(
+                    "{var}={v} is outside {lo}..={hi} ({unit})"
+                )));
+            }
         }
         Ok(())
     }
+
+    /// Refuses an `XRCBTL_*` name that is neither a setting nor one of the
+    /// few variables the tests and scripts read (`XRCBTL_TEST_DEVICE`,
+    /// `XRCBTL_NODE_ADDRS`, `XRCBTL_NODE_NETNS`, `XRCBTL_SEED`): a misspelt
+    /// setting would otherwise be ignored without a word. The error names
+    /// the closest setting.
+    pub fn check_names<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Result<()> {
+        const OTHERS: [&str; 4] = [
+            "XRCBTL_TEST_DEVICE",
+            "XRCBTL_NODE_ADDRS",
+            "XRCBTL_NODE_NETNS",
+            "XRCBTL_SEED",
+        ];
+        for name in names {
+            let name = name.as_ref();
+            if !name.starts_with("XRCBTL_")
+                || OTHERS.contains(&name)
+                || SETTINGS.iter().any(|s| s.name == name)
+            {
+                continue;
+            }
+            let closest = SETTINGS
+                .iter()
+                .min_by_key(|s| edit_distance(s.name, name))
+                .map_or("", |s| s.name);
+            return Err(Error::invalid(format!(
+                "{name} is not a setting of xrcbtl (did you mean {closest}?); the settings are \
+                 listed in the documentation of xrcbtl_btl::config"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Levenshtein distance between two ASCII names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
 }
 
 #[cfg(test)]
@@ -484,5 +634,52 @@ mod tests {
                 s.name
             );
         }
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_naming_the_variable() {
+        for (var, v) in [
+            ("XRCBTL_CQ_BATCH", "4294967296"),
+            ("XRCBTL_CQ_BATCH", "0"),
+            ("XRCBTL_RNDV_PIPELINE", "4294967295"),
+            ("XRCBTL_EAGER_LIMIT", "2097152"),
+            ("XRCBTL_SEND_SLOTS", "0"),
+            ("XRCBTL_SRQ_DEPTH", "2048"),
+            ("XRCBTL_SRQ_MAX_DEPTH", "99999999"),
+            ("XRCBTL_RETRIES", "0"),
+            ("XRCBTL_RCACHE_MAX_REGIONS", "0"),
+            ("XRCBTL_RCACHE_MAX_BYTES", "4096"),
+            ("XRCBTL_SMALL_SIZE", "8"),
+            ("XRCBTL_IDLE_YIELD", "4294967295"),
+            ("XRCBTL_SQ_MAX", "4294967295"),
+            ("XRCBTL_ACK_TIMEOUT", "0"),
+        ] {
+            let err = cfg()
+                .with_vars(|k| (k == var).then(|| v.to_string()))
+                .expect_err(var)
+                .to_string();
+            assert!(
+                err.contains(&format!("{var}={v}")) && err.contains("outside"),
+                "{var}={v}: {err}"
+            );
+        }
+        // The bounds themselves are accepted.
+        for (var, v) in [("XRCBTL_CQ_BATCH", "1024"), ("XRCBTL_RNDV_PIPELINE", "128")] {
+            cfg()
+                .with_vars(|k| (k == var).then(|| v.to_string()))
+                .expect(var);
+        }
+    }
+
+    #[test]
+    fn a_misspelt_variable_is_refused_with_the_closest_setting() {
+        let err = BtlConfig::check_names(["PATH", "XRCBTL_EAGER_LIMT"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("XRCBTL_EAGER_LIMT"), "{err}");
+        assert!(err.contains("did you mean XRCBTL_EAGER_LIMIT?"), "{err}");
+        let names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        BtlConfig::check_names(names).expect("every setting");
+        BtlConfig::check_names(["XRCBTL_TEST_DEVICE", "XRCBTL_SEED", "HOME"]).expect("others");
     }
 }

@@ -130,10 +130,16 @@ impl Harness for SimHarness {
 }
 
 fn main() -> ExitCode {
-    let seed: u64 = std::env::var("XRCBTL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let seed: u64 = match std::env::var("XRCBTL_SEED") {
+        Err(_) => 1,
+        Ok(s) => match s.trim().parse() {
+            Ok(v) => v,
+            Err(_) => {
+                eprintln!("XRCBTL_SEED={s:?} is not a seed (an unsigned 64-bit number)");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let config = |name: &'static str,
                   dev: fn(&str) -> SimDevice|
      -> (String, conformance::Factory<SimHarness>) {

@@ -928,7 +928,11 @@ mod tests {
             ("-i", "18446744073709551615"),
             ("-x", "18446744073709551000"),
         ] {
-            let b = if flag == "-p" { Bench::MbwMr } else { Bench::Bw };
+            let b = if flag == "-p" {
+                Bench::MbwMr
+            } else {
+                Bench::Bw
+            };
             let err = parse(b, &[flag, v]).unwrap_err();
             assert!(err.starts_with(&format!("{flag} {v}")), "{err}");
         }

@@ -715,7 +715,10 @@ pub fn run_verbs_bench(bench: Bench, o: &Options) -> Result<Option<String>> {
         receive: Some(btl.receive()),
     };
     let host = o.connect.clone().unwrap_or_default();
-    let other = crate::world::exchange_tcp(me, o.server, &host, o.port, Duration::from_secs(60))?;
+    // A client waits this long for its server to listen (a server under
+    // emulation takes seconds to start), and either side this long for
+    // the other's hello.
+    let other = crate::world::exchange_tcp(me, o.server, &host, o.port, Duration::from_secs(15))?;
     let mode = btl.mode();
     let locality = locality_lines(&chosen, &btl);
     let mut peers = [me, other];

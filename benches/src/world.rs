@@ -210,6 +210,13 @@ pub fn block_on<T>(body: impl Future<Output = T>) -> T {
 /// rank 1) listens on `port`, the client (rank 0) connects to
 /// `host:port`; each sends its rank, node and BTL address and reads the
 /// other's.
+///
+/// The server answers only a client that says a well-formed hello of the
+/// other rank within `timeout`: anyone else on the port (a port scanner, a
+/// stray tool, a line that never ends) is refused with a line on stderr
+/// and the server waits on for its client. A client fails at once on a
+/// host name that does not resolve, and after `timeout` when nobody
+/// listens, naming the address either way.
 pub fn exchange_tcp(
     me: Peer,
     server: bool,
@@ -221,33 +228,91 @@ pub fn exchange_tcp(
         verb: "out-of-band exchange",
         source: e,
     };
-    let stream = if server {
-        let l = TcpListener::bind(("0.0.0.0", port)).map_err(io)?;
-        l.accept().map_err(io)?.0
-    } else {
-        let end = Instant::now() + timeout;
-        loop {
-            match TcpStream::connect((host, port)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() >= end => return Err(io(e)),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-    };
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-    let mut w = stream.try_clone().map_err(io)?;
     let receive = me.receive.map_or("-".to_string(), |r| r.to_string());
     let ib = me.ib.map_or("-".to_string(), |a| a.to_string());
-    writeln!(
-        w,
-        "xrcbtl-osu 2 {} {} {} {receive} {ib}",
+    let hello = format!(
+        "xrcbtl-osu 2 {} {} {} {receive} {ib}\n",
         me.rank, me.node, me.addr
-    )
-    .map_err(io)?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).map_err(io)?;
+    );
+    if server {
+        let l = TcpListener::bind(("0.0.0.0", port)).map_err(io)?;
+        loop {
+            let (stream, from) = l.accept().map_err(io)?;
+            match answer(stream, &hello, me.rank, timeout) {
+                Ok(peer) => return Ok(peer),
+                Err(why) => eprintln!("out-of-band exchange: refused {from}: {why}"),
+            }
+        }
+    }
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| {
+            Error::invalid(format!(
+                "out-of-band exchange: cannot resolve {host:?}: {e}"
+            ))
+        })?
+        .collect();
+    let end = Instant::now() + timeout;
+    let stream = loop {
+        if let Some(s) = addrs
+            .iter()
+            .find_map(|a| TcpStream::connect_timeout(a, Duration::from_secs(1)).ok())
+        {
+            break s;
+        }
+        if Instant::now() >= end {
+            return Err(Error::state(format!(
+                "out-of-band exchange: no server listens at {host}:{port} after {timeout:?} \
+                 (start the other side with -s)"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    (&stream).write_all(hello.as_bytes()).map_err(io)?;
+    let line = read_hello(&stream)
+        .map_err(|why| Error::invalid(format!("out-of-band exchange with {host}:{port}: {why}")))?;
     parse_peer(&line)
         .ok_or_else(|| Error::invalid(format!("out-of-band exchange: bad line {line:?}")))
+}
+
+/// The longest hello line read (a stranger's endless line stops here).
+const HELLO_MAX: u64 = 512;
+
+/// One line from `stream`, of at most [`HELLO_MAX`] bytes.
+fn read_hello(stream: &TcpStream) -> std::result::Result<String, String> {
+    let mut line = String::new();
+    let n = BufReader::new(std::io::Read::take(stream, HELLO_MAX))
+        .read_line(&mut line)
+        .map_err(|e| format!("no hello: {e}"))?;
+    if n == 0 || !line.ends_with('\n') {
+        return Err(format!("no complete hello line (read {n} bytes)"));
+    }
+    Ok(line)
+}
+
+/// The server's side of one connection: a well-formed hello from another
+/// rank gets ours back.
+fn answer(
+    stream: TcpStream,
+    hello: &str,
+    me: u32,
+    timeout: Duration,
+) -> std::result::Result<Peer, String> {
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let line = read_hello(&stream)?;
+    let shown: String = line.trim_end().chars().take(80).collect();
+    let peer = parse_peer(&line).ok_or_else(|| format!("not an xrcbtl-osu hello: {shown:?}"))?;
+    if peer.rank == me {
+        return Err(format!("a hello from this process's own rank {me}"));
+    }
+    (&stream)
+        .write_all(hello.as_bytes())
+        .map_err(|e| e.to_string())?;
+    Ok(peer)
 }
 
 /// Bytes in a fixed-size text record, for exchanges (MPI's all-gather)
@@ -346,5 +411,99 @@ mod tests {
         assert_eq!(record_text(&r), "host 42");
         assert!(record(&"x".repeat(RECORD)).is_err());
         assert_eq!(record_text(&[b'a'; 3]), "aaa");
+    }
+
+    fn peer(rank: u32) -> Peer {
+        Peer {
+            rank,
+            node: rank,
+            addr: format!("127.0.0.1:{}", 4000 + rank).parse().unwrap(),
+            ib: None,
+            receive: None,
+        }
+    }
+
+    /// A port nobody listens on right now.
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    #[test]
+    fn the_exchange_server_outlives_strangers_and_serves_its_client() {
+        let port = free_port();
+        let t = Duration::from_millis(500);
+        let server = std::thread::spawn(move || exchange_tcp(peer(1), true, "", port, t));
+        let connect = || loop {
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // A web request, a line that never ends, one that says nothing and
+        // hangs up, one that is silent past the timeout, a hello from the
+        // server's own rank: each refused, none ends the server.
+        let mut s = connect();
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut s = connect();
+        s.write_all(&[b'x'; 4096]).unwrap();
+        drop(connect());
+        let silent = connect();
+        std::thread::sleep(Duration::from_millis(600));
+        drop(silent);
+        let mut s = connect();
+        s.write_all(b"xrcbtl-osu 2 1 1 127.0.0.1:4001 - -\n")
+            .unwrap();
+        drop(s);
+        let client = exchange_tcp(peer(0), false, "127.0.0.1", port, Duration::from_secs(5));
+        let got = server
+            .join()
+            .unwrap()
+            .expect("the server serves its client");
+        assert_eq!(got.rank, 0);
+        assert_eq!(client.expect("the client gets the server's hello").rank, 1);
+    }
+
+    #[test]
+    fn a_client_without_a_server_fails_soon_naming_the_address() {
+        let port = free_port();
+        let start = Instant::now();
+        let err = exchange_tcp(
+            peer(0),
+            false,
+            "127.0.0.1",
+            port,
+            Duration::from_millis(300),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+        let start = Instant::now();
+        let err = exchange_tcp(
+            peer(0),
+            false,
+            "no-such-host.invalid",
+            port,
+            Duration::from_secs(60),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            err.contains("cannot resolve \"no-such-host.invalid\""),
+            "{err}"
+        );
     }
 }

@@ -333,9 +333,9 @@ pub async fn body<C: Context>(
                 Bench::Latency => {
                     if sender {
                         r.send(peer, size)?;
-                        r.wait(1).await;
+                        r.wait(1).await?;
                     } else {
-                        r.wait(1).await;
+                        r.wait(1).await?;
                         r.send(peer, size)?;
                     }
                 }
@@ -344,9 +344,9 @@ pub async fn body<C: Context>(
                         for _ in 0..o.window {
                             r.send(peer, size)?;
                         }
-                        r.wait(1).await;
+                        r.wait(1).await?;
                     } else {
-                        r.wait(o.window).await;
+                        r.wait(o.window).await?;
                         r.send(peer, 4)?;
                     }
                 }
@@ -354,12 +354,12 @@ pub async fn body<C: Context>(
                     for _ in 0..o.window {
                         r.send(peer, size)?;
                     }
-                    r.wait(o.window).await;
+                    r.wait(o.window).await?;
                 }
             }
         }
         let elapsed = r.now() - start;
-        r.flush().await;
+        r.flush().await?;
         rows.push(Row {
             size,
             iters,

@@ -54,6 +54,8 @@ pub struct BenchRank<C: Context> {
     barrier_seen: u64,
     work: Rc<Cell<u64>>,
     buf: Bytes,
+    /// The first peer failure the BTL reported, if any.
+    failed: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl<C: Context> BenchRank<C> {
@@ -73,6 +75,14 @@ impl<C: Context> BenchRank<C> {
         // The payload: every byte set, so that nothing is sent from a
         // page the kernel has not populated.
         let buf = Bytes::from(vec![0x5a; max.max(1)]);
+        // A peer's failure ends the run with its reason: every wait below
+        // looks at it, so a dead peer is never waited for forever.
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let f = failed.clone();
+        btl.register_error(move |_, rank, e| {
+            let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+            f.get_or_insert_with(|| format!("rank {rank} failed: {e}"));
+        });
         BenchRank {
             btl,
             rank,
@@ -83,6 +93,7 @@ impl<C: Context> BenchRank<C> {
             barrier_seen: 0,
             work,
             buf,
+            failed,
         }
     }
 
@@ -104,27 +115,36 @@ impl<C: Context> BenchRank<C> {
         }
     }
 
-    async fn poll(&mut self) {
+    /// One progress call; an error once a peer has failed.
+    async fn poll(&mut self) -> Result<()> {
         let w = self.btl.progress() as u64;
         self.work.set(self.work.get() + w);
         if w == 0 {
+            let failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = failed.as_ref() {
+                return Err(Error::state(format!("rank {}: {why}", self.rank)));
+            }
+            drop(failed);
             YieldNow::default().await;
         }
+        Ok(())
     }
 
-    /// Waits for `n` more payload messages.
-    pub async fn wait(&mut self, n: u64) {
+    /// Waits for `n` more payload messages (an error if a peer fails).
+    pub async fn wait(&mut self, n: u64) -> Result<()> {
         while self.data.load(Ordering::Relaxed) - self.data_seen < n {
-            self.poll().await;
+            self.poll().await?;
         }
         self.data_seen += n;
+        Ok(())
     }
 
-    /// Waits until nothing is outstanding.
-    pub async fn flush(&mut self) {
+    /// Waits until nothing is outstanding (an error if a peer fails).
+    pub async fn flush(&mut self) -> Result<()> {
         while !self.btl.is_idle() {
-            self.poll().await;
+            self.poll().await?;
         }
+        Ok(())
     }
 
     /// Every rank arrives before any leaves (through rank 0).
@@ -132,7 +152,7 @@ impl<C: Context> BenchRank<C> {
         if self.rank == 0 {
             let others = u64::from(self.size - 1);
             while self.barrier.load(Ordering::Relaxed) - self.barrier_seen < others {
-                self.poll().await;
+                self.poll().await?;
             }
             self.barrier_seen += others;
             for r in 1..self.size {
@@ -141,12 +161,11 @@ impl<C: Context> BenchRank<C> {
         } else {
             self.btl.send(0, BARRIER, &[], &[])?;
             while self.barrier.load(Ordering::Relaxed) - self.barrier_seen < 1 {
-                self.poll().await;
+                self.poll().await?;
             }
             self.barrier_seen += 1;
         }
-        self.flush().await;
-        Ok(())
+        self.flush().await
     }
 }
 
@@ -505,5 +524,29 @@ mod tests {
             err.contains("cannot resolve \"no-such-host.invalid\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_failed_peer_ends_the_wait_with_its_reason() {
+        use xrcbtl_fabric::sim::SimDevice;
+        let mut job = SimJob::new(7, 2, 1, SimDevice::ib("sim0")).unwrap();
+        let work = Rc::new(Cell::new(0));
+        let mut r0 = BenchRank::new(job.btl(0).clone(), 2, 64, work.clone());
+        let _r1 = BenchRank::new(job.btl(1).clone(), 2, 64, work.clone());
+        // Connected first.
+        r0.send(1, 8).unwrap();
+        job.settle(Duration::from_secs(5)).unwrap();
+        job.crash(1);
+        let start = job.now();
+        let body: Body<'_, Result<()>> = Box::pin(async move {
+            r0.send(1, 8)?;
+            r0.wait(1).await
+        });
+        let out = run_sim(&mut job, &work, vec![body]);
+        let err = out.into_iter().next().unwrap().unwrap_err().to_string();
+        assert!(err.contains("rank 1 failed"), "{err}");
+        let took = job.now() - start;
+        assert!(took < Duration::from_secs(60), "{took:?}");
+        eprintln!("the failure ended the wait after {took:?} of virtual time: {err}");
     }
 }

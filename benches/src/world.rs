@@ -120,11 +120,14 @@ impl<C: Context> BenchRank<C> {
         let w = self.btl.progress() as u64;
         self.work.set(self.work.get() + w);
         if w == 0 {
-            let failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(why) = failed.as_ref() {
+            let failed = self
+                .failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(why) = failed {
                 return Err(Error::state(format!("rank {}: {why}", self.rank)));
             }
-            drop(failed);
             YieldNow::default().await;
         }
         Ok(())

@@ -54,8 +54,10 @@ pub struct BenchRank<C: Context> {
     barrier_seen: u64,
     work: Rc<Cell<u64>>,
     buf: Bytes,
-    /// The first peer failure the BTL reported, if any.
+    /// The first peer failure the BTL reported, if any, and a flag that
+    /// a spinning wait reads without the lock.
     failed: Arc<std::sync::Mutex<Option<String>>>,
+    any_failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<C: Context> BenchRank<C> {
@@ -78,10 +80,12 @@ impl<C: Context> BenchRank<C> {
         // A peer's failure ends the run with its reason: every wait below
         // looks at it, so a dead peer is never waited for forever.
         let failed = Arc::new(std::sync::Mutex::new(None));
-        let f = failed.clone();
+        let any_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (f, any) = (failed.clone(), any_failed.clone());
         btl.register_error(move |_, rank, e| {
             let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
             f.get_or_insert_with(|| format!("rank {rank} failed: {e}"));
+            any.store(true, Ordering::Release);
         });
         BenchRank {
             btl,
@@ -94,6 +98,7 @@ impl<C: Context> BenchRank<C> {
             work,
             buf,
             failed,
+            any_failed,
         }
     }
 
@@ -119,7 +124,7 @@ impl<C: Context> BenchRank<C> {
     async fn poll(&mut self) -> Result<()> {
         let w = self.btl.progress() as u64;
         self.work.set(self.work.get() + w);
-        if w == 0 {
+        if w == 0 && self.any_failed.load(Ordering::Acquire) {
             let failed = self
                 .failed
                 .lock()
@@ -128,6 +133,8 @@ impl<C: Context> BenchRank<C> {
             if let Some(why) = failed {
                 return Err(Error::state(format!("rank {}: {why}", self.rank)));
             }
+        }
+        if w == 0 {
             YieldNow::default().await;
         }
         Ok(())

@@ -247,9 +247,10 @@ pub(crate) fn source_gid_index(ctx: *mut sys::ibv_context, port: u8) -> u8 {
 }
 
 /// The XRC domain key for a job on a device: the file `xrcd-<job>-<device>`
-/// in `dir`, or by default in `/tmp/xrcbtl-<uid>`. The directory is made
-/// (with its parents) mode 0700 and must belong to this user, so that
-/// nobody else can open the domain.
+/// in `dir`, or by default in `/tmp/xrcbtl-<uid>`. Nothing is made here:
+/// the directory and the file are made, and checked, when a domain is
+/// opened ([`open_key_file`]), so that a device without XRC never touches
+/// them.
 ///
 /// Every rank of the job on the node must arrive at the same file, whatever
 /// its environment: that is why the default does not follow
@@ -259,15 +260,12 @@ pub(crate) fn source_gid_index(ctx: *mut sys::ibv_context, port: u8) -> u8 {
 /// a shared `dir`. Ranks still check that they agree (they exchange
 /// [`Xrcd::id`](crate::Xrcd::id)).
 pub fn job_xrcd_key(job: &str, device: &str, dir: Option<&Path>) -> Result<XrcdKey> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
     if job.is_empty() || !job.chars().all(ok) || device.is_empty() || !device.chars().all(ok) {
         return Err(Error::invalid(format!(
             "job id {job:?} or device {device:?} is not a plain name"
         )));
     }
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
     let dir = match dir {
         Some(d) if d.is_absolute() => d.to_path_buf(),
         Some(d) => {
@@ -276,29 +274,114 @@ pub fn job_xrcd_key(job: &str, device: &str, dir: Option<&Path>) -> Result<XrcdK
                 d.display()
             )))
         }
-        None => PathBuf::from(format!("/tmp/xrcbtl-{uid}")),
+        None => {
+            // SAFETY: getuid cannot fail.
+            let uid = unsafe { libc::getuid() };
+            PathBuf::from(format!("/tmp/xrcbtl-{uid}"))
+        }
     };
-    let made = std::fs::DirBuilder::new()
+    Ok(XrcdKey(dir.join(format!("xrcd-{job}-{device}"))))
+}
+
+/// Opens the key file of an XRC domain, made if need be, and refuses
+/// anything another local user could have put in its way: whoever can
+/// open the file joins the domain, and whoever can replace it or its
+/// directory can make a job join theirs.
+///
+/// - The directory is made (with its parents) mode 0700, and must be a
+///   directory, not a symbolic link, of this user that nobody else may
+///   enter.
+/// - The file is opened without following a symbolic link (`O_NOFOLLOW`),
+///   made mode 0600, and must be a regular file of this user that nobody
+///   else may read or write.
+///
+/// A squatter's directory or file is refused with an error that names it
+/// and says what is wrong, never used.
+pub fn open_key_file(key: &XrcdKey) -> Result<std::fs::File> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = key.0.parent().filter(|d| d.is_absolute()).ok_or_else(|| {
+        Error::invalid(format!(
+            "the XRC domain key {} must be an absolute path",
+            key.0.display()
+        ))
+    })?;
+    std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&dir);
-    if let Err(e) = made {
-        return Err(Error::Verbs {
+        .create(dir)
+        .map_err(|e| Error::Verbs {
             verb: "mkdir(xrcd key directory)",
             source: e,
-        });
-    }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|e| Error::Verbs {
-        verb: "stat",
+        })?;
+    let private = |what: &str, path: &Path, meta: &std::fs::Metadata, kind_ok: bool, kind: &str| {
+        if !kind_ok {
+            Err(Error::invalid(format!(
+                "the XRC domain {what} {} is not a {kind} (refused: another user may have put it there)",
+                path.display()
+            )))
+        } else if meta.uid() != uid {
+            Err(Error::invalid(format!(
+                "the XRC domain {what} {} belongs to uid {}, not to this user (uid {uid}): refused",
+                path.display(),
+                meta.uid()
+            )))
+        } else if meta.mode() & 0o077 != 0 {
+            Err(Error::invalid(format!(
+                "the XRC domain {what} {} has mode {:o}: others may use it, refused (it must be \
+                 private to uid {uid})",
+                path.display(),
+                meta.mode() & 0o7777
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| Error::Verbs {
+        verb: "stat(xrcd key directory)",
         source: e,
     })?;
-    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
-        return Err(Error::invalid(format!(
-            "{} must be a directory of uid {uid} with mode 0700",
-            dir.display()
-        )));
-    }
-    Ok(XrcdKey(dir.join(format!("xrcd-{job}-{device}"))))
+    private(
+        "directory",
+        dir,
+        &meta,
+        meta.file_type().is_dir(),
+        "directory",
+    )?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&key.0)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                Error::invalid(format!(
+                    "the XRC domain key {} is a symbolic link: refused",
+                    key.0.display()
+                ))
+            } else {
+                Error::Verbs {
+                    verb: "open(xrcd key)",
+                    source: e,
+                }
+            }
+        })?;
+    let meta = file.metadata().map_err(|e| Error::Verbs {
+        verb: "fstat(xrcd key)",
+        source: e,
+    })?;
+    private(
+        "key",
+        &key.0,
+        &meta,
+        meta.file_type().is_file(),
+        "regular file",
+    )?;
+    Ok(file)
 }
 
 /// The network interfaces of a verbs device: for RoCE and iWARP the netdev
@@ -474,12 +557,16 @@ mod tests {
     #[test]
     fn job_key_lives_in_a_private_directory() {
         let base = std::env::temp_dir().join(format!("xrcbtl-keytest-{}", std::process::id()));
-        // Parents are made too.
+        // Parents are made too, at open only.
         let dir = base.join("session/xrc");
         let key = job_xrcd_key("job-42", "mlx5_0", Some(&dir)).unwrap();
         assert_eq!(key.0.parent().unwrap(), dir);
+        assert!(!dir.exists(), "naming the key makes nothing");
+        open_key_file(&key).unwrap();
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "the key directory must be private");
+        let mode = std::fs::metadata(&key.0).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the key file must be private");
         assert!(key.0.ends_with("xrcd-job-42-mlx5_0"));
         // Names that could climb out of the directory are refused, and so
         // is a relative directory (ranks may run in different ones).
@@ -490,7 +577,59 @@ mod tests {
         assert!(job_xrcd_key("job", "mlx5_0", Some(Path::new("rel/dir"))).is_err());
         // A directory others can enter is refused.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(job_xrcd_key("job-42", "mlx5_0", Some(&dir)).is_err());
+        let err = open_key_file(&key).unwrap_err().to_string();
+        assert!(err.contains("has mode 755"), "{err}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_squatted_key_directory_or_file_is_refused() {
+        use std::os::unix::fs::symlink;
+        let base = std::env::temp_dir().join(format!("xrcbtl-squat-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // The directory is a symbolic link to somewhere else.
+        let elsewhere = base.join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o700)).unwrap();
+        symlink(&elsewhere, base.join("link")).unwrap();
+        let key = XrcdKey(base.join("link/xrcd-j-d"));
+        let err = open_key_file(&key).unwrap_err().to_string();
+        assert!(err.contains("is not a directory"), "{err}");
+        // The file is a symbolic link (to a file of this user's, even).
+        let dir = base.join("d");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(elsewhere.join("target"), b"").unwrap();
+        symlink(elsewhere.join("target"), dir.join("xrcd-j-d")).unwrap();
+        let err = open_key_file(&XrcdKey(dir.join("xrcd-j-d")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        // A file others may read.
+        let open = dir.join("xrcd-open");
+        std::fs::write(&open, b"").unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = open_key_file(&XrcdKey(open)).unwrap_err().to_string();
+        assert!(err.contains("has mode 644"), "{err}");
+        // Another user's directory and file (root can make them here).
+        // SAFETY: getuid cannot fail.
+        if unsafe { libc::getuid() } == 0 {
+            let theirs = base.join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = open_key_file(&XrcdKey(theirs.join("k")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("belongs to uid 65534"), "{err}");
+            let file = dir.join("xrcd-theirs");
+            std::fs::write(&file, b"").unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+            let err = open_key_file(&XrcdKey(file)).unwrap_err().to_string();
+            assert!(err.contains("belongs to uid 65534"), "{err}");
+        }
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -3,7 +3,7 @@
 //! queries, and the async event reader.
 
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -567,17 +567,7 @@ impl Xrcd for VerbsXrcd {
 impl VerbsXrcd {
     pub(crate) fn open(ctx: &VerbsContext, key: &XrcdKey) -> Result<Self> {
         // Owner-only: the file names the domain; whoever opens it joins.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&key.0)
-            .map_err(|e| Error::Verbs {
-                verb: "open(xrcd key)",
-                source: e,
-            })?;
+        let file = super::open_key_file(key)?;
         let mut attr = sys::ibv_xrcd_init_attr {
             comp_mask: sys::IBV_XRCD_INIT_ATTR_FD | sys::IBV_XRCD_INIT_ATTR_OFLAGS,
             fd: file.as_raw_fd(),

@@ -464,7 +464,12 @@ impl<C: Context> Btl<C> {
             drop(data);
             return Ok(OpId::DONE);
         }
-        let reg = core.cache.register(&data)?;
+        // Peers read a get's source; a put's is only sent from.
+        let reg = if core.rndv.puts() {
+            core.cache.register_local(&data)?
+        } else {
+            core.cache.register(&data)?
+        };
         let src = Local {
             addr: data.as_ptr() as u64,
             lkey: reg.lkey(),

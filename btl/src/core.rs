@@ -1007,7 +1007,14 @@ impl<C: Context> Core<C> {
             self.stats.lost += 1;
             return;
         };
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // The peer writes a put's sink; a get's is written by this side's
+        // reads, which on iWARP need the sink open to remote writes too.
+        let access =
+            if self.rndv.puts() || self.iface.caps.transport == xrcbtl_fabric::Transport::Iwarp {
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE
+            } else {
+                Access::LOCAL_WRITE
+            };
         let start = sink_start(&buf);
         let reg = match self
             .cache
@@ -1141,7 +1148,8 @@ impl<C: Context> Core<C> {
     /// registered.
     pub fn send_eager_zcopy(&mut self, ei: u32, tag: Tag, data: Bytes) {
         let len = data.len();
-        match self.cache.register(&data) {
+        // Sent from, never read by the peer: no remote rights.
+        match self.cache.register_local(&data) {
             Ok(reg) => {
                 self.stats.zcopy_sent += 1;
                 let store = Store::User {

@@ -137,6 +137,12 @@ impl<C: Context> MemCache<C> {
         self.get(data.as_ptr() as usize, data.len(), Access::REMOTE_READ)
     }
 
+    /// A registration of `data` for this process's own sends and writes
+    /// only: its rkey lets no peer in.
+    pub fn register_local(&mut self, data: &[u8]) -> Result<Registration> {
+        self.get(data.as_ptr() as usize, data.len(), Access::NONE)
+    }
+
     /// A registration of `data` with `access` (which may include writes).
     pub fn register_mut(&mut self, data: &mut [u8], access: Access) -> Result<Registration> {
         self.get(data.as_ptr() as usize, data.len(), access)

@@ -169,6 +169,12 @@ pub(crate) struct Rndv<S, K> {
 }
 
 impl<S, K> Rndv<S, K> {
+    /// Whether the sender writes the data (put), else the receiver reads
+    /// it (get).
+    pub fn puts(&self) -> bool {
+        self.cfg.put
+    }
+
     /// No rendezvous yet.
     pub fn new(cfg: RndvConfig) -> Self {
         assert!(cfg.frag > 0 && cfg.pipeline > 0, "{cfg:?}");

@@ -332,6 +332,10 @@ pub struct ProcessView {
     pub tgt_handles: usize,
     /// Memory regions.
     pub mrs: usize,
+    /// Of which peers may read (`REMOTE_READ`).
+    pub mrs_remote_read: usize,
+    /// Of which peers may write (`REMOTE_WRITE`).
+    pub mrs_remote_write: usize,
     /// SRQs (plain and XRC).
     pub srqs: usize,
     /// CQs.
@@ -619,6 +623,16 @@ impl SimFabric {
             qps,
             tgt_handles: tgt,
             mrs: w.mrs.iter().filter(|(_, m)| mine(&m.ctx)).count(),
+            mrs_remote_read: w
+                .mrs
+                .iter()
+                .filter(|(_, m)| mine(&m.ctx) && m.access.contains(Access::REMOTE_READ))
+                .count(),
+            mrs_remote_write: w
+                .mrs
+                .iter()
+                .filter(|(_, m)| mine(&m.ctx) && m.access.contains(Access::REMOTE_WRITE))
+                .count(),
             srqs: w.srqs.iter().filter(|(_, s)| mine(&s.ctx)).count(),
             cqs: w.cqs.iter().filter(|(_, c)| mine(&c.ctx)).count(),
             pds: w.pds.iter().filter(|(_, x)| mine(&x.ctx)).count(),

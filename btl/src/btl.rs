@@ -357,7 +357,6 @@ impl<C: Context> Btl<C> {
             ep.connecting = true;
             let now = self.cfg.clock.now();
             core.drv.connect(now, rank);
-            core.look_soon();
         }
         Ok(())
     }

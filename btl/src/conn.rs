@@ -245,6 +245,9 @@ pub struct ConnDriver<C: Context> {
     /// Peers' native InfiniBand listeners, for those that have one.
     ib_directory: HashMap<Rank, IbAddr>,
     next_ref: u64,
+    /// A command started or changed connection work since the last
+    /// [`ConnDriver::progress`]: its events should be looked at soon.
+    look_wanted: bool,
     events: VecDeque<ConnEvent>,
     notices: Vec<Notice>,
     stats: DriverStats,
@@ -340,6 +343,7 @@ impl<C: Context> ConnDriver<C> {
             directory: HashMap::new(),
             ib_directory: HashMap::new(),
             next_ref: DRIVER_REFS,
+            look_wanted: false,
             events: VecDeque::new(),
             notices: Vec::new(),
             stats: DriverStats::default(),
@@ -396,6 +400,7 @@ impl<C: Context> ConnDriver<C> {
             return self.open_loopback();
         }
         self.mgr.connect(now, rank);
+        self.look_wanted = true;
         self.react(now);
     }
 
@@ -526,6 +531,14 @@ impl<C: Context> ConnDriver<C> {
         self.draining.is_empty() && self.accepting.is_empty() && self.mgr.poll_timeout().is_none()
     }
 
+    /// Whether a command (a connect, a failed send, an iWARP hello) started
+    /// or changed connection work since the last [`ConnDriver::progress`]:
+    /// a progress loop that looks at events only now and then should look
+    /// at the next call.
+    pub fn wants_look(&self) -> bool {
+        self.look_wanted
+    }
+
     /// The receive CQ was just polled dry: destroys the draining QPs whose
     /// last receive was reported (their completions are all consumed), and
     /// those that waited too long for the report.
@@ -602,6 +615,7 @@ impl<C: Context> ConnDriver<C> {
         if let Some(Some(s)) = self.slots.get(slot as usize) {
             let qp = s.r;
             self.mgr.handle(now, Event::QpFailed { qp });
+            self.look_wanted = true;
             self.react(now);
         }
     }
@@ -628,6 +642,7 @@ impl<C: Context> ConnDriver<C> {
         {
             let qp = s.r;
             self.mgr.handle(now, Event::FirstReceive { qp });
+            self.look_wanted = true;
             self.react(now);
         }
     }
@@ -642,6 +657,7 @@ impl<C: Context> ConnDriver<C> {
     /// at, so that nothing the manager asked for waits behind another poll.
     /// Returns how much work it found.
     pub fn progress(&mut self, now: Duration) -> usize {
+        self.look_wanted = false;
         let mut total = self.react(now);
         loop {
             let mut work = 0;

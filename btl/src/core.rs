@@ -432,9 +432,9 @@ impl<C: Context> Core<C> {
         // spinning on a CQ looks at them every `CONTROL_EVERY` calls only,
         // and while every connection is settled (no attempt, retry or
         // departure under way: judged at each look) `CONTROL_SETTLED` times
-        // less often still. A connection started meanwhile waits at most
-        // that many calls for its first look.
-        let due = self.control_left == 0;
+        // less often still. Work a command just gave the driver (a connect,
+        // a failed send) is looked at on the next call.
+        let due = self.control_left == 0 || self.drv.wants_look();
         let mut n = 0;
         if due {
             n += self.control_now();
@@ -461,12 +461,6 @@ impl<C: Context> Core<C> {
         }
         n += self.run_rndv();
         n + self.drain_pending()
-    }
-
-    /// Connection work was just started or changed: the next progress call
-    /// looks at its events, whatever the countdown.
-    pub(crate) fn look_soon(&mut self) {
-        self.control_left = 0;
     }
 
     /// Looks at connection and async events now.
@@ -626,7 +620,6 @@ impl<C: Context> Core<C> {
                 if wc.status != WcStatus::Success {
                     let now = self.cfg.clock.now();
                     self.drv.handle_send_failure_qpn(now, wc.qp_num);
-                    self.look_soon();
                 }
             }
             WrId::Recv(_) => {}
@@ -656,7 +649,6 @@ impl<C: Context> Core<C> {
                 self.stats.send_errors += 1;
                 let now = self.cfg.clock.now();
                 self.drv.handle_send_failure(now, p.qp);
-                self.look_soon();
                 let fatal = matches!(
                     wc.status,
                     WcStatus::RemoteAccess

@@ -139,7 +139,6 @@ impl<C: Context> Core<C> {
                 ep.connecting = true;
                 let (now, rank) = (self.cfg.clock.now(), ep.rank);
                 self.drv.connect(now, rank);
-                self.look_soon();
             }
             return Err(item);
         };
@@ -338,7 +337,6 @@ impl<C: Context> Core<C> {
                     // The QP is unusable: let the manager rebuild the path.
                     let now = self.cfg.clock.now();
                     self.drv.handle_send_failure(now, slot);
-                    self.look_soon();
                 }
                 Err(p.item)
             }

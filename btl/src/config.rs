@@ -271,8 +271,14 @@ impl BtlConfig {
     /// Applies the `XRCBTL_*` environment variables, and refuses an
     /// `XRCBTL_*` variable that names no setting ([`BtlConfig::check_names`]).
     pub fn from_env(self) -> Result<Self> {
-        Self::check_names(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))?;
+        Self::check_env()?;
         self.with_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Refuses an `XRCBTL_*` variable of this process's environment that
+    /// names no setting ([`BtlConfig::check_names`]).
+    pub fn check_env() -> Result<()> {
+        Self::check_names(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
     }
 
     /// Applies variables looked up through `get` (tests pass a map).

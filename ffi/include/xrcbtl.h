@@ -124,7 +124,8 @@
 #define XRCBTL_PARAM_FLAGS (1 << 5)
 
 /**
- * `xrcbtl_params_t.flags`: ignore the `XRCBTL_*` environment variables.
+ * `xrcbtl_params_t.flags`: ignore the `XRCBTL_*` environment variables
+ * (otherwise they are read, and one that names no setting is refused).
  */
 #define XRCBTL_FLAG_NO_ENV (1 << 0)
 

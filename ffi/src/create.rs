@@ -136,6 +136,9 @@ fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
         xrcbtl_fabric::XrcdKey::new(""),
         SocketAddr::new(ip, 0),
     );
+    if use_env {
+        BtlConfig::check_env()?;
+    }
     let mut cfg = settings.apply(cfg, |k| if use_env { std::env::var(k).ok() } else { None })?;
     // Every rank of the job on this host and device opens this file; the
     // address carries its identity, so that peers can check.

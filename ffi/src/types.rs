@@ -32,7 +32,8 @@ pub const XRCBTL_PARAM_SETTINGS: u64 = 1 << 4;
 /// `xrcbtl_params_t.flags` is set.
 pub const XRCBTL_PARAM_FLAGS: u64 = 1 << 5;
 
-/// `xrcbtl_params_t.flags`: ignore the `XRCBTL_*` environment variables.
+/// `xrcbtl_params_t.flags`: ignore the `XRCBTL_*` environment variables
+/// (otherwise they are read, and one that names no setting is refused).
 pub const XRCBTL_FLAG_NO_ENV: u32 = 1 << 0;
 
 /// How to open a rank on a verbs device (`xrcbtl_create`).

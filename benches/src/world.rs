@@ -54,10 +54,9 @@ pub struct BenchRank<C: Context> {
     barrier_seen: u64,
     work: Rc<Cell<u64>>,
     buf: Bytes,
-    /// The first peer failure the BTL reported, if any, and a flag that
-    /// a spinning wait reads without the lock.
-    failed: Arc<std::sync::Mutex<Option<String>>>,
-    any_failed: Arc<std::sync::atomic::AtomicBool>,
+    /// The first peer failure the BTL reported, if any (read without a
+    /// lock by every spin of a wait).
+    failed: Arc<std::sync::OnceLock<String>>,
 }
 
 impl<C: Context> BenchRank<C> {
@@ -79,13 +78,11 @@ impl<C: Context> BenchRank<C> {
         let buf = Bytes::from(vec![0x5a; max.max(1)]);
         // A peer's failure ends the run with its reason: every wait below
         // looks at it, so a dead peer is never waited for forever.
-        let failed = Arc::new(std::sync::Mutex::new(None));
-        let any_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (f, any) = (failed.clone(), any_failed.clone());
+        let failed = Arc::new(std::sync::OnceLock::new());
+        let f = failed.clone();
         btl.register_error(move |_, rank, e| {
-            let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
-            f.get_or_insert_with(|| format!("rank {rank} failed: {e}"));
-            any.store(true, Ordering::Release);
+            // The first failure is the one reported.
+            let _ = f.set(format!("rank {rank} failed: {e}"));
         });
         BenchRank {
             btl,
@@ -98,7 +95,6 @@ impl<C: Context> BenchRank<C> {
             work,
             buf,
             failed,
-            any_failed,
         }
     }
 
@@ -124,17 +120,10 @@ impl<C: Context> BenchRank<C> {
     async fn poll(&mut self) -> Result<()> {
         let w = self.btl.progress() as u64;
         self.work.set(self.work.get() + w);
-        if w == 0 && self.any_failed.load(Ordering::Acquire) {
-            let failed = self
-                .failed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            if let Some(why) = failed {
+        if w == 0 {
+            if let Some(why) = self.failed.get() {
                 return Err(Error::state(format!("rank {}: {why}", self.rank)));
             }
-        }
-        if w == 0 {
             YieldNow::default().await;
         }
         Ok(())

@@ -431,7 +431,9 @@ impl<C: Context> Btl<C> {
     /// Sends a shared buffer with `tag` to `dst`: eagerly up to
     /// [`Btl::max_send_size`] (copied into a bounce buffer below
     /// [`BtlConfig::zcopy_min`] bytes, else posted straight from `data`),
-    /// else by rendezvous straight from `data`. Sent from `data`, it is
+    /// up to [`BtlConfig::split_limit`] as several eager messages back to
+    /// back that the receiver joins, else by rendezvous straight from
+    /// `data`. Sent from `data`, it is
     /// registered through the cache and kept until the peer has it. `done`
     /// runs when the send is complete (`data` may be dropped at once:
     /// the BTL holds its own reference).
@@ -461,6 +463,18 @@ impl<C: Context> Btl<C> {
             }
             drop(core);
             drop(data);
+            return Ok(OpId::DONE);
+        }
+        if data.len() <= core.split_limit {
+            core.send_split(ei, tag, data);
+            if let Some(cb) = done {
+                core.deliver(Delivery::Done {
+                    op: 0,
+                    result: Ok(None),
+                    cb,
+                });
+            }
+            drop(core);
             return Ok(OpId::DONE);
         }
         // Peers read a get's source; a put's is only sent from.

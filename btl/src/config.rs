@@ -6,6 +6,7 @@
 //! | `XRCBTL_EAGER_LIMIT` | 8192 | Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous. |
 //! | `XRCBTL_ZCOPY_MIN` | 4096 | Smallest eager payload `send_bytes` sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer. |
 //! | `XRCBTL_MAX_INLINE` | 128 | Largest message (header included) posted inline, when the device allows that much. |
+//! | `XRCBTL_SPLIT_LIMIT` | `auto` | Largest payload `send_bytes` sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or `auto`: 64 KiB on iWARP, whose rendezvous takes four legs (RTS, RTR, write, FIN), 0 elsewhere (measured: scripts/perf-compare). |
 //! | `XRCBTL_RNDV_PROTOCOL` | `auto` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS), `put` (RTS, RTR, the sender RDMA-writes, FIN), or `auto`: put on iWARP, get elsewhere (measured: scripts/perf-compare). |
 //! | `XRCBTL_RNDV_FRAG_SIZE` | 524288 | Bytes per RDMA fragment of a rendezvous. |
 //! | `XRCBTL_RNDV_PIPELINE` | 4 | Fragments of one rendezvous in flight at once (reads: at most the device's `max_qp_rd_atom`). |
@@ -54,6 +55,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_EAGER_LIMIT", default: "8192", help: "Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous." },
     Setting { name: "XRCBTL_ZCOPY_MIN", default: "4096", help: "Smallest eager payload send_bytes sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer." },
     Setting { name: "XRCBTL_MAX_INLINE", default: "128", help: "Largest message (header included) posted inline, when the device allows that much." },
+    Setting { name: "XRCBTL_SPLIT_LIMIT", default: "auto", help: "Largest payload send_bytes sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or auto: 64 KiB on iWARP, 0 elsewhere." },
     Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "auto", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS), put (RTS, RTR, the sender RDMA-writes, FIN), or auto: put on iWARP, get elsewhere." },
     Setting { name: "XRCBTL_RNDV_FRAG_SIZE", default: "524288", help: "Bytes per RDMA fragment of a rendezvous." },
     Setting { name: "XRCBTL_RNDV_PIPELINE", default: "4", help: "Fragments of one rendezvous in flight at once (reads: at most the device's max_qp_rd_atom)." },
@@ -107,6 +109,34 @@ impl RndvProtocol {
             RndvProtocol::Auto => transport == xrcbtl_fabric::Transport::Iwarp,
             RndvProtocol::Get => false,
             RndvProtocol::Put => true,
+        }
+    }
+}
+
+/// The longest message a receiver joins from parts
+/// ([`BtlConfig::split_limit`]): whatever the sender's setting, a train of
+/// parts longer than this is refused as malformed.
+pub const MAX_SPLIT: usize = 4 << 20;
+
+/// Which payloads `send_bytes` splits into eager parts instead of sending
+/// them by rendezvous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitLimit {
+    /// 64 KiB on iWARP, where a rendezvous takes four legs (RTS, RTR,
+    /// write, FIN) and each small message costs a system call and a TCP
+    /// segment; none elsewhere.
+    Auto,
+    /// Up to this many bytes (0: never).
+    Bytes(usize),
+}
+
+impl SplitLimit {
+    /// The limit on a device with `caps` (0: never split).
+    pub fn bytes(self, caps: &xrcbtl_fabric::DeviceCaps) -> usize {
+        match self {
+            SplitLimit::Auto if caps.transport == xrcbtl_fabric::Transport::Iwarp => 64 * 1024,
+            SplitLimit::Auto => 0,
+            SplitLimit::Bytes(n) => n,
         }
     }
 }
@@ -186,6 +216,8 @@ pub struct BtlConfig {
     pub zcopy_min: usize,
     /// Largest inline message, header included.
     pub max_inline: u32,
+    /// Largest payload `send_bytes` sends split into eager parts.
+    pub split_limit: SplitLimit,
     /// Rendezvous protocol.
     pub rndv_protocol: RndvProtocol,
     /// Bytes per rendezvous fragment.
@@ -244,6 +276,7 @@ impl BtlConfig {
             eager_limit: 8192,
             zcopy_min: 4096,
             max_inline: 128,
+            split_limit: SplitLimit::Auto,
             rndv_protocol: RndvProtocol::Auto,
             rndv_frag_size: 512 * 1024,
             rndv_pipeline: 4,
@@ -343,6 +376,16 @@ impl BtlConfig {
                         "XRCBTL_RNDV_PROTOCOL={s:?}: expected auto, get or put"
                     )))
                 }
+            };
+        }
+        if let Some(s) = g("XRCBTL_SPLIT_LIMIT") {
+            self.split_limit = match s.trim() {
+                "auto" => SplitLimit::Auto,
+                n => SplitLimit::Bytes(n.parse().map_err(|_| {
+                    Error::invalid(format!(
+                        "XRCBTL_SPLIT_LIMIT={s:?}: expected auto or a number of bytes"
+                    ))
+                })?),
             };
         }
         if let Some(s) = g("XRCBTL_PLACE") {
@@ -516,6 +559,15 @@ impl BtlConfig {
                 small_min,
                 1 << 20,
                 "bytes, more than the header, or 0 for one class",
+            ));
+        }
+        if let SplitLimit::Bytes(n) = self.split_limit {
+            checks.push((
+                "XRCBTL_SPLIT_LIMIT",
+                size(n),
+                0,
+                size(MAX_SPLIT),
+                "bytes, or auto",
             ));
         }
         if let IdleYield::After(n) = self.idle_yield {

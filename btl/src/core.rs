@@ -84,6 +84,18 @@ pub(crate) struct Sink {
     pub reg: Registration,
 }
 
+/// A message arriving in parts ([`Kind::Part`]), joined as they come.
+struct Train {
+    tag: Tag,
+    buf: Vec<u8>,
+    /// The peer broke the rules (too long): the rest of its parts are
+    /// dropped, up to and including the last.
+    bad: bool,
+}
+
+/// Joined messages' buffers kept for reuse.
+const JOINED_KEPT: usize = 8;
+
 /// A receive buffer a message arrived in, while its delivery reads it.
 struct Received<'a, C: Context> {
     chunk: &'a Arc<DmaBuf<C>>,
@@ -167,6 +179,13 @@ pub(crate) struct Core<C: Context> {
     /// The most `sinks` may hold.
     sink_budget: usize,
     bufs: Vec<Vec<u8>>,
+    /// Largest payload `send_bytes` splits into eager parts (0: none).
+    pub split_limit: usize,
+    /// Messages being joined from their parts, by endpoint (at most one
+    /// per peer: the parts of a message are consecutive in its sequence).
+    trains: HashMap<u32, Train>,
+    /// Buffers of joined messages kept for reuse.
+    joined_bufs: Vec<Vec<u8>>,
     pub am: Vec<Option<AmCallback<C>>>,
     pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
     pub err_all: Option<ErrorCallback<C>>,
@@ -314,6 +333,7 @@ impl<C: Context> Core<C> {
         } else {
             cfg.rndv_pipeline.min(iface.caps.max_qp_rd_atom.max(1))
         };
+        let split_limit = cfg.split_limit.bytes(&iface.caps);
         let rndv = Rndv::new(RndvConfig {
             put,
             frag: cfg.rndv_frag_size as u64,
@@ -339,6 +359,9 @@ impl<C: Context> Core<C> {
             sink_bytes: 0,
             sink_budget,
             bufs: Vec::new(),
+            split_limit,
+            trains: HashMap::new(),
+            joined_bufs: Vec::new(),
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
             err_all: None,
@@ -399,6 +422,10 @@ impl<C: Context> Core<C> {
             if self.sink_bytes + cap <= self.sink_budget {
                 self.sink_bytes += cap;
                 self.sinks.entry(size).or_default().push(buf);
+            }
+        } else if cap > self.iface.max_message() {
+            if self.joined_bufs.len() < JOINED_KEPT {
+                self.joined_bufs.push(buf);
             }
         } else if self.bufs.len() < BUFS_KEPT && cap > 0 {
             self.bufs.push(buf);
@@ -807,6 +834,9 @@ impl<C: Context> Core<C> {
         }
         ep.state = EpState::Gone(e.clone());
         let rank = ep.rank;
+        if let Some(t) = self.trains.remove(&ei) {
+            self.recycle(t.buf);
+        }
         for item in self.eps.drain(ei) {
             self.drop_item(ei, item, e.clone());
         }
@@ -903,7 +933,9 @@ impl<C: Context> Core<C> {
         } else {
             Some(self.eps.get_mut(ei).rx.arrive(h.seq))
         };
-        let keep = deliver && arrival == Some(Arrival::Next);
+        // A message joined from parts is copied out: no buffer kept.
+        let joining = !self.trains.is_empty() && self.trains.contains_key(&ei);
+        let keep = deliver && arrival == Some(Arrival::Next) && !joining;
         if self.fc {
             // Every message took one of our receives (duplicates too): the
             // credit is owed back once that receive is free again, now or,
@@ -928,6 +960,10 @@ impl<C: Context> Core<C> {
                 self.stats.malformed += 1;
                 return false;
             }
+        }
+        if h.kind == Kind::Part || joining {
+            self.join(ei, &h, &bytes[HEADER..]);
+            return false;
         }
         if keep {
             self.stats.eager_received += 1;
@@ -959,6 +995,65 @@ impl<C: Context> Core<C> {
             None => self.stats.malformed += 1,
         }
         false
+    }
+
+    /// A part of a message arrived from endpoint `ei`, in sequence (`h`:
+    /// a [`Kind::Part`], or, with a train open, whatever came next). The
+    /// last part (an eager message) delivers the whole. A train longer
+    /// than [`crate::MAX_SPLIT`], a part of another tag, or a message of
+    /// another kind in the middle is the peer's error: counted as
+    /// malformed, and the train is dropped.
+    fn join(&mut self, ei: u32, h: &Header, body: &[u8]) {
+        let mut train = match self.trains.remove(&ei) {
+            Some(t) if h.kind != Kind::Part && h.kind != Kind::Eager => {
+                // Control in the middle of a train: the parts are
+                // consecutive, so the peer broke them.
+                self.stats.malformed += 1;
+                self.recycle(t.buf);
+                return;
+            }
+            Some(t) => t,
+            None => {
+                let mut buf = self.joined_bufs.pop().unwrap_or_else(|| {
+                    Vec::with_capacity(self.split_limit.max(2 * self.iface.max_message()))
+                });
+                buf.clear();
+                Train {
+                    tag: h.tag,
+                    buf,
+                    bad: false,
+                }
+            }
+        };
+        if !train.bad
+            && (train.tag != h.tag || train.buf.len() + body.len() > crate::config::MAX_SPLIT)
+        {
+            self.stats.malformed += 1;
+            train.bad = true;
+            train.buf.clear();
+        }
+        if !train.bad {
+            train.buf.extend_from_slice(body);
+        }
+        if h.kind == Kind::Part {
+            self.trains.insert(ei, train);
+            return;
+        }
+        if train.bad {
+            self.recycle(train.buf);
+            return;
+        }
+        let end = train.buf.len();
+        self.stats.joined += 1;
+        self.stats.eager_received += 1;
+        self.stats.bytes_received += end as u64;
+        self.deliver(Delivery::Message {
+            src: h.src,
+            tag: train.tag,
+            body: Body::Heap(train.buf),
+            start: 0,
+            end,
+        });
     }
 
     /// A message delivered with `body` is consumed: its buffer is recycled,
@@ -1111,10 +1206,23 @@ impl<C: Context> Core<C> {
     /// can go, else queued (in a heap copy if no slot is free). With `now_only`
     /// nothing is queued: `false` if it cannot go at once.
     pub fn send_eager(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> bool {
+        self.send_copy(ei, Kind::Eager, tag, parts, now_only)
+    }
+
+    /// [`Core::send_eager`] of a message of `kind` (an eager message or a
+    /// part of one).
+    fn send_copy(
+        &mut self,
+        ei: u32,
+        kind: Kind,
+        tag: Tag,
+        parts: [&[u8]; 2],
+        now_only: bool,
+    ) -> bool {
         let len = parts[0].len() + parts[1].len();
         if HEADER + len <= self.cfg.max_inline as usize {
             if let Some(store) = Store::small(parts) {
-                return self.send_msg(ei, tag, len, store, now_only);
+                return self.send_msg(ei, kind, tag, len, store, now_only);
             }
         }
         let store = match self.iface.bounce.take() {
@@ -1131,7 +1239,7 @@ impl<C: Context> Core<C> {
                 Store::Heap([parts[0], parts[1]].concat())
             }
         };
-        self.send_msg(ei, tag, len, store, now_only)
+        self.send_msg(ei, kind, tag, len, store, now_only)
     }
 
     /// Sends `data` eagerly to endpoint `ei` from where it is, without a
@@ -1139,6 +1247,11 @@ impl<C: Context> Core<C> {
     /// completes. Falls back to a copy when the memory cannot be
     /// registered.
     pub fn send_eager_zcopy(&mut self, ei: u32, tag: Tag, data: Bytes) {
+        self.send_user(ei, Kind::Eager, tag, data);
+    }
+
+    /// [`Core::send_eager_zcopy`] of a message of `kind`.
+    fn send_user(&mut self, ei: u32, kind: Kind, tag: Tag, data: Bytes) {
         let len = data.len();
         // Sent from, never read by the peer: no remote rights.
         match self.cache.register_local(&data) {
@@ -1149,24 +1262,58 @@ impl<C: Context> Core<C> {
                     data,
                     reg,
                 };
-                self.send_msg(ei, tag, len, store, false);
+                self.send_msg(ei, kind, tag, len, store, false);
             }
             Err(_) => {
-                self.send_eager(ei, tag, [&data, &[]], false);
+                self.send_copy(ei, kind, tag, [&data, &[]], false);
                 self.deliver(Delivery::Release(data));
             }
         }
     }
 
-    /// Posts an eager message with its body in `store` now, or queues it
+    /// Sends `data` (longer than an eager message, at most
+    /// [`Core::split_limit`]) to endpoint `ei` as eager messages back to
+    /// back: parts of the largest eager size ([`Kind::Part`]), the last
+    /// one an ordinary eager message, with consecutive sequence numbers.
+    /// The receiver joins them. Parts go from `data` itself where they are
+    /// long enough to be worth it, as [`Core::send_eager_zcopy`] does.
+    pub fn send_split(&mut self, ei: u32, tag: Tag, data: Bytes) {
+        let part = self.iface.max_message() - HEADER;
+        self.stats.split_sent += 1;
+        let mut at = 0;
+        while at < data.len() {
+            let end = (at + part).min(data.len());
+            let kind = if end == data.len() {
+                Kind::Eager
+            } else {
+                Kind::Part
+            };
+            if end - at >= self.cfg.zcopy_min {
+                self.send_user(ei, kind, tag, data.slice(at..end));
+            } else {
+                self.send_copy(ei, kind, tag, [&data[at..end], &[]], false);
+            }
+            at = end;
+        }
+    }
+
+    /// Posts a message of `kind` with its body in `store` now, or queues it
     /// behind the endpoint's pending work (with `now_only`, gives the store
     /// back and answers `false` instead).
-    fn send_msg(&mut self, ei: u32, tag: Tag, len: usize, store: Store, now_only: bool) -> bool {
+    fn send_msg(
+        &mut self,
+        ei: u32,
+        kind: Kind,
+        tag: Tag,
+        len: usize,
+        store: Store,
+        now_only: bool,
+    ) -> bool {
         let ep = self.eps.get(ei);
         let idle = ep.pending.is_empty();
         let msg = Msg {
             seq: ep.tx.peek(),
-            kind: Kind::Eager,
+            kind,
             tag,
             len: len as u32,
             store,

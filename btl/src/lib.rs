@@ -41,7 +41,9 @@ pub mod wire;
 mod wr_id;
 
 pub use crate::btl::Btl;
-pub use crate::config::{BtlConfig, Clock, IdleYield, RndvProtocol, Setting, SETTINGS};
+pub use crate::config::{
+    BtlConfig, Clock, IdleYield, RndvProtocol, Setting, SplitLimit, MAX_SPLIT, SETTINGS,
+};
 pub use crate::proto::MAX_RMA;
 pub use crate::threaded::Threaded;
 pub use crate::types::{

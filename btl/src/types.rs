@@ -412,6 +412,11 @@ pub struct BtlStats {
     /// Of which sent from the sender's own registered memory, without a
     /// copy (`send_bytes` from [`crate::BtlConfig::zcopy_min`] bytes).
     pub zcopy_sent: u64,
+    /// Messages `send_bytes` sent split into eager parts
+    /// ([`crate::BtlConfig::split_limit`]).
+    pub split_sent: u64,
+    /// Messages received in parts and joined.
+    pub joined: u64,
     /// Messages posted unsignalled (completed by a later signalled request
     /// on their QP).
     pub unsignalled: u64,

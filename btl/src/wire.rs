@@ -25,6 +25,11 @@ pub enum Kind {
     Fin,
     /// Only returns credits (header only, outside the sequence).
     Credit,
+    /// A part of a message split across several eager messages: more
+    /// parts follow, and the last one is an [`Kind::Eager`]. The parts of
+    /// one message take consecutive sequence numbers, so the receiver
+    /// joins them in arrival order.
+    Part,
 }
 
 impl Kind {
@@ -36,6 +41,7 @@ impl Kind {
             Kind::Ats => 4,
             Kind::Fin => 5,
             Kind::Credit => 6,
+            Kind::Part => 7,
         }
     }
 
@@ -47,6 +53,7 @@ impl Kind {
             4 => Kind::Ats,
             5 => Kind::Fin,
             6 => Kind::Credit,
+            7 => Kind::Part,
             _ => return None,
         })
     }

@@ -9,7 +9,9 @@ mod btlsim;
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, Got, TAG};
-use xrcbtl_btl::{BtlConfig, BtlError, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol};
+use xrcbtl_btl::{
+    BtlConfig, BtlError, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol, SplitLimit,
+};
 use xrcbtl_fabric::sim::SimDevice;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -58,6 +60,9 @@ fn check_both_protocols(device: SimDevice, force_rc: bool, expect: Mode) {
         let mut c = Cluster::with(11, 2, 2, device.clone(), |cfg: &mut BtlConfig| {
             cfg.rndv_protocol = proto;
             cfg.force_rc = force_rc;
+            // Every size past the eager limit by rendezvous (tests/split.rs
+            // splits them).
+            cfg.split_limit = SplitLimit::Bytes(0);
             // Small fragments so that large messages pipeline.
             cfg.rndv_frag_size = 256 * 1024;
             cfg.rndv_pipeline = 3;

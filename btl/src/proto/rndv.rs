@@ -84,7 +84,7 @@ impl Control {
             Kind::Rtr => Rtr::decode(body).map(Control::Rtr),
             Kind::Ats => wire::decode_msg_id(body).map(Control::Ats),
             Kind::Fin => wire::decode_msg_id(body).map(Control::Fin),
-            Kind::Eager | Kind::Credit => None,
+            Kind::Eager | Kind::Credit | Kind::Part => None,
         }
     }
 }

@@ -9,9 +9,7 @@ mod btlsim;
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, Got, TAG};
-use xrcbtl_btl::{
-    BtlConfig, BtlError, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol, SplitLimit,
-};
+use xrcbtl_btl::{BtlConfig, BtlError, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol, SplitLimit};
 use xrcbtl_fabric::sim::SimDevice;
 
 const LIMIT: Duration = Duration::from_secs(30);

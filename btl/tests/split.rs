@@ -95,19 +95,28 @@ fn every_size_arrives_whole_in_parts_over_iwarp() {
     every_size_split(SimDevice::iwarp("sim0"), false, Mode::Rc { p2p: true });
 }
 
-/// `auto` splits up to 64 KiB on iWARP and never elsewhere; 0 never.
+/// `auto` splits up to 32 KiB on iWARP and up to 16 KiB elsewhere; 0
+/// never.
 #[test]
-fn the_default_splits_up_to_64_kib_on_iwarp_only() {
-    for (device, split, limit) in [
-        (SimDevice::iwarp("sim0"), true, SplitLimit::Auto),
-        (SimDevice::roce("sim0"), false, SplitLimit::Auto),
-        (SimDevice::ib("sim0"), false, SplitLimit::Auto),
-        (SimDevice::iwarp("sim0"), false, SplitLimit::Bytes(0)),
+fn the_default_splits_up_to_32_kib_on_iwarp_and_16_kib_elsewhere() {
+    for (device, limit, split) in [
+        (SimDevice::iwarp("sim0"), SplitLimit::Auto, 32 * 1024),
+        (SimDevice::roce("sim0"), SplitLimit::Auto, 16 * 1024),
+        (SimDevice::ib("sim0"), SplitLimit::Auto, 16 * 1024),
+        (SimDevice::iwarp("sim0"), SplitLimit::Bytes(0), 0),
     ] {
         let mut c = Cluster::with(42, 2, 1, device.clone(), |cfg: &mut BtlConfig| {
             cfg.split_limit = limit;
         });
-        for (i, len) in [64 * 1024, 64 * 1024 + 1].into_iter().enumerate() {
+        let max_send = c.btl(0).max_send_size();
+        let lens = [
+            max_send + 1,
+            16 * 1024,
+            16 * 1024 + 1,
+            32 * 1024,
+            32 * 1024 + 1,
+        ];
+        for (i, &len) in lens.iter().enumerate() {
             c.btl(0)
                 .send_bytes(1, TAG, Bytes::from(pattern(3, len)), None)
                 .unwrap();
@@ -116,8 +125,12 @@ fn the_default_splits_up_to_64_kib_on_iwarp_only() {
         c.settle(LIMIT);
         assert!(c.got(1).iter().all(|g| g.data == pattern(3, g.data.len())));
         let s = c.btl(0).stats();
-        let want = if split { (1, 1) } else { (0, 2) };
-        assert_eq!((s.split_sent, s.rndv_sent), want, "{device:?} {limit:?}");
+        let n = lens.iter().filter(|&&l| l <= split).count() as u64;
+        assert_eq!(
+            (s.split_sent, s.rndv_sent),
+            (n, lens.len() as u64 - n),
+            "{device:?} {limit:?}"
+        );
         c.shutdown(LIMIT);
     }
 }
@@ -202,20 +215,24 @@ fn parts_resent_after_a_partition_are_dropped_as_duplicates() {
     }
     let s = c.btl(1).stats();
     assert!(s.duplicates > 0, "nothing was delivered twice: {s:?}");
-    assert_eq!((s.out_of_order, s.malformed, s.joined), (0, 0, u64::from(N)));
+    assert_eq!(
+        (s.out_of_order, s.malformed, s.joined),
+        (0, 0, u64::from(N))
+    );
     assert!(c.btl(0).stats().retransmits > 0);
     c.shutdown(LIMIT);
 }
 
-/// On iWARP every part spends a credit: a window of 64 messages of 64 KiB
-/// (eight parts each) waits for credits, and arrives whole.
+/// On iWARP every part spends a credit: a window of 64 messages of 32 KiB
+/// (four parts each, split by default) waits for credits, and arrives
+/// whole.
 #[test]
 fn a_window_of_split_messages_waits_for_credits_on_iwarp() {
     let mut c = Cluster::new(45, 2, 1, SimDevice::iwarp("sim0"));
     const N: u32 = 64;
     for i in 0..N {
         c.btl(0)
-            .send_bytes(1, TAG, Bytes::from(numbered(i, 64 * 1024)), None)
+            .send_bytes(1, TAG, Bytes::from(numbered(i, 32 * 1024)), None)
             .unwrap();
     }
     c.run_until(LIMIT, |c| c.got_count(1) == N as usize);
@@ -224,7 +241,7 @@ fn a_window_of_split_messages_waits_for_credits_on_iwarp() {
         .got(1)
         .iter()
         .enumerate()
-        .all(|(i, g)| g.data == numbered(i as u32, 64 * 1024)));
+        .all(|(i, g)| g.data == numbered(i as u32, 32 * 1024)));
     let s = c.btl(0).stats();
     assert_eq!((s.split_sent, s.rndv_sent), (u64::from(N), 0), "{s:?}");
     assert!(s.credit_stalls > 0, "{s:?}");

@@ -221,6 +221,9 @@ pub struct ConnDriver<C: Context> {
     slot_of_num: HashMap<u32, u32>,
     tgts: BTreeMap<TgtRef, C::Qp>,
     tgt_of_num: HashMap<u32, Vec<TgtRef>>,
+    /// Changes whenever a QP number comes or goes (`slot_of_num`,
+    /// `tgt_of_num`): what was learnt of a number is good while it stays.
+    qp_gen: u64,
     /// When the next handful of held TGT QPs is asked for its state, and
     /// where that round-robin sweep stands.
     tgt_check_at: Duration,
@@ -323,6 +326,7 @@ impl<C: Context> ConnDriver<C> {
             tgt_cursor: TgtRef(0),
             tgt_batch: Vec::with_capacity(TGT_CHECK_BATCH),
             tgt_of_num: HashMap::new(),
+            qp_gen: 0,
             placeholders: Placeholders::new(),
             pd: iface.pd.clone(),
             send_cq: iface.send_cq.clone(),
@@ -592,6 +596,25 @@ impl<C: Context> ConnDriver<C> {
         }
         self.tgt_batch = batch;
         dead
+    }
+
+    /// The rank whose messages arrive on local QP number `qpn`: the peer of
+    /// an RC QP, or the sending process of an XRC TGT QP this rank holds.
+    /// `None` when the driver does not know the number (any more: a QP's
+    /// last messages may still be in the CQ after it went).
+    pub fn sender_of(&self, qpn: u32) -> Option<Rank> {
+        if let Some(&slot) = self.slot_of_num.get(&qpn) {
+            let s = self.slots[slot as usize].as_ref()?;
+            return self.mgr.peer_of_qp(s.r);
+        }
+        let tgts = self.tgt_of_num.get(&qpn)?;
+        tgts.iter().find_map(|t| self.mgr.tgt_sender(*t))
+    }
+
+    /// A number that changes whenever a QP number this driver knows comes
+    /// or goes: [`ConnDriver::sender_of`]'s answer holds while it stays.
+    pub fn qp_gen(&self) -> u64 {
+        self.qp_gen
     }
 
     /// The QP in `slot` and its granted sizes.
@@ -897,6 +920,7 @@ impl<C: Context> ConnDriver<C> {
                         });
                         self.slot_of_ref.insert(qp, slot);
                         self.slot_of_num.insert(num, slot);
+                        self.qp_gen += 1;
                     }
                     Err(_) => self.mgr.handle(now, Event::QpCreateFailed { qp }),
                 }
@@ -916,6 +940,7 @@ impl<C: Context> ConnDriver<C> {
                     let s = self.slots[slot as usize].take().expect("live");
                     let qpn = s.qp.qp_num();
                     self.slot_of_num.remove(&qpn);
+                    self.qp_gen += 1;
                     self.free_slots.push(slot);
                     self.events.push_back(ConnEvent::Destroyed { slot, qpn });
                     if s.qp.qp_type() == QpType::Rc {
@@ -939,6 +964,7 @@ impl<C: Context> ConnDriver<C> {
                     Some(Ok(q)) => {
                         let qpn = q.qp_num();
                         self.tgt_of_num.entry(qpn).or_default().push(tgt);
+                        self.qp_gen += 1;
                         self.tgts.insert(tgt, q);
                         self.mgr.handle(now, Event::TgtCreated { tgt, qpn });
                     }
@@ -950,6 +976,7 @@ impl<C: Context> ConnDriver<C> {
                 let ok = match opened {
                     Some(Ok(q)) => {
                         self.tgt_of_num.entry(qpn).or_default().push(tgt);
+                        self.qp_gen += 1;
                         self.tgts.insert(tgt, q);
                         true
                     }
@@ -960,6 +987,7 @@ impl<C: Context> ConnDriver<C> {
             Action::CloseTgt { tgt } => {
                 if let Some(q) = self.tgts.remove(&tgt) {
                     let qpn = q.qp_num();
+                    self.qp_gen += 1;
                     if let Some(v) = self.tgt_of_num.get_mut(&qpn) {
                         v.retain(|t| *t != tgt);
                         if v.is_empty() {

@@ -186,6 +186,9 @@ pub(crate) struct Core<C: Context> {
     trains: HashMap<u32, Train>,
     /// Buffers of joined messages kept for reuse.
     joined_bufs: Vec<Vec<u8>>,
+    /// The last QP number whose sender was looked up, with the driver's
+    /// [`ConnDriver::qp_gen`] then and the sender.
+    sender_seen: (u64, u32, Rank),
     pub am: Vec<Option<AmCallback<C>>>,
     pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
     pub err_all: Option<ErrorCallback<C>>,
@@ -362,6 +365,7 @@ impl<C: Context> Core<C> {
             split_limit,
             trains: HashMap::new(),
             joined_bufs: Vec::new(),
+            sender_seen: (u64::MAX, 0, 0),
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
             err_all: None,
@@ -927,6 +931,11 @@ impl<C: Context> Core<C> {
             self.stats.malformed += 1;
             return false;
         };
+        if !self.sent_by(h.src, rx.qpn) {
+            // A peer claiming another's rank: nothing of it is believed.
+            self.stats.malformed += 1;
+            return false;
+        }
         let deliver = h.kind == Kind::Eager && self.eps.get(ei).is_open();
         let arrival = if h.kind == Kind::Credit || !self.eps.get(ei).is_open() {
             None
@@ -995,6 +1004,25 @@ impl<C: Context> Core<C> {
             None => self.stats.malformed += 1,
         }
         false
+    }
+
+    /// Whether a message claiming to come from `src` may have: the QP it
+    /// arrived on (`qpn`: an RC QP, or an XRC TGT QP) carries that rank's
+    /// messages only. A QP the driver no longer knows (its last messages
+    /// may be polled after it went) cannot tell, and does not refuse.
+    fn sent_by(&mut self, src: Rank, qpn: u32) -> bool {
+        let gen = self.drv.qp_gen();
+        let (seen_gen, seen_qpn, sender) = self.sender_seen;
+        if (seen_gen, seen_qpn) == (gen, qpn) {
+            return sender == src;
+        }
+        match self.drv.sender_of(qpn) {
+            Some(r) => {
+                self.sender_seen = (gen, qpn, r);
+                r == src
+            }
+            None => true,
+        }
     }
 
     /// A part of a message arrived from endpoint `ei`, in sequence (`h`:

@@ -744,6 +744,23 @@ impl ConnManager {
         })
     }
 
+    /// The rank whose messages arrive on QP `qp`, while the manager holds
+    /// it: the peer of an RC connection. (XRC INI QPs receive nothing:
+    /// `None`.)
+    pub fn peer_of_qp(&self, qp: QpRef) -> Option<Rank> {
+        if self.cfg.mode == Mode::Xrc {
+            return None;
+        }
+        let k = self.qp_owner.get(&qp)?;
+        self.inis.get(k).map(|i| i.anchor)
+    }
+
+    /// The process that sends through TGT QP `tgt`, while this rank holds
+    /// it: every message arriving on it comes from that rank.
+    pub fn tgt_sender(&self, tgt: TgtRef) -> Option<Rank> {
+        self.tgts.get(&tgt).map(|t| t.sender)
+    }
+
     /// Whether the clean exit has completed.
     pub fn is_drained(&self) -> bool {
         self.phase == Phase::Done

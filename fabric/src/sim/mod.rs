@@ -391,6 +391,10 @@ pub struct QpView {
     pub handles: usize,
 }
 
+/// Rewrites an arriving send's bytes ([`SimFabric::tamper`]): called with
+/// the sending node, the receiving node and the message.
+pub type Tamper = Box<dyn FnMut(usize, usize, &mut Vec<u8>) + Send>;
+
 /// The simulated fabric. Cloning gives another handle on the same world.
 #[derive(Clone)]
 pub struct SimFabric {
@@ -541,6 +545,14 @@ impl SimFabric {
     /// Restores traffic between two nodes.
     pub fn heal(&self, a: usize, b: usize) {
         self.shared.lock().faults.heal(a, b);
+    }
+
+    /// Rewrites messages on the wire, as a peer that lies about what it
+    /// sends would: `f` sees the sending and the receiving node of every
+    /// send (not RDMA) as it arrives, and may change its bytes and length.
+    /// `None` stops rewriting.
+    pub fn tamper(&self, f: Option<Tamper>) {
+        self.shared.lock().tamper = f;
     }
 
     /// Forces the QP `qpn` on `node` into the error state with a fatal

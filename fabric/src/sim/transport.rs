@@ -792,7 +792,7 @@ impl World {
         self.terminate_if_iwarp(responder);
     }
 
-    pub(crate) fn on_deliver(&mut self, d: Delivery) {
+    pub(crate) fn on_deliver(&mut self, mut d: Delivery) {
         if let Some(src) = self.qps.get(d.src) {
             if src.epoch != d.epoch {
                 return; // superseded by a retransmission
@@ -884,6 +884,17 @@ impl World {
 
         match d.op {
             SendOp::Send | SendOp::SendWithImm(_) => {
+                if let (Some(t), Some(data)) = (self.tamper.as_mut(), &d.data) {
+                    // A peer that lies: its message as the test rewrites it.
+                    let mut bytes = data.to_vec();
+                    t(
+                        self.devs[d.src_dev].node,
+                        self.devs[dst_dev].node,
+                        &mut bytes,
+                    );
+                    d.len = bytes.len() as u32;
+                    d.data = Some(Arc::from(bytes));
+                }
                 let imm = match d.op {
                     SendOp::SendWithImm(i) => Some(i),
                     _ => None,

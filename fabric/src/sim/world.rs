@@ -384,6 +384,8 @@ pub(crate) struct World {
     /// With the automatic clock: time moves only while no process has
     /// something queued that it has not polled yet.
     pub causal: bool,
+    /// Rewrites the bytes of arriving sends (see [`super::SimFabric::tamper`]).
+    pub tamper: Option<super::Tamper>,
 }
 
 impl World {
@@ -455,6 +457,7 @@ impl World {
             trace: 0xcbf2_9ce4_8422_2325,
             auto_advance: true,
             causal: false,
+            tamper: None,
             unmaps: crate::MemMonitor::acquire().and_then(|m| m.subscribe()),
             unmapped: Vec::new(),
         }

@@ -1,0 +1,160 @@
+//! A peer that lies in its headers (the simulator rewrites its messages on
+//! the wire, [`xrcbtl_fabric::sim::SimFabric::tamper`]): it cannot speak for
+//! another rank, and a train of parts that breaks the rules is dropped
+//! without disturbing anyone else.
+
+mod btlsim;
+
+use std::time::Duration;
+
+use btlsim::{pattern, Cluster, TAG};
+use xrcbtl_btl::{BtlConfig, Mode, SplitLimit, MAX_SPLIT};
+use xrcbtl_fabric::sim::SimDevice;
+
+const LIMIT: Duration = Duration::from_secs(30);
+/// Header layout (wire.rs): source rank at 0, kind at 8, tag at 9.
+const SRC: usize = 0;
+const KIND: usize = 8;
+const TAG_AT: usize = 9;
+/// Kind codes (wire.rs).
+const EAGER: u8 = 1;
+const PART: u8 = 7;
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().unwrap())
+}
+
+/// Ranks 0 and 1 on node 0, 2 and 3 on node 1. Rank 0 claims to be rank
+/// 1 in everything it sends to node 1: rank 2 believes none of it, and
+/// rank 1's own messages, sent afterwards, arrive intact and in order.
+fn a_claimed_rank_is_checked_against_the_qp(device: SimDevice, force_rc: bool, expect: Mode) {
+    let mut c = Cluster::with(51, 2, 2, device, |cfg: &mut BtlConfig| {
+        cfg.force_rc = force_rc;
+    });
+    assert_eq!(c.btl(0).mode(), expect);
+    c.connect_all(LIMIT);
+    c.sim.tamper(Some(Box::new(|from, to, msg: &mut Vec<u8>| {
+        if from == 0 && to == 1 && msg.len() >= 16 && u32_at(msg, SRC) == 0 {
+            msg[SRC..SRC + 4].copy_from_slice(&1u32.to_le_bytes());
+        }
+    })));
+    // Fewer than the credits a sender has on iWARP: the receiver returns
+    // none for what it refused.
+    const N: u32 = 10;
+    for i in 0..N {
+        c.btl(0).send(2, TAG, &[], &pattern(i, 64)).unwrap();
+    }
+    c.run_until(LIMIT, |c| c.btl(2).stats().malformed >= u64::from(N));
+    c.sim.tamper(None);
+    for i in 0..N {
+        c.btl(1).send(2, TAG, &[], &pattern(100 + i, 64)).unwrap();
+    }
+    c.run_until(LIMIT, |c| c.got_count(2) == N as usize);
+    let got = c.got(2);
+    assert!(got.iter().all(|g| g.src == 1), "a lie was delivered");
+    let want: Vec<Vec<u8>> = (0..N).map(|i| pattern(100 + i, 64)).collect();
+    let data: Vec<Vec<u8>> = got.into_iter().map(|g| g.data).collect();
+    assert_eq!(data, want, "rank 1's stream was disturbed");
+    let s = c.btl(2).stats();
+    assert_eq!(s.duplicates, 0, "{s:?}");
+}
+
+#[test]
+fn a_claimed_rank_is_checked_against_the_tgt_qp_over_xrc() {
+    a_claimed_rank_is_checked_against_the_qp(SimDevice::ib("sim0"), false, Mode::Xrc);
+}
+
+#[test]
+fn a_claimed_rank_is_checked_against_the_qp_over_rc() {
+    a_claimed_rank_is_checked_against_the_qp(
+        SimDevice::roce("sim0"),
+        true,
+        Mode::Rc { p2p: false },
+    );
+}
+
+#[test]
+fn a_claimed_rank_is_checked_against_the_qp_over_iwarp() {
+    a_claimed_rank_is_checked_against_the_qp(
+        SimDevice::iwarp("sim0"),
+        false,
+        Mode::Rc { p2p: true },
+    );
+}
+
+/// Rank 0 turns its eager messages into parts of one train: past
+/// [`MAX_SPLIT`] bytes rank 2 drops the train as malformed instead of
+/// holding more, and swallows its remaining parts up to its last; a train
+/// whose tag changes midway is dropped too. Nothing of either is
+/// delivered, and rank 1's messages to rank 2 meanwhile arrive intact.
+#[test]
+fn a_train_too_long_or_changing_tag_is_dropped() {
+    let mut c = Cluster::with(52, 2, 2, SimDevice::ib("sim0"), |cfg: &mut BtlConfig| {
+        cfg.split_limit = SplitLimit::Bytes(0);
+    });
+    c.connect_all(LIMIT);
+    let part = c.btl(0).max_send_size();
+    let n = MAX_SPLIT / part + 2;
+    // Every eager message of rank 0 but the last becomes a part.
+    let mut seen = 0;
+    c.sim
+        .tamper(Some(Box::new(move |from, to, msg: &mut Vec<u8>| {
+            if from == 0 && to == 1 && msg.len() >= 16 && msg[KIND] == EAGER && u32_at(msg, 0) == 0
+            {
+                seen += 1;
+                if seen < n {
+                    msg[KIND] = PART;
+                }
+            }
+        })));
+    for i in 0..n {
+        c.btl(0)
+            .send(2, TAG, &[], &pattern(i as u32, part))
+            .unwrap();
+        if i % 64 == 0 {
+            c.btl(1).send(2, TAG, &[], &pattern(7, 100)).unwrap();
+        }
+    }
+    c.settle(LIMIT);
+    assert_eq!(
+        c.btl(2).stats().malformed,
+        1,
+        "the long train was not refused"
+    );
+    // Three messages: a part, a part of another tag, the last.
+    let mut seen = 0;
+    c.sim
+        .tamper(Some(Box::new(move |from, to, msg: &mut Vec<u8>| {
+            if from == 0 && to == 1 && msg.len() >= 16 && msg[KIND] == EAGER && u32_at(msg, 0) == 0
+            {
+                seen += 1;
+                if seen <= 2 {
+                    msg[KIND] = PART;
+                }
+                if seen == 2 {
+                    msg[TAG_AT] = TAG + 1;
+                }
+            }
+        })));
+    for i in 0..3 {
+        c.btl(0).send(2, TAG, &[], &pattern(i, part)).unwrap();
+    }
+    c.settle(LIMIT);
+    assert_eq!(
+        c.btl(2).stats().malformed,
+        2,
+        "the changed tag was not refused"
+    );
+    // And rank 0 is believed again once it tells the truth.
+    c.sim.tamper(None);
+    c.btl(0).send(2, TAG, &[], &pattern(9, 200)).unwrap();
+    c.settle(LIMIT);
+    let got = c.got(2);
+    let from1: Vec<_> = got.iter().filter(|g| g.src == 1).collect();
+    assert_eq!(from1.len(), n.div_ceil(64));
+    assert!(from1.iter().all(|g| g.data == pattern(7, 100)));
+    let from0: Vec<_> = got.iter().filter(|g| g.src == 0).collect();
+    assert_eq!(from0.len(), 1, "rank 0's lies were delivered");
+    assert!(from0[0].data == pattern(9, 200));
+    assert_eq!(c.btl(2).stats().joined, 0);
+}

@@ -526,8 +526,16 @@ impl<C: Context> Core<C> {
             ConnEvent::Notice(Notice::Lost { rank }) => {
                 if let Some(ei) = self.eps.find(rank) {
                     let ep = self.eps.get_mut(ei);
-                    ep.connecting = false;
                     ep.path = None;
+                    // Rebuilt at once, with or without work waiting: a rank
+                    // that only waits for this peer must hear of its death
+                    // (the rebuild fails, and the peer with it) within the
+                    // connection retries, not at its next send.
+                    ep.connecting = ep.is_open();
+                    if ep.connecting {
+                        let now = self.cfg.clock.now();
+                        self.drv.connect(now, rank);
+                    }
                     self.eps.mark_ready(ei);
                 }
             }

@@ -47,3 +47,20 @@ pub use status::{
     XRCBTL_OK,
 };
 pub use types::*;
+
+/// Decodes `bytes` as a peer's published address and, when they are one,
+/// checks that the address encodes back to the very same bytes: for the
+/// fuzz targets (`fuzz/`), which reach the decoder of what peers publish
+/// only through this. `Err` says what broke; a refused input is `Ok`.
+#[doc(hidden)]
+pub fn check_address_roundtrip(bytes: &[u8]) -> Result<(), String> {
+    let Ok(a) = addr::Address::decode(bytes) else {
+        return Ok(());
+    };
+    match a.encode() {
+        Some(b) if b == bytes => Ok(()),
+        other => Err(format!(
+            "{bytes:?} decodes to {a:?}, which encodes to {other:?}"
+        )),
+    }
+}

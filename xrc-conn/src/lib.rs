@@ -804,12 +804,16 @@ impl ConnManager {
         if self.phase != Phase::Running {
             return;
         }
-        let Some(&node) = self.node_of.get(&rank) else {
-            self.notices.push_back(Notice::Failed {
-                rank,
-                reason: FailReason::Refused(Reason::WrongRank),
-            });
-            return;
+        let node = match self.node_of.get(&rank) {
+            Some(&node) if rank != self.cfg.rank => node,
+            // Unknown, or itself (a rank reaches itself in process).
+            _ => {
+                self.notices.push_back(Notice::Failed {
+                    rank,
+                    reason: FailReason::Refused(Reason::WrongRank),
+                });
+                return;
+            }
         };
         if let Some(e) = self.eps.get(&rank) {
             match e.state {
@@ -1000,10 +1004,25 @@ impl ConnManager {
     }
 
     fn drop_cm(&mut self, cm: CmRef) {
-        if self.cms.remove(&cm).is_some() {
+        // An id still waiting for its node's route was never handed to the
+        // driver: there is nothing to destroy.
+        let unborn = self.unwait(cm);
+        if self.cms.remove(&cm).is_some() && !unborn {
             self.actions.push_back(Action::DestroyCm { cm });
         }
         self.resolution_over(cm);
+    }
+
+    /// Takes `cm` off the ids waiting for a node's route; whether it was
+    /// one of them.
+    fn unwait(&mut self, cm: CmRef) -> bool {
+        for (_, waiting) in self.resolving.values_mut() {
+            if let Some(i) = waiting.iter().position(|(c, _)| *c == cm) {
+                waiting.remove(i);
+                return true;
+            }
+        }
+        false
     }
 
     fn refuse(&mut self, cm: CmRef, dst: Rank, tag: u32, reason: Reason) {
@@ -1670,7 +1689,9 @@ impl ConnManager {
         if !msg.is_request() {
             return self.refuse(cm, msg.src, msg.tag, Reason::BadKind);
         }
-        if msg.dst != self.cfg.rank {
+        // Nobody connects to itself through the CM (a rank reaches itself
+        // in process): a request claiming to come from this rank is forged.
+        if msg.dst != self.cfg.rank || msg.src == self.cfg.rank {
             return self.refuse(cm, msg.src, msg.tag, Reason::WrongRank);
         }
         if !self.node_of.contains_key(&msg.src) {
@@ -1777,10 +1798,14 @@ impl ConnManager {
             return;
         };
         let p = self.pending.swap_remove(pos);
+        let alive = self.cms.contains_key(&p.cm);
         let Some(qpn) = qpn else {
-            return self.refuse(p.cm, p.msg.src, p.msg.tag, Reason::NoResource);
+            if alive {
+                self.refuse(p.cm, p.msg.src, p.msg.tag, Reason::NoResource);
+            }
+            return;
         };
-        if !self.cms.contains_key(&p.cm) {
+        if !alive {
             // The request went away meanwhile.
             self.actions.push_back(Action::CloseTgt { tgt });
             return;
@@ -1815,8 +1840,13 @@ impl ConnManager {
             return;
         };
         let p = self.pending.swap_remove(pos);
-        if !ok {
-            return self.refuse(p.cm, p.msg.src, p.msg.tag, Reason::NotReady);
+        let alive = self.cms.contains_key(&p.cm);
+        match (ok, alive) {
+            (false, true) => return self.refuse(p.cm, p.msg.src, p.msg.tag, Reason::NotReady),
+            (false, false) => return,
+            // The request went away meanwhile.
+            (true, false) => return self.actions.push_back(Action::CloseTgt { tgt }),
+            (true, true) => {}
         }
         self.counters.tgt_opened += 1;
         self.tgts.insert(
@@ -1901,11 +1931,9 @@ impl ConnManager {
             self.actions.push_back(Action::BreakTgt { tgt: t });
             self.release_tgt(t);
         }
-        // A request still waiting for its TGT QP: drop it.
-        if let Some(pos) = self.pending.iter().position(|p| p.cm == cm) {
-            let p = self.pending.swap_remove(pos);
-            self.actions.push_back(Action::CloseTgt { tgt: p.tgt });
-        }
+        // A request still waiting for its TGT QP stays until the driver
+        // answers: the handle is closed then, once it exists (closing it
+        // now would close nothing, and leak the QP made afterwards).
         if matches!(self.cfg.mode, Mode::Rc { .. }) {
             let owned = self.eps.get(&peer).and_then(|e| e.ini);
             if let Some(k) = owned {

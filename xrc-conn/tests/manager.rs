@@ -795,3 +795,114 @@ fn concurrent_first_resolutions_to_a_node_share_one_query() {
     assert_eq!(released.len(), 1, "the last waiter: {released:?}");
     assert_eq!(released[0].1, Some(RouteRef(3)));
 }
+
+/// An endpoint that fails while its CM id waits for its node's route
+/// (another rank's resolution is under way) takes the id back without
+/// asking the driver to destroy it: the driver never heard of it. Found by
+/// the conn_manager fuzz target.
+#[test]
+fn an_id_waiting_for_its_route_is_never_destroyed_by_the_driver() {
+    let cfg = Config::new(0, 0, 7, Mode::Rc { p2p: true }, Vec::new());
+    let mut m = ConnManager::new(cfg, (0..6).map(|r| (r, r / 2)));
+    let t = Duration::ZERO;
+    m.connect(t, 4);
+    let first = drain(&mut m);
+    assert!(first
+        .iter()
+        .any(|a| matches!(a, Action::Resolve { rank: 4, .. })));
+    // Rank 5 shares rank 4's node: its id waits for that route.
+    m.connect(t, 5);
+    let second = drain(&mut m);
+    let qp = second
+        .iter()
+        .find_map(|a| match a {
+            Action::CreateQp { qp, .. } => Some(*qp),
+            _ => None,
+        })
+        .expect("a QP for rank 5");
+    assert!(!second.iter().any(|a| matches!(a, Action::Resolve { .. })));
+    m.handle(t, Event::QpCreateFailed { qp });
+    let after = drain(&mut m);
+    assert!(
+        !after.iter().any(|a| matches!(a, Action::DestroyCm { .. })),
+        "{after:?}"
+    );
+    assert!(notices(&mut m)
+        .iter()
+        .any(|n| matches!(n, Notice::Failed { rank: 5, .. })));
+}
+
+/// A request that claims to come from the rank it reaches is forged (a rank
+/// reaches itself in process): refused, with no QP or endpoint made; and
+/// the BTL asking to connect a rank to itself is refused too. Found by the
+/// conn_manager fuzz target.
+#[test]
+fn a_request_from_oneself_is_refused() {
+    for mode in [Mode::Xrc, Mode::Rc { p2p: false }, Mode::Rc { p2p: true }] {
+        let srqns = if mode == Mode::Xrc {
+            vec![11]
+        } else {
+            Vec::new()
+        };
+        let mut m = ConnManager::new(
+            Config::new(0, 0, JOB, mode, srqns),
+            (0..4).map(|r| (r, r / 2)),
+        );
+        let t = Duration::ZERO;
+        let data = Msg::new(Kind::Connect, JOB, 0, 0, 1).encode();
+        m.handle(
+            t,
+            Event::Request {
+                cm: CmRef(1 << 62),
+                data,
+            },
+        );
+        let a = drain(&mut m);
+        assert_eq!(
+            rejected(&a),
+            vec![(CmRef(1 << 62), Some(Reason::WrongRank))],
+            "{mode:?}: {a:?}"
+        );
+        assert!(!a
+            .iter()
+            .any(|x| matches!(x, Action::CreateQp { .. } | Action::CreateTgt { .. })));
+        m.connect(t, 0);
+        assert!(drain(&mut m).is_empty());
+        assert!(notices(&mut m).iter().any(|n| matches!(
+            n,
+            Notice::Failed {
+                rank: 0,
+                reason: FailReason::Refused(Reason::WrongRank)
+            }
+        )));
+    }
+}
+
+/// A connect request whose connection goes away while its TGT QP is being
+/// made: the QP, once the driver reports it made, is closed at once, not
+/// left open with nobody holding it (the handle used to be closed before
+/// it existed, and the QP made afterwards leaked).
+#[test]
+fn a_tgt_made_for_a_request_that_went_away_is_closed() {
+    let mut m = mgr(1, 1);
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(500),
+            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+        },
+    );
+    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
+        panic!("a TGT QP is created for a connect request")
+    };
+    m.handle(T0, Event::Disconnected { cm: CmRef(500) });
+    let gone = drain(&mut m);
+    assert!(
+        !gone.iter().any(|a| matches!(a, Action::CloseTgt { .. })),
+        "closed before it exists: {gone:?}"
+    );
+    m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
+    let made = drain(&mut m);
+    assert!(made.contains(&Action::CloseTgt { tgt }), "{made:?}");
+    assert_eq!(m.tgt_handles(), 0);
+}

@@ -632,7 +632,15 @@ impl<C: Context> Core<C> {
             return self.drop_item(ei, item, e);
         }
         if item.tries > MAX_TRIES {
-            return self.drop_item(ei, item, BtlError::Transfer(WcStatus::RetryExceeded));
+            let e = BtlError::Transfer(WcStatus::RetryExceeded);
+            if matches!(item.work, Work::Msg(_)) {
+                // A message given up leaves a hole in its sequence, which
+                // the peer would wait on forever: the endpoint fails, and
+                // the user hears of it.
+                self.drop_item(ei, item, e.clone());
+                return self.fail_endpoint(ei, e);
+            }
+            return self.drop_item(ei, item, e);
         }
         self.stats.retransmits += 1;
         self.eps.requeue(ei, item);

@@ -38,7 +38,11 @@ pub enum OpStatus {
     /// Still moving.
     Pending,
     /// Done (for a send: the data is the BTL's or the peer's now; for a
-    /// rendezvous: the peer has it; for a put or get: it has landed).
+    /// rendezvous: the peer has it; for a get: it has landed; for a put:
+    /// the source may be reused, and the data is placed at the peer before
+    /// anything this rank sends it afterwards arrives. On InfiniBand and
+    /// RoCE the data has landed; on iWARP a write completes when it
+    /// leaves, so the peer may not see it yet).
     Done,
     /// Failed for good.
     Failed(BtlError),

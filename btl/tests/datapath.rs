@@ -793,3 +793,38 @@ fn a_fixed_depth_srq_carries_many_times_its_depth() {
         c.shutdown(LIMIT);
     }
 }
+
+/// A peer that exits cleanly is not reported as failed, even to a rank
+/// whose connection to it breaks with the exit (which it now rebuilds at
+/// once): an RC peer says it is leaving to every rank it is connected
+/// with, as an XRC one does to the ranks that send to it. Over XRC, RC +
+/// SRQ and iWARP.
+#[test]
+fn a_peer_leaving_cleanly_is_never_reported_failed() {
+    for (device, force_rc) in [
+        (SimDevice::ib("sim0"), false),
+        (SimDevice::roce("sim0"), true),
+        (SimDevice::iwarp("sim0"), false),
+    ] {
+        let mut c = Cluster::with(63, 2, 1, device.clone(), |cfg: &mut BtlConfig| {
+            cfg.force_rc = force_rc;
+        });
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let f = failed.clone();
+        c.btl(0)
+            .register_error(move |_, r, e| f.lock().unwrap().push((r, e.clone())));
+        c.btl(0).send(1, TAG, &[], b"ping").unwrap();
+        c.run_until(LIMIT, |c| c.got_count(1) == 1);
+        c.btl(1).send(0, TAG, &[], b"pong").unwrap();
+        c.run_until(LIMIT, |c| c.got_count(0) == 1);
+        c.settle(LIMIT);
+        c.exit(1, LIMIT);
+        c.advance(Duration::from_secs(2));
+        c.settle(LIMIT);
+        let errs = failed.lock().unwrap().clone();
+        assert!(errs.is_empty(), "{:?}: {errs:?}", device.caps.transport);
+        let e = c.btl(0).send(1, TAG, &[], b"anyone?").unwrap_err();
+        assert!(e.to_string().contains("closed"), "{e}");
+        c.shutdown(LIMIT);
+    }
+}

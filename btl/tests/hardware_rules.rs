@@ -102,9 +102,10 @@ fn messages_of_a_departing_peer_all_arrive(force_rc: bool) {
     c.run_until(5 * S, |c| c.got_count(0) == 200);
     let zero = c.btl(0);
     if force_rc {
-        // Rank 0 finds rank 1 gone when it sends (RC peers leave without a
-        // word), and destroys the QP.
-        zero.send(1, btlsim::TAG, &[], b"anyone?").unwrap();
+        // Rank 1 told rank 0 it was leaving (an RC peer says so to every
+        // rank it is connected with): rank 0 refuses to send to it, and
+        // destroys the QP.
+        assert!(zero.send(1, btlsim::TAG, &[], b"anyone?").is_err());
         c.run_until(10 * S, |c| {
             c.btl(0).with_manager(|m| m.counters().qps_destroyed) > 0
         });

@@ -861,9 +861,25 @@ impl ConnManager {
         };
         // Nobody is served any more, known or not.
         self.refuse_parked(None, Reason::Leaving);
+        // XRC: the ranks that send to this one (those it sends to hear of
+        // it through their TGT QP's anchor). RC: every rank it has a
+        // connection with, each way at once: without a word, a peer would
+        // take the broken connection for a failure, rebuild it, find no
+        // listener and report this rank failed.
         let peers: Vec<Rank> = match self.cfg.mode {
             Mode::Xrc => self.senders.iter().copied().collect(),
-            Mode::Rc { .. } => Vec::new(),
+            Mode::Rc { .. } => self
+                .eps
+                .iter()
+                .filter(|(_, e)| {
+                    e.ini.is_some()
+                        && matches!(
+                            e.state,
+                            EpState::Ready | EpState::WaitHello | EpState::Connecting
+                        )
+                })
+                .map(|(r, _)| *r)
+                .collect(),
         };
         for peer in peers {
             self.send_leave(peer, 0);

@@ -1,0 +1,477 @@
+//! The sweeper: seed after seed, a random cluster (2 to 4 nodes, 1 to 3
+//! ranks each; XRC, RC + SRQ or iWARP; random eager, split and rendezvous
+//! settings, sometimes a tiny SRQ) runs random traffic (eager, split and
+//! rendezvous messages, one-sided puts, atomics where the device has them)
+//! under a random mix of faults: crashes, clean exits, partitions that
+//! heal, lost, late and doubled CM messages, forced TGT QP errors, a
+//! receiver too busy to repost. After every step the checkers run:
+//!
+//! - at most one INI QP per (process, node), or one QP per peer with RC;
+//! - a TGT QP is held only by live processes, and nothing a dead process
+//!   held survives it;
+//! - every eager message (split ones included) arrives at most once and in
+//!   order per (source, destination); once both sides are quiet and
+//!   neither was told the other failed, every one has arrived;
+//! - every rendezvous message arrives intact, at most once;
+//! - a put's bytes land intact.
+//!
+//! At the end the faults heal, and every pair of live ranks that did not
+//! declare each other failed must still talk both ways.
+//!
+//! `SWEEP_SEEDS` seeds from `SWEEP_FROM` (default: 40 from 1; the test
+//! suite runs more through `scripts/sweep`). A failing seed prints itself
+//! and the command that replays it alone.
+
+mod btlsim;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use btlsim::{pattern, Cluster, TAG};
+use xrcbtl_btl::{BtlConfig, Bytes, OpStatus, RndvProtocol, SplitLimit};
+use xrcbtl_fabric::sim::{CmAction, CmFault, SimDevice, SimProcess};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A small deterministic generator (xorshift), one per seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// Payload of message `i` from `src` of `len` bytes: kind, index, source,
+/// then a pattern they determine.
+fn payload(kind: u8, src: u32, i: u32, len: usize) -> Vec<u8> {
+    let mut v = pattern(i.wrapping_mul(31) ^ src, len.max(9));
+    v[0] = kind;
+    v[1..5].copy_from_slice(&i.to_le_bytes());
+    v[5..9].copy_from_slice(&src.to_le_bytes());
+    v
+}
+
+const EAGER: u8 = 1;
+const RNDV: u8 = 2;
+
+/// Messages by (source, destination): kind, index, length.
+type Streams = BTreeMap<(u32, u32), Vec<(u8, u32, usize)>>;
+
+/// One seed's world and what the checkers know.
+struct Run {
+    c: Cluster,
+    rng: Rng,
+    dead: Vec<SimProcess>,
+    /// Messages sent, by (source, destination): kind, index, length.
+    sent: Streams,
+    next: BTreeMap<(u32, u32), u32>,
+    /// (reporter, failed peer) pairs the error callbacks told of.
+    failed: Arc<Mutex<BTreeSet<(u32, u32)>>>,
+    atomics: bool,
+    /// Largest payload sent split into eager parts.
+    split: usize,
+    /// Memory of one-sided operations, kept for the run: an operation that
+    /// did not finish in time may still reach it.
+    keep: Vec<xrcbtl_btl::RegMem<xrcbtl_fabric::sim::SimContext>>,
+    log: Vec<String>,
+}
+
+impl Run {
+    fn new(seed: u64) -> Run {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let (device, force_rc) = match rng.below(3) {
+            0 => (SimDevice::ib("sim0"), false),
+            1 => (SimDevice::roce("sim0"), true),
+            _ => (SimDevice::iwarp("sim0"), false),
+        };
+        let atomics = device.caps.atomics;
+        let nodes = 2 + rng.below(3) as usize;
+        let per_node = 1 + rng.below(3) as usize;
+        let split = [0, 16 * 1024, 64 * 1024][rng.below(3) as usize];
+        let put = rng.chance(50);
+        let tiny_srq = rng.chance(25);
+        let log = vec![format!(
+            "{:?} {nodes} nodes x {per_node} ranks, split {split}, {}, tiny srq {tiny_srq}",
+            device.caps.transport,
+            if put { "put" } else { "get" }
+        )];
+        let c = Cluster::with(seed, nodes, per_node, device, move |cfg: &mut BtlConfig| {
+            cfg.force_rc = force_rc;
+            cfg.split_limit = SplitLimit::Bytes(split);
+            cfg.rndv_protocol = if put {
+                RndvProtocol::Put
+            } else {
+                RndvProtocol::Get
+            };
+            if tiny_srq {
+                cfg.srq_depth = 8;
+                cfg.srq_max_depth = 64;
+                cfg.srq_refill = 2;
+            }
+        });
+        if std::env::var_os("SWEEP_VERBOSE").is_some() {
+            eprintln!("sweep: seed {seed}: {}", log[0]);
+        }
+        let failed: Arc<Mutex<BTreeSet<(u32, u32)>>> = Arc::default();
+        let mut run = Run {
+            c,
+            rng,
+            dead: Vec::new(),
+            sent: BTreeMap::new(),
+            next: BTreeMap::new(),
+            failed: failed.clone(),
+            atomics,
+            split,
+            keep: Vec::new(),
+            log,
+        };
+        for r in run.c.live() {
+            let f = failed.clone();
+            run.c.btl(r).register_error(move |_, peer, _| {
+                f.lock().unwrap().insert((r, peer));
+            });
+        }
+        run
+    }
+
+    /// Notes a step (printed as it happens with `SWEEP_VERBOSE=1`).
+    fn note(&mut self, what: String) {
+        if std::env::var_os("SWEEP_VERBOSE").is_some() {
+            eprintln!("sweep: t={:?} {what}", self.c.now());
+        }
+        self.log.push(what);
+    }
+
+    fn told(&self, a: u32, b: u32) -> bool {
+        let f = self.failed.lock().unwrap();
+        f.contains(&(a, b)) || f.contains(&(b, a))
+    }
+
+    /// Sends a batch between random live pairs.
+    fn traffic(&mut self) {
+        let live = self.c.live();
+        let n = 1 + self.rng.below(12);
+        for _ in 0..n {
+            let a = live[self.rng.below(live.len() as u64) as usize];
+            let b = live[self.rng.below(live.len() as u64) as usize];
+            if a == b || self.told(a, b) {
+                continue;
+            }
+            let (kind, len) = match self.rng.below(10) {
+                0..=5 => (EAGER, 9 + self.rng.below(2000) as usize),
+                6..=7 => (EAGER, 9_000 + self.rng.below(60_000) as usize),
+                _ => (RNDV, 70_000 + self.rng.below(300_000) as usize),
+            };
+            let i = *self.next.entry((a, b)).or_insert(0);
+            let data = payload(kind, a, i, len);
+            // How it goes decides whether it keeps eager order: eagerly
+            // (split into parts too) or by rendezvous.
+            let eager = len <= self.c.btl(a).max_send_size().max(self.split);
+            let kind = if eager { EAGER } else { RNDV };
+            let r = self.c.btl(a).send_bytes(b, TAG, Bytes::from(data), None);
+            if r.is_ok() {
+                *self.next.get_mut(&(a, b)).unwrap() += 1;
+                self.sent.entry((a, b)).or_default().push((kind, i, len));
+            }
+        }
+        // Now and then a put and an atomic, checked at once.
+        if live.len() >= 2 && self.rng.chance(30) {
+            let a = live[0];
+            let b = live[1 + self.rng.below(live.len() as u64 - 1) as usize];
+            if !self.told(a, b) {
+                self.one_sided(a, b);
+            }
+        }
+    }
+
+    /// A put of a random length into memory rank `b` exposes, checked when
+    /// it completes (if neither side failed meanwhile); an atomic add where
+    /// the device has atomics.
+    fn one_sided(&mut self, a: u32, b: u32) {
+        let len = 1 + self.rng.below(100_000) as usize;
+        let target = self.c.btl(b).alloc_mem(len).expect("memory");
+        let remote = target.remote();
+        let src = self.c.btl(a).alloc_mem(len).expect("memory");
+        let data = pattern(len as u32, len);
+        src.write(0, &data);
+        let Ok(op) = self
+            .c
+            .btl(a)
+            .put(b, src.reg().at(0), remote.at(0), len, None)
+        else {
+            return;
+        };
+        let btl = self.c.btl(a);
+        let _ = self.run_until(|_| btl.test(op) != OpStatus::Pending);
+        self.keep.push(src);
+        // Complete where it was posted is not landed (iWARP completes a
+        // write when it leaves): a message after it on the same
+        // connection arrives after its data.
+        let marks = |c: &Cluster| c.got(b).iter().filter(|g| g.tag == TAG + 1).count();
+        let before = marks(&self.c);
+        if btl.send(b, TAG + 1, &[], b"after the put").is_err()
+            || !self.run_until(|c| marks(c) > before)
+        {
+            return;
+        }
+        if btl.test(op) == OpStatus::Done && !self.told(a, b) {
+            let got = target.read(0, len);
+            let first = got.iter().zip(&data).position(|(x, y)| x != y);
+            assert!(
+                first.is_none(),
+                "put {a}->{b} of {len} bytes corrupted from byte {first:?}: {:?}",
+                self.c.btl(a).stats()
+            );
+        }
+        if self.atomics && len >= 8 && !self.told(a, b) {
+            let before = u64::from_le_bytes(target.read(0, 8).try_into().unwrap());
+            if let Ok(op) = btl.add(b, remote.at(0), 5, None) {
+                let _ = self.run_until(|_| btl.test(op) != OpStatus::Pending);
+                if btl.test(op) == OpStatus::Done {
+                    let after = u64::from_le_bytes(target.read(0, 8).try_into().unwrap());
+                    assert_eq!(after, before.wrapping_add(5), "atomic add {a}->{b}");
+                }
+            }
+        }
+        self.keep.push(target);
+    }
+
+    /// Runs until `done` or the limit; `false` at the limit.
+    fn run_until(&mut self, mut done: impl FnMut(&mut Cluster) -> bool) -> bool {
+        let deadline = self.c.now() + LIMIT;
+        while !done(&mut self.c) {
+            if self.c.now() >= deadline || self.c.step() == xrcbtl_btl::sim::Step::Stuck {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A random fault.
+    fn fault(&mut self) {
+        let live = self.c.live();
+        let nodes = self.c.job.nodes();
+        match self.rng.below(7) {
+            0 | 1 if live.len() > 2 => {
+                let r = live[self.rng.below(live.len() as u64) as usize];
+                let clean = self.rng.chance(50);
+                self.note(format!("{} rank {r}", if clean { "exit" } else { "crash" }));
+                let p = self.c.proc(r);
+                if clean {
+                    // A clean exit flushes first.
+                    let _ = self.c.btl(r).flush(Duration::from_secs(5));
+                    self.c.exit(r, LIMIT);
+                } else {
+                    self.c.crash(r);
+                }
+                self.dead.push(p);
+            }
+            2 => {
+                let a = self.rng.below(nodes as u64) as usize;
+                let b = (a + 1 + self.rng.below(nodes as u64 - 1) as usize) % nodes;
+                let ms = 1 + self.rng.below(400);
+                self.note(format!("partition {a}-{b} for {ms} ms"));
+                self.c.sim.partition(a, b);
+                self.c.advance(Duration::from_millis(ms));
+                self.c.sim.heal(a, b);
+            }
+            3 => {
+                let action = match self.rng.below(3) {
+                    0 => CmAction::Drop,
+                    1 => CmAction::Delay(1_000_000 + self.rng.below(20_000_000)),
+                    _ => CmAction::Duplicate,
+                };
+                let mut f = CmFault::new(None, action);
+                f.probability_ppm = 100_000 + self.rng.below(300_000) as u32;
+                f.count = Some(1 + self.rng.below(6) as u32);
+                self.note(format!("cm fault {f:?}"));
+                self.c.sim.add_cm_fault(f);
+            }
+            4 => {
+                let n = self.rng.below(nodes as u64) as usize;
+                let tgts = self.c.sim.node_view(n).tgt_qps;
+                if !tgts.is_empty() {
+                    let t = &tgts[self.rng.below(tgts.len() as u64) as usize];
+                    self.note(format!("TGT error node {n} qpn {:#x}", t.qpn));
+                    let _ = self.c.sim.force_qp_error(n, t.qpn);
+                }
+            }
+            5 => {
+                let r = live[self.rng.below(live.len() as u64) as usize];
+                self.note(format!("rank {r} busy"));
+                self.c.pause(r, true);
+                self.traffic();
+                self.c.advance(Duration::from_millis(1 + self.rng.below(5)));
+                self.c.pause(r, false);
+            }
+            _ => {}
+        }
+    }
+
+    /// Checks what arrived against what was sent; `complete` when every
+    /// healthy pair must have everything by now.
+    fn check(&mut self, complete: bool) {
+        self.c.check_clean(&self.dead);
+        let live: BTreeSet<u32> = self.c.live().into_iter().collect();
+        let mut got: Streams = BTreeMap::new();
+        for &b in &live {
+            for g in self.c.got(b).into_iter().filter(|g| g.tag == TAG) {
+                let kind = g.data[0];
+                let i = u32::from_le_bytes(g.data[1..5].try_into().unwrap());
+                let src = u32::from_le_bytes(g.data[5..9].try_into().unwrap());
+                assert_eq!(
+                    src, g.src,
+                    "message {i} to {b} names source {src}, came from {}",
+                    g.src
+                );
+                assert!(
+                    g.data == payload(kind, src, i, g.data.len()),
+                    "{src}->{b}: message {i} ({} bytes) corrupted",
+                    g.data.len()
+                );
+                got.entry((src, b))
+                    .or_default()
+                    .push((kind, i, g.data.len()));
+            }
+        }
+        for ((a, b), sent) in &self.sent {
+            if !live.contains(b) {
+                continue;
+            }
+            let arrived = got.remove(&(*a, *b)).unwrap_or_default();
+            let lens: BTreeMap<u32, usize> = sent.iter().map(|&(_, i, l)| (i, l)).collect();
+            let mut seen = BTreeSet::new();
+            for &(_, i, l) in &arrived {
+                assert!(seen.insert(i), "{a}->{b}: message {i} delivered twice");
+                assert_eq!(
+                    lens.get(&i),
+                    Some(&l),
+                    "{a}->{b}: message {i} never sent so"
+                );
+            }
+            let is_eager = |i: &u32| sent.iter().any(|&(k, j, _)| j == *i && k == EAGER);
+            let eager: Vec<u32> = arrived
+                .iter()
+                .map(|&(_, i, _)| i)
+                .filter(is_eager)
+                .collect();
+            assert!(
+                eager.windows(2).all(|w| w[0] < w[1]),
+                "{a}->{b}: eager messages out of order: {eager:?}"
+            );
+            if complete && live.contains(a) && !self.told(*a, *b) {
+                let want: Vec<u32> = sent.iter().map(|&(_, i, _)| i).collect();
+                let mut all: Vec<u32> = arrived.iter().map(|&(_, i, _)| i).collect();
+                all.sort_unstable();
+                assert_eq!(
+                    all,
+                    want,
+                    "{a}->{b}: messages missing\n{}",
+                    self.c.job.dump()
+                );
+            }
+        }
+        assert!(got.is_empty(), "messages from nowhere: {:?}", got.keys());
+    }
+
+    /// Waits until every live rank is idle (or the limit: faults may keep
+    /// work waiting for a peer that is being declared failed).
+    fn quiet(&mut self) -> bool {
+        let idle = |c: &mut Cluster| c.live().iter().all(|&r| c.btl(r).is_idle());
+        // Idle ranks may still have messages on the wire (iWARP completes a
+        // send when it leaves): let the fabric deliver them, then wait for
+        // the receivers again.
+        self.run_until(idle) && {
+            self.c.advance(Duration::from_millis(10));
+            self.run_until(idle)
+        }
+    }
+}
+
+fn run_seed(seed: u64) -> Vec<String> {
+    let mut run = Run::new(seed);
+    let steps = 4 + run.rng.below(8);
+    for _ in 0..steps {
+        if run.rng.chance(60) {
+            run.traffic();
+        } else {
+            run.fault();
+        }
+        let quiet = run.quiet();
+        run.check(false);
+        if quiet {
+            run.check(true);
+        }
+    }
+    // Liveness: faults off, everything healed; every pair that did not
+    // declare the other failed talks both ways.
+    run.c.sim.clear_cm_faults();
+    let nodes = run.c.job.nodes();
+    for a in 0..nodes {
+        for b in 0..nodes {
+            run.c.sim.heal(a, b);
+        }
+    }
+    let live = run.c.live();
+    for &a in &live {
+        for &b in &live {
+            if a != b && !run.told(a, b) {
+                let i = *run.next.entry((a, b)).or_insert(0);
+                let data = payload(EAGER, a, i, 64);
+                if run
+                    .c
+                    .btl(a)
+                    .send_bytes(b, TAG, Bytes::from(data), None)
+                    .is_ok()
+                {
+                    *run.next.get_mut(&(a, b)).unwrap() += 1;
+                    run.sent.entry((a, b)).or_default().push((EAGER, i, 64));
+                }
+            }
+        }
+    }
+    assert!(
+        run.quiet(),
+        "not quiet after healing:\n{}",
+        run.c.job.dump()
+    );
+    run.check(true);
+    run.log
+}
+
+#[test]
+fn sweep() {
+    let var = |k: &str, d: u64| std::env::var(k).ok().map_or(d, |v| v.parse().expect(k));
+    let from = var("SWEEP_FROM", 1);
+    let seeds = var("SWEEP_SEEDS", 40);
+    for seed in from..from + seeds {
+        let r = std::panic::catch_unwind(|| run_seed(seed));
+        if let Err(e) = r {
+            let why = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!(
+                "sweep: seed {seed} failed: {why}\nreplay: SWEEP_FROM={seed} SWEEP_SEEDS=1 \
+                 cargo test --release -p xrcbtl-btl --test sweep -- --nocapture"
+            );
+        }
+    }
+    eprintln!("sweep: seeds {from}..{} passed", from + seeds);
+}

@@ -2019,7 +2019,15 @@ impl ConnManager {
                         self.destroy_ini(k);
                     }
                 }
-                _ => {}
+                // Any other connection the endpoint has (one this rank
+                // accepted from an earlier request of the peer, which has
+                // since given up on it and asked again) is superseded:
+                // every request would otherwise leave a QP behind.
+                _ => {
+                    if let Some(k) = e.ini {
+                        self.destroy_ini(k);
+                    }
+                }
             }
         }
         let Some(&node) = self.node_of.get(&peer) else {

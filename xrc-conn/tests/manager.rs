@@ -906,3 +906,23 @@ fn a_tgt_made_for_a_request_that_went_away_is_closed() {
     assert!(made.contains(&Action::CloseTgt { tgt }), "{made:?}");
     assert_eq!(m.tgt_handles(), 0);
 }
+
+/// RC: a peer whose requests time out asks again and again; when they all
+/// reach this rank at once (it was not polling), each supersedes the one
+/// before, and only one QP stays. Every request used to leave a QP behind.
+/// Found by the sweeper (seed 553).
+#[test]
+fn rc_repeated_requests_from_one_peer_leave_one_qp() {
+    let mut m = rc_mgr(2);
+    for (i, tag) in [3u32, 7, 11, 15].into_iter().enumerate() {
+        m.handle(
+            T0,
+            Event::Request {
+                cm: CmRef((1 << 62) + i as u64),
+                data: Msg::new(Kind::Connect, JOB, 1, 2, tag).encode(),
+            },
+        );
+        drain(&mut m);
+        assert_eq!(m.live_qps(), 1, "after request {tag}");
+    }
+}

@@ -598,6 +598,14 @@ impl<C: Context> ConnDriver<C> {
         dead
     }
 
+    /// This rank failed `rank` for good, and hears from it still: tell it
+    /// (see [`ConnManager::disown`]).
+    pub fn disown(&mut self, now: Duration, rank: Rank) {
+        self.mgr.disown(now, rank);
+        self.look_wanted = true;
+        self.react(now);
+    }
+
     /// The rank whose messages arrive on local QP number `qpn`: the peer of
     /// an RC QP, or the sending process of an XRC TGT QP this rank holds.
     /// `None` when the driver does not know the number (any more: a QP's

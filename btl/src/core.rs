@@ -953,6 +953,12 @@ impl<C: Context> Core<C> {
             return false;
         }
         let deliver = h.kind == Kind::Eager && self.eps.get(ei).is_open();
+        if let EpState::Gone(BtlError::Unreachable(..)) = self.eps.get(ei).state {
+            // Failed here, alive there: it must hear of it, or what it
+            // waits on from this rank waits forever.
+            let now = self.cfg.clock.now();
+            self.drv.disown(now, h.src);
+        }
         let arrival = if h.kind == Kind::Credit || !self.eps.get(ei).is_open() {
             None
         } else {

@@ -454,11 +454,26 @@ fn run_seed(seed: u64) -> Vec<String> {
     run.log
 }
 
+/// Seeds that found a bug, each red before its fix: 553 and 623 (RC
+/// requests arriving together each left a QP behind), 230 and 833 (a rank
+/// that had declared a peer failed after a long partition went on dropping
+/// its messages without a word, and the peer's rendezvous waited forever;
+/// now the peer is told, `ConnManager::disown`).
+#[test]
+fn seeds_that_found_bugs() {
+    for seed in [230, 553, 623, 833] {
+        run_seed(seed);
+    }
+}
+
 #[test]
 fn sweep() {
     let var = |k: &str, d: u64| std::env::var(k).ok().map_or(d, |v| v.parse().expect(k));
     let from = var("SWEEP_FROM", 1);
     let seeds = var("SWEEP_SEEDS", 40);
+    // SWEEP_ALL=1: every seed runs, and the failing ones are listed.
+    let all = std::env::var_os("SWEEP_ALL").is_some();
+    let mut failed = Vec::new();
     for seed in from..from + seeds {
         let r = std::panic::catch_unwind(|| run_seed(seed));
         if let Err(e) = r {
@@ -467,11 +482,21 @@ fn sweep() {
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            panic!(
-                "sweep: seed {seed} failed: {why}\nreplay: SWEEP_FROM={seed} SWEEP_SEEDS=1 \
+            let first = why.lines().next().unwrap_or_default().to_string();
+            eprintln!(
+                "sweep: seed {seed} failed: {first}\nreplay: SWEEP_FROM={seed} SWEEP_SEEDS=1 \
                  cargo test --release -p xrcbtl-btl --test sweep -- --nocapture"
             );
+            failed.push(seed);
+            if !all {
+                panic!("sweep: seed {seed} failed: {why}");
+            }
         }
     }
+    assert!(
+        failed.is_empty(),
+        "sweep: {} of {seeds} seeds failed: {failed:?}",
+        failed.len()
+    );
     eprintln!("sweep: seeds {from}..{} passed", from + seeds);
 }

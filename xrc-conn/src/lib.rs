@@ -604,6 +604,8 @@ pub struct ConnManager {
     resolving: BTreeMap<Node, (CmRef, Vec<(CmRef, Rank)>)>,
     /// Processes that send to this rank (they get `Leave` on a clean exit).
     senders: BTreeSet<Rank>,
+    /// Failed peers told this rank is gone for them ([`ConnManager::disown`]).
+    disowned: BTreeSet<Rank>,
     leaves_outstanding: BTreeSet<CmRef>,
     phase: Phase,
     actions: VecDeque<Action>,
@@ -642,6 +644,7 @@ impl ConnManager {
             routes: BTreeMap::new(),
             resolving: BTreeMap::new(),
             senders: BTreeSet::new(),
+            disowned: BTreeSet::new(),
             leaves_outstanding: BTreeSet::new(),
             phase: Phase::Running,
             actions: VecDeque::new(),
@@ -845,6 +848,24 @@ impl ConnManager {
             Mode::Xrc => self.xrc_attach(rank, node),
             Mode::Rc { .. } => self.rc_start(rank, node),
         }
+    }
+
+    /// The BTL has given up on `rank` (it failed for good here) and yet
+    /// hears from it: the peer, alive after all (a partition that outlasted
+    /// the retries), still counts on this rank. It is told this rank is
+    /// gone for it, once, as a leaving rank tells it: it stops sending and
+    /// fails what waits on this rank instead of waiting forever.
+    pub fn disown(&mut self, now: Duration, rank: Rank) {
+        self.now = now;
+        self.next_timer.set(None);
+        let failed = self
+            .eps
+            .get(&rank)
+            .is_some_and(|e| e.state == EpState::Failed);
+        if self.phase != Phase::Running || !failed || !self.disowned.insert(rank) {
+            return;
+        }
+        self.send_leave(rank, 0);
     }
 
     /// Starts a clean exit: peers sending to this rank are told to stop, the

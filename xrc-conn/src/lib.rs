@@ -1746,7 +1746,14 @@ impl ConnManager {
         if msg.kind == Kind::Leave {
             return self.on_leave(cm, msg);
         }
-        if self.phase != Phase::Running {
+        // A peer this rank failed stays failed (the BTL drops whatever it
+        // sends): as for a leaving rank, its request is refused, and it
+        // fails this rank in turn instead of sending into the void.
+        let failed = self
+            .eps
+            .get(&msg.src)
+            .is_some_and(|e| e.state == EpState::Failed);
+        if self.phase != Phase::Running || failed {
             return self.refuse(cm, msg.src, msg.tag, Reason::Leaving);
         }
         match (self.cfg.mode, msg.kind) {

@@ -288,7 +288,8 @@ pub enum Notice {
         /// How to reach it.
         path: Path,
     },
-    /// The path to `rank` broke; it is rebuilt when next wanted.
+    /// The path to `rank` broke; it is rebuilt when the BTL next asks (the
+    /// BTL asks at once: a peer that died is then found failed).
     Lost {
         /// The peer.
         rank: Rank,

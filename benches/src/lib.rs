@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod mesh;
 pub mod osu;
 pub mod world;
 

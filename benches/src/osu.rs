@@ -618,10 +618,21 @@ pub fn sw_cost(device: SimDevice, seed: u64, round_trips: u32) -> Result<SwCost>
 /// `--bind`, that address.
 #[cfg(feature = "verbs")]
 fn verbs_target(o: &Options) -> Result<(String, IpAddr, String)> {
+    pick_verbs_device(o.device.as_deref(), o.bind)
+}
+
+/// The verbs device named, or else the nearest one (hwloc) of those with
+/// an IPv4 address; the address given, or else the device's; and a line
+/// saying how the device was chosen.
+#[cfg(feature = "verbs")]
+pub fn pick_verbs_device(
+    device: Option<&str>,
+    bind: Option<IpAddr>,
+) -> Result<(String, IpAddr, String)> {
     use xrcbtl_btl::place::{describe_choice, verbs_devices_nearest_first};
     use xrcbtl_fabric::verbs::{device_ip, VerbsFabric};
-    let (device, chosen) = match &o.device {
-        Some(d) => (d.clone(), format!("{d} (named)")),
+    let (device, chosen) = match device {
+        Some(d) => (d.to_string(), format!("{d} (named)")),
         None => {
             let ranked = verbs_devices_nearest_first(&VerbsFabric::new()?)?;
             let first = ranked.first().ok_or_else(|| {
@@ -635,7 +646,7 @@ fn verbs_target(o: &Options) -> Result<(String, IpAddr, String)> {
             )
         }
     };
-    let bind = match o.bind {
+    let bind = match bind {
         Some(ip) => ip,
         None => device_ip(&device)?,
     };

@@ -246,12 +246,7 @@ pub fn exchange_tcp(
         verb: "out-of-band exchange",
         source: e,
     };
-    let receive = me.receive.map_or("-".to_string(), |r| r.to_string());
-    let ib = me.ib.map_or("-".to_string(), |a| a.to_string());
-    let hello = format!(
-        "xrcbtl-osu 2 {} {} {} {receive} {ib}\n",
-        me.rank, me.node, me.addr
-    );
+    let hello = hello_line(&me);
     if server {
         let l = TcpListener::bind(("0.0.0.0", port)).map_err(io)?;
         loop {
@@ -293,6 +288,70 @@ pub fn exchange_tcp(
         .map_err(|why| Error::invalid(format!("out-of-band exchange with {host}:{port}: {why}")))?;
     parse_peer(&line)
         .ok_or_else(|| Error::invalid(format!("out-of-band exchange: bad line {line:?}")))
+}
+
+/// The line that introduces `me` to the other ranks.
+fn hello_line(me: &Peer) -> String {
+    let receive = me.receive.map_or("-".to_string(), |r| r.to_string());
+    let ib = me.ib.map_or("-".to_string(), |a| a.to_string());
+    format!(
+        "xrcbtl-osu 2 {} {} {} {receive} {ib}\n",
+        me.rank, me.node, me.addr
+    )
+}
+
+/// The exchange through a directory that every rank of a job can read
+/// (one host, or namespaces of one host): each rank writes its hello to
+/// `DIR/rank-N` (whole, by a rename) and reads every other rank's,
+/// waiting up to `timeout` for the last. Returns the `size` ranks in rank
+/// order, `me` among them.
+pub fn exchange_dir(
+    me: Peer,
+    dir: &std::path::Path,
+    size: u32,
+    timeout: Duration,
+) -> Result<Vec<Peer>> {
+    let io = |e: std::io::Error| Error::Verbs {
+        verb: "out-of-band exchange",
+        source: e,
+    };
+    if me.rank >= size {
+        return Err(Error::invalid(format!(
+            "rank {} of a job of {size} ranks",
+            me.rank
+        )));
+    }
+    let tmp = dir.join(format!(".rank-{}.{}", me.rank, std::process::id()));
+    std::fs::write(&tmp, hello_line(&me)).map_err(io)?;
+    std::fs::rename(&tmp, dir.join(format!("rank-{}", me.rank))).map_err(io)?;
+    let end = Instant::now() + timeout;
+    let mut peers = Vec::with_capacity(size as usize);
+    for r in 0..size {
+        let path = dir.join(format!("rank-{r}"));
+        let line = loop {
+            match std::fs::read_to_string(&path) {
+                Ok(line) => break line,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < end => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(Error::state(format!(
+                        "out-of-band exchange: no hello from rank {r} at {} after {timeout:?}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        };
+        let peer = parse_peer(&line).filter(|p| p.rank == r).ok_or_else(|| {
+            Error::invalid(format!(
+                "out-of-band exchange: {} holds {:?}",
+                path.display(),
+                line.trim_end()
+            ))
+        })?;
+        peers.push(peer);
+    }
+    Ok(peers)
 }
 
 /// The longest hello line read (a stranger's endless line stops here).
@@ -483,6 +542,36 @@ mod tests {
             .expect("the server serves its client");
         assert_eq!(got.rank, 0);
         assert_eq!(client.expect("the client gets the server's hello").rank, 1);
+    }
+
+    #[test]
+    fn the_directory_exchange_introduces_every_rank_and_times_out_naming_the_missing() {
+        let dir = std::env::temp_dir().join(format!("xrcbtl-exchange-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let d = dir.clone();
+        let threads: Vec<_> = (0..3)
+            .map(|r| {
+                let d = d.clone();
+                std::thread::spawn(move || exchange_dir(peer(r), &d, 3, Duration::from_secs(10)))
+            })
+            .collect();
+        for t in threads {
+            let peers = t.join().unwrap().unwrap();
+            let got: Vec<_> = peers.iter().map(|p| (p.rank, p.addr.port())).collect();
+            assert_eq!(got, [(0, 4000), (1, 4001), (2, 4002)]);
+        }
+        // A job of four: rank 3 never writes.
+        let err = exchange_dir(peer(0), &dir, 4, Duration::from_millis(100))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no hello from rank 3"), "{err}");
+        std::fs::write(dir.join("rank-3"), "hello\n").unwrap();
+        let err = exchange_dir(peer(0), &dir, 4, Duration::from_millis(100))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rank-3 holds \"hello\""), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,0 +1,198 @@
+//! `xrcbtl_mesh`: one rank of the fault mesh ([`xrcbtl_benches::mesh`])
+//! on a verbs device, one process per rank, introduced through a shared
+//! directory. Every rank sends checked payloads to every other for
+//! `--seconds`, then closes with each; the ranks named with `--victim` are
+//! meant to be killed from outside meanwhile, and the survivors check that
+//! they heard of it and went on with everyone else. `scripts/guest-faults`
+//! runs it under SIGKILL and SIGSTOP.
+//!
+//! ```text
+//! xrcbtl_mesh --dir DIR --ranks N --rank R [--node K] [--device D] [--bind IP]
+//!             [--seconds S] [--window W] [--victim R]...
+//! ```
+//!
+//! Exit status: 0 if the run checks out, 1 if it does not (the reason on
+//! stderr), 2 for bad options.
+
+#![forbid(unsafe_code)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xrcbtl_benches::mesh::{Mesh, MeshOptions};
+use xrcbtl_benches::osu::pick_verbs_device;
+use xrcbtl_benches::world::exchange_dir;
+use xrcbtl_btl::{Btl, BtlConfig, Peer};
+use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
+use xrcbtl_fabric::{Error, Fabric, Result};
+
+const USAGE: &str = "usage: xrcbtl_mesh --dir DIR --ranks N --rank R [--node K] [--device D] \
+[--bind IP] [--seconds S] [--window W] [--victim R]...";
+
+struct Args {
+    dir: PathBuf,
+    ranks: u32,
+    rank: u32,
+    node: u32,
+    device: Option<String>,
+    bind: Option<IpAddr>,
+    opts: MeshOptions,
+    victims: Vec<u32>,
+}
+
+fn parse(mut it: impl Iterator<Item = String>) -> std::result::Result<Args, String> {
+    let (mut dir, mut ranks, mut rank) = (None, None, None);
+    let mut a = Args {
+        dir: PathBuf::new(),
+        ranks: 0,
+        rank: 0,
+        node: 0,
+        device: None,
+        bind: None,
+        opts: MeshOptions::default(),
+        victims: Vec::new(),
+    };
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> std::result::Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse()
+            .map_err(|_| format!("{flag} {v}: not a valid value"))
+    }
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--dir" => dir = Some(PathBuf::from(num::<String>("--dir", it.next())?)),
+            "--ranks" => ranks = Some(num::<u32>("--ranks", it.next())?),
+            "--rank" => rank = Some(num::<u32>("--rank", it.next())?),
+            "--node" => a.node = num("--node", it.next())?,
+            "--device" => a.device = Some(num("--device", it.next())?),
+            "--bind" => a.bind = Some(num("--bind", it.next())?),
+            "--seconds" => {
+                let s: f64 = num("--seconds", it.next())?;
+                if !(0.0..=3600.0).contains(&s) {
+                    return Err(format!("--seconds {s}: outside 0..=3600"));
+                }
+                a.opts.traffic = Duration::from_secs_f64(s);
+            }
+            "--window" => {
+                a.opts.window = num("--window", it.next())?;
+                if !(4..=4096).contains(&a.opts.window) {
+                    return Err(format!("--window {}: outside 4..=4096", a.opts.window));
+                }
+            }
+            "--victim" => a.victims.push(num("--victim", it.next())?),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    a.dir = dir.ok_or("--dir is required")?;
+    a.ranks = ranks.ok_or("--ranks is required")?;
+    a.rank = rank.ok_or("--rank is required")?;
+    if !(2..=1024).contains(&a.ranks) || a.rank >= a.ranks {
+        return Err(format!(
+            "--rank {} of --ranks {}: needs 2..=1024 ranks and a rank below them",
+            a.rank, a.ranks
+        ));
+    }
+    if let Some(v) = a.victims.iter().find(|&&v| v >= a.ranks) {
+        return Err(format!("--victim {v}: no such rank"));
+    }
+    Ok(a)
+}
+
+/// A job number from the directory's path (every rank of a run names the
+/// same directory; two runs at once use two).
+fn job_of(dir: &std::path::Path) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in dir.to_string_lossy().bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+fn run(a: &Args) -> Result<bool> {
+    let (device, bind, chosen) = pick_verbs_device(a.device.as_deref(), a.bind)?;
+    let ctx = VerbsFabric::new()?.open(&device)?;
+    let job = job_of(&a.dir);
+    let key = job_xrcd_key(&format!("mesh-{job:08x}"), &device, None)?;
+    let cfg = BtlConfig::new(a.rank, a.node, job, key, SocketAddr::new(bind, 0)).from_env()?;
+    let dead_after = cfg.dead_peer_after();
+    let btl = Btl::new(ctx, cfg)?;
+    let me = Peer {
+        rank: a.rank,
+        node: a.node,
+        addr: btl
+            .listen_addr()
+            .ok_or_else(|| Error::state("no listener"))?,
+        ib: btl.listen_ib_addr(),
+        receive: Some(btl.receive()),
+    };
+    eprintln!(
+        "mesh: rank {} of {} on node {}: pid {}, device {chosen}, {:?}, listening at {}; \
+         a silent peer is found dead after {dead_after:?}",
+        a.rank,
+        a.ranks,
+        a.node,
+        std::process::id(),
+        btl.mode(),
+        me.addr
+    );
+    let peers = exchange_dir(me, &a.dir, a.ranks, Duration::from_secs(120))?;
+    btl.add_procs(&peers)?;
+    let btl = Arc::new(btl);
+    let mut mesh =
+        Mesh::new(btl.clone(), a.ranks, a.opts.clone()).report_every(Duration::from_secs(2));
+    let report = loop {
+        if let Some(r) = mesh.step() {
+            break r;
+        }
+    };
+    let refused = btl.with_manager(|m| m.counters().refused_sent.clone());
+    btl.shutdown();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !btl.is_drained() && Instant::now() < end {
+        btl.progress();
+    }
+    eprintln!("mesh: {}", report.summary());
+    if !refused.is_empty() {
+        eprintln!(
+            "mesh: rank {}: connection requests refused: {refused:?}",
+            a.rank
+        );
+    }
+    if !btl.is_drained() {
+        eprintln!(
+            "mesh: rank {}: FAIL: the clean exit did not finish within 10 s",
+            a.rank
+        );
+        return Ok(false);
+    }
+    match report.check(&a.victims) {
+        Ok(()) => {
+            eprintln!("mesh: rank {}: ok", a.rank);
+            Ok(true)
+        }
+        Err(why) => {
+            eprintln!("mesh: rank {}: FAIL: {why}", a.rank);
+            Ok(false)
+        }
+    }
+}
+
+fn main() {
+    let a = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("xrcbtl_mesh: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    match run(&a) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("xrcbtl_mesh: rank {}: {e}", a.rank);
+            std::process::exit(1);
+        }
+    }
+}

@@ -78,6 +78,9 @@ pub struct DriverStats {
     /// [`ConnDriver`]'s placeholders); stale rejects are counted by the
     /// manager ([`xrcbtl_xrc_conn::Counters::stale_rejects`]).
     pub placeholder_qps: u64,
+    /// iWARP: QPs made for one QP-less request each (a `Leave`), which the
+    /// iWARP CM cannot send without a QP; each goes with its request.
+    pub carrier_qps: u64,
     /// Held TGT QPs found in the error state by asking them (no event came).
     pub tgts_found_dead: u64,
     /// Accepted connections whose QP heard the peer before the CM's RTU
@@ -230,6 +233,10 @@ pub struct ConnDriver<C: Context> {
     tgt_cursor: TgtRef,
     tgt_batch: Vec<TgtRef>,
     placeholders: Placeholders<C>,
+    /// iWARP: the QP each QP-less request (a Leave) connects with, made
+    /// for it and destroyed with its CM id. The iWARP CM cannot connect
+    /// without a QP, so a request with none would never leave.
+    carriers: HashMap<CmRef, C::Qp>,
     // Lent by the interface.
     ctx: C,
     pd: C::Pd,
@@ -328,6 +335,7 @@ impl<C: Context> ConnDriver<C> {
             tgt_of_num: HashMap::new(),
             qp_gen: 0,
             placeholders: Placeholders::new(),
+            carriers: HashMap::new(),
             pd: iface.pd.clone(),
             send_cq: iface.send_cq.clone(),
             recv_cq: iface.recv_cq.clone(),
@@ -1089,6 +1097,8 @@ impl<C: Context> ConnDriver<C> {
                 }
                 self.cm_rank.remove(&cm);
                 self.placeholders.give_back(cm);
+                // After its id: the CM lets go of the QP first.
+                self.carriers.remove(&cm);
             }
             Action::SendHello { qp } => {
                 let q = self
@@ -1107,44 +1117,65 @@ impl<C: Context> ConnDriver<C> {
 }
 
 impl<C: Context> ConnDriver<C> {
-    /// A QP number of its own for the QP-less request `cm` (0 where no IB
-    /// CM keys on it: iWARP, or no placeholder could be made).
+    /// A QP number of its own for the QP-less request `cm`: on the IB CM a
+    /// placeholder's (0 if none could be made), on iWARP a QP made for
+    /// this request alone (0 if none could be made: the request then
+    /// fails at once, as it would have without one).
     fn lend_number(&mut self, cm: CmRef) -> u32 {
         if !self.ctx.caps().transport.is_ib_family() {
-            return 0;
+            return self.carry(cm);
         }
         let Some(node) = self.cm_rank.get(&cm).and_then(|r| self.node_of.get(r)) else {
             return 0;
         };
         let (ctx, pd, cq, srq, mode) =
             (&self.ctx, &self.pd, &self.send_cq, &self.rc_srq, self.mode);
-        let make = || {
-            let caps = QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 0,
-                max_send_sge: 1,
-                max_recv_sge: 0,
-                max_inline: 0,
-            };
-            let (qp_type, srq) = match mode {
-                Mode::Xrc => (QpType::XrcIni, None),
-                Mode::Rc { .. } => (QpType::Rc, Some(srq)),
-            };
-            ctx.create_qp(
-                pd,
-                &QpInit {
-                    qp_type,
-                    send_cq: cq,
-                    recv_cq: Some(cq),
-                    srq,
-                    caps,
-                },
-            )
-        };
+        let make = || Self::number_qp(ctx, pd, cq, srq, mode);
         let qpn = self.placeholders.lend(cm, *node, make).unwrap_or(0);
         // The pool never shrinks: its size is how many were made.
         self.stats.placeholder_qps = self.placeholders.qps.len() as u64;
         qpn
+    }
+
+    /// iWARP: a fresh QP for the request `cm` to connect with (the iWARP
+    /// CM binds the connection to a QP; rejected, it leaves the QP unfit
+    /// for another), kept until the request's id is destroyed.
+    fn carry(&mut self, cm: CmRef) -> u32 {
+        match Self::number_qp(&self.ctx, &self.pd, &self.send_cq, &self.rc_srq, self.mode) {
+            Ok(qp) => {
+                let n = qp.qp_num();
+                self.carriers.insert(cm, qp);
+                self.stats.carrier_qps += 1;
+                n
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// A QP that only lends its number to a QP-less request: never
+    /// connected, never posted to.
+    fn number_qp(ctx: &C, pd: &C::Pd, cq: &C::Cq, srq: &C::Srq, mode: Mode) -> Result<C::Qp> {
+        let caps = QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 0,
+            max_inline: 0,
+        };
+        let (qp_type, srq) = match mode {
+            Mode::Xrc => (QpType::XrcIni, None),
+            Mode::Rc { .. } => (QpType::Rc, Some(srq)),
+        };
+        ctx.create_qp(
+            pd,
+            &QpInit {
+                qp_type,
+                send_cq: cq,
+                recv_cq: Some(cq),
+                srq,
+                caps,
+            },
+        )
     }
 }
 

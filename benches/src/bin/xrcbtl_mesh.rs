@@ -173,6 +173,11 @@ fn run(a: &Args) -> Result<bool> {
             Ok(true)
         }
         Err(why) => {
+            eprintln!(
+                "mesh: rank {}: connection counters: {:?}",
+                a.rank,
+                btl.with_manager(|m| m.counters().clone())
+            );
             eprintln!("mesh: rank {}: FAIL: {why}", a.rank);
             Ok(false)
         }

@@ -197,6 +197,33 @@ impl World {
         Ok(self.devs[self.ctx_dev(c.ctx)?].caps.transport)
     }
 
+    /// The iWARP CM connects and accepts only with a QP: without one
+    /// given, `qp_num` must name an RC QP of the device not yet past RTR
+    /// (`iw_cm_connect` and `iw_cm_accept` look it up and fail with EINVAL
+    /// when there is none; the provider refuses a QP already in use). A
+    /// QP-less request, which the IB CM carries, cannot be made on iWARP.
+    fn iwarp_needs_qp(&self, id: Id<CmIdObj>, qp_num: u32, what: &str) -> Result<()> {
+        if self.cm_transport(id)? != Transport::Iwarp {
+            return Ok(());
+        }
+        let dev = self.ctx_dev(self.cm(id)?.ctx)?;
+        let usable = self.devs[dev]
+            .qps
+            .get(&qp_num)
+            .and_then(|q| self.qps.get(*q))
+            .is_some_and(|q| {
+                q.ty == QpType::Rc
+                    && matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr)
+            });
+        if usable {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "iWARP {what} without a QP: the iWARP CM needs one, and qp_num {qp_num} names no \
+             unused RC QP of the device (EINVAL)"
+        )))
+    }
+
     fn expect_state(&self, id: Id<CmIdObj>, want: CmState, what: &str) -> Result<()> {
         let s = self.cm(id)?.state;
         if s != want {
@@ -793,6 +820,8 @@ impl World {
         self.check_private(id, CmMessage::Request, p.private_data)?;
         if let Some(qp) = qp {
             self.cm_prepare_qp(id, qp, &[QpType::Rc, QpType::XrcIni])?;
+        } else {
+            self.iwarp_needs_qp(id, p.qp_num, "connect")?;
         }
         let psn = self.rng.next_u32() & 0x00ff_ffff;
         let private = self.pad(id, CmMessage::Request, p.private_data);
@@ -843,6 +872,9 @@ impl World {
     ) -> Result<()> {
         self.expect_state(id, CmState::RequestReceived, "accept")?;
         self.check_private(id, CmMessage::Reply, p.private_data)?;
+        if qp.is_none() {
+            self.iwarp_needs_qp(id, p.qp_num, "accept")?;
+        }
         let c = self.cm(id)?;
         let req = c.req.clone().expect("request kept");
         let rdev = c.remote_dev.expect("request has a source");

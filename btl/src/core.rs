@@ -20,13 +20,13 @@ use xrcbtl_xrc_conn::{Node, Notice, Rank};
 
 use crate::config::BtlConfig;
 use crate::conn::{ConnDriver, ConnEvent};
-use crate::ep::{Endpoints, EpState, Item, Msg, Path, Store, Work};
+use crate::ep::{Endpoints, EpState, Item, Kept, Msg, Path, Store, Work};
 use crate::iface::Iface;
 use crate::post::{PostedWr, SendQueue};
 use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
-use crate::proto::{Local, Owner};
+use crate::proto::{Local, Owner, Rdma};
 use crate::types::{
     AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Peer, PeerResolver,
     Receive, Tag,
@@ -208,6 +208,8 @@ pub(crate) struct Core<C: Context> {
     control_every: u32,
     pub drained: bool,
     send_batch: Option<Batch<WorkCompletion>>,
+    /// Kept messages that arrived, handed back (reused, not allocated).
+    arrived_buf: Vec<Item>,
     recv_batch: Option<Batch<WorkCompletion>>,
     /// The last receive poll found the CQ empty before the batch was full.
     recv_dry: bool,
@@ -345,6 +347,7 @@ impl<C: Context> Core<C> {
         Ok(Core {
             send_batch: Some(Batch::new(cfg.cq_batch)),
             recv_batch: Some(Batch::new(cfg.cq_batch)),
+            arrived_buf: Vec::new(),
             recv_dry: true,
             cfg,
             iface,
@@ -568,10 +571,21 @@ impl<C: Context> Core<C> {
                     q.unsignalled.clear();
                     q.cover_queued = false;
                 }
-                for ep in self.eps.all_mut() {
+                let mut left = Vec::new();
+                for (ei, ep) in self.eps.all_mut().enumerate() {
                     ep.credits.forget(qpn);
                     if ep.path.as_ref().is_some_and(|p| p.slot == slot) {
                         ep.path = None;
+                    }
+                    if let Some(i) = ep.kept.iter().position(|k| k.qpn == qpn) {
+                        left.push((ei as u32, ep.kept.swap_remove(i)));
+                    }
+                }
+                // Messages that left on it and may not have arrived go
+                // again, first (they are older than what was in flight).
+                for (ei, kept) in left {
+                    for item in kept.sent.into_iter().flatten() {
+                        self.requeue(ei, item);
                     }
                 }
                 // Work on a destroyed QP never completes: post it again.
@@ -625,6 +639,16 @@ impl<C: Context> Core<C> {
             }
             self.eps.get_mut(ei).credits = Default::default();
             return;
+        }
+        if let Work::Rdma(Rdma {
+            owner: Owner::RndvOut { msg },
+            ..
+        }) = item.work
+        {
+            // Never written again on another connection: the receiver may
+            // have delivered and reused the sink. The rendezvous resumes
+            // (or, its endpoint gone, fails with it).
+            return self.rndv.write_lost(msg);
         }
         item.tries += 1;
         if let EpState::Gone(e) = &self.eps.get(ei).state {
@@ -691,7 +715,7 @@ impl<C: Context> Core<C> {
                 };
                 self.release(&p);
                 if wc.status == WcStatus::Success {
-                    return self.on_sent(p.item, wc);
+                    return self.sent_ok(p.ep, p.item, wc);
                 }
                 self.stats.send_errors += 1;
                 let now = self.cfg.clock.now();
@@ -723,7 +747,7 @@ impl<C: Context> Core<C> {
             self.sq[qp as usize].unsignalled.pop_front();
             if let Some(p) = self.slab.remove(id) {
                 self.release(&p);
-                self.on_sent(p.item, wc);
+                self.sent_ok(p.ep, p.item, wc);
             }
         }
     }
@@ -753,17 +777,60 @@ impl<C: Context> Core<C> {
         self.want_cover = any;
     }
 
+    /// Work of endpoint `ei` completed successfully. Where credits flow, a
+    /// message has only left: it is kept until the peer's credits show it
+    /// arrived ([`Kept`]).
+    fn sent_ok(&mut self, ei: u32, item: Item, wc: &WorkCompletion) {
+        if !self.fc || !matches!(item.work, Work::Msg(_)) {
+            return self.on_sent(item, wc);
+        }
+        if item.is_credit() {
+            // It holds its place, and is never sent again.
+            Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(None);
+            return self.on_sent(item, wc);
+        }
+        let item = self.spare_slot(item);
+        if let Some(item) = Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(Some(item))
+        {
+            self.on_sent(item, wc);
+        }
+    }
+
+    /// A message to keep gives its bounce slot back when slots run short:
+    /// its body moves to the heap. Else peers that return no credits for
+    /// a while (half of them are owed before any goes back) could hold
+    /// every slot.
+    fn spare_slot(&mut self, mut item: Item) -> Item {
+        if let Work::Msg(m) = &mut item.work {
+            if let Store::Slot(s) = m.store {
+                if self.iface.bounce.free() < self.iface.bounce.count() / 4 {
+                    let mut body = vec![0u8; m.len as usize];
+                    self.iface.bounce.read_to(s, HEADER, &mut body);
+                    self.iface.bounce.give(s);
+                    m.store = Store::Heap(body);
+                }
+            }
+        }
+        item
+    }
+
+    /// `n` credits came back from endpoint `ei` on local QP `qpn`: as many
+    /// more of the messages sent on it arrived, and need not be kept.
+    fn arrived(&mut self, ei: u32, qpn: u32, n: u16) {
+        let mut out = std::mem::take(&mut self.arrived_buf);
+        Kept::of(&mut self.eps.get_mut(ei).kept, qpn).arrived(u64::from(n), &mut out);
+        for item in out.drain(..) {
+            if let Work::Msg(m) = item.work {
+                self.let_go(m.store);
+            }
+        }
+        self.arrived_buf = out;
+    }
+
     /// Work completed successfully.
     fn on_sent(&mut self, item: Item, wc: &WorkCompletion) {
         match item.work {
-            Work::Msg(m) => {
-                if let (Kind::Fin, Store::Slot(s)) = (m.kind, &m.store) {
-                    let mut id = [0u8; 8];
-                    self.iface.bounce.read_to(*s, HEADER, &mut id);
-                    self.rndv.on_fin_sent(u64::from_le_bytes(id));
-                }
-                self.let_go(m.store);
-            }
+            Work::Msg(m) => self.let_go(m.store),
             Work::Rdma(r) => match r.owner {
                 Owner::RndvIn { .. } | Owner::RndvOut { .. } => {
                     self.rndv.on_rdma_done(r.owner, r.len())
@@ -859,6 +926,14 @@ impl<C: Context> Core<C> {
         }
         for item in self.eps.drain(ei) {
             self.drop_item(ei, item, e.clone());
+        }
+        // Sent, arrived or not: nothing more is owed to them.
+        for kept in std::mem::take(&mut self.eps.get_mut(ei).kept) {
+            for item in kept.sent.into_iter().flatten() {
+                if let Work::Msg(m) = item.work {
+                    self.let_go(m.store);
+                }
+            }
         }
         for (_, p) in self.slab.extract(|p| p.ep == ei) {
             self.forget(&p);
@@ -977,6 +1052,9 @@ impl<C: Context> Core<C> {
             cr.take_returned(h.credits);
             if !keep && cr.owe(cap) {
                 self.eps.requeue(ei, crate::post::credit_item());
+            }
+            if h.credits > 0 {
+                self.arrived(ei, rx.qpn, h.credits);
             }
         }
         match arrival {

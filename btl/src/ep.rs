@@ -181,8 +181,77 @@ pub(crate) struct Endpoint {
     pub flight_slot: Option<u32>,
     /// Credit flow control by connection.
     pub credits: Credits,
+    /// Messages that left on a connection and are not yet known to have
+    /// arrived (credit flow control only).
+    pub kept: Vec<Kept>,
     /// In the ready ring.
     pub queued: bool,
+}
+
+/// Where credits flow (iWARP), a send completes when the message has
+/// left, not when it has arrived: a connection that breaks may still lose
+/// it. Each message is kept, by the connection it left on, until the
+/// peer's returned credits show that it arrived, and is sent again on the
+/// next connection if its own breaks first (the peer drops what it had
+/// already).
+///
+/// The peer returns one credit per message it received, and a connection
+/// delivers in order: `n` credits back mean that the first `n` messages
+/// sent on it arrived, whichever receives the peer freed. Completions come
+/// in order too, so a message's place in `sent` is its place in the
+/// connection's order; credit-only messages hold a place (`None`) and are
+/// never sent again.
+#[derive(Debug)]
+pub(crate) struct Kept {
+    /// The local QP number of the connection.
+    pub qpn: u32,
+    /// Completed messages not yet known to have arrived, oldest first.
+    pub sent: VecDeque<Option<Item>>,
+    /// Arrivals shown by credits for messages whose completion has not
+    /// been seen yet.
+    pub ahead: u64,
+}
+
+impl Kept {
+    /// The record of the connection on local QP `qpn` in `kept`, made if
+    /// new.
+    pub fn of(kept: &mut Vec<Kept>, qpn: u32) -> &mut Kept {
+        let i = match kept.iter().position(|k| k.qpn == qpn) {
+            Some(i) => i,
+            None => {
+                kept.push(Kept {
+                    qpn,
+                    sent: VecDeque::new(),
+                    ahead: 0,
+                });
+                kept.len() - 1
+            }
+        };
+        &mut kept[i]
+    }
+
+    /// A message completed: `Some(item)` back if it is known to have
+    /// arrived already, else it is kept (`item` is `None` for a
+    /// credit-only message).
+    pub fn completed(&mut self, item: Option<Item>) -> Option<Item> {
+        if self.ahead > 0 {
+            self.ahead -= 1;
+            return item;
+        }
+        self.sent.push_back(item);
+        None
+    }
+
+    /// `n` more messages arrived: those of them that were kept.
+    pub fn arrived(&mut self, n: u64, out: &mut Vec<Item>) {
+        for _ in 0..n {
+            match self.sent.pop_front() {
+                Some(Some(item)) => out.push(item),
+                Some(None) => {}
+                None => self.ahead += 1,
+            }
+        }
+    }
 }
 
 impl Endpoint {
@@ -199,6 +268,7 @@ impl Endpoint {
             in_flight: 0,
             flight_slot: None,
             credits: Credits::default(),
+            kept: Vec::new(),
             queued: false,
         }
     }

@@ -23,6 +23,8 @@ use crate::core::Core;
 use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
 use crate::ep::{Item, Msg, Store, Work};
 use crate::iface::Slots;
+use crate::proto::rndv::RESUME;
+use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::wire::{Header, Kind, HEADER};
 use crate::wr_id::WrId;
 
@@ -200,6 +202,20 @@ impl<C: Context> Core<C> {
                     len: m.len,
                 }
                 .encode(&mut hdr);
+                if m.kind == Kind::Fin && m.len as usize == 8 {
+                    // Decided as it goes: a put some of whose writes went
+                    // on another connection asks for its RTR again.
+                    let mut id = [0u8; 8];
+                    self.iface.bounce.copy_body(&m.store, &mut id);
+                    let msg = u64::from_le_bytes(id);
+                    if msg & RESUME == 0 && self.rndv.fin_resumes(msg, qpn) {
+                        let marked = (msg | RESUME).to_le_bytes();
+                        match &mut m.store {
+                            Store::Slot(s) => self.iface.bounce.write(*s, HEADER, &marked),
+                            store => *store = Store::Heap(marked.to_vec()),
+                        }
+                    }
+                }
                 if total <= caps.max_inline as usize && total <= INLINE_MAX {
                     // Gathered in the core's scratch: a body kept on the
                     // heap needs no slot.
@@ -268,6 +284,14 @@ impl<C: Context> Core<C> {
         };
         let first_eager =
             item.tries == 0 && matches!(&item.work, Work::Msg(m) if m.kind == Kind::Eager);
+        let rndv_write = match &item.work {
+            Work::Rdma(Rdma {
+                op: RdmaOp::Write,
+                owner: Owner::RndvOut { msg },
+                ..
+            }) => Some(*msg),
+            _ => None,
+        };
         let credit = item.is_credit();
         let cover = matches!(&item.work, Work::Msg(m) if m.kind == Kind::Credit && m.tag == COVER);
         let is_msg = matches!(item.work, Work::Msg(_));
@@ -327,6 +351,9 @@ impl<C: Context> Core<C> {
                 }
                 if first_eager && inline_len > 0 {
                     self.stats.inline_sent += 1;
+                }
+                if let Some(msg) = rndv_write {
+                    self.rndv.write_posted(msg, qpn);
                 }
                 Ok(())
             }

@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 
 use xrcbtl_xrc_conn::Rank;
 
-use super::rndv::{Act, Control, Rndv, RndvConfig};
+use super::rndv::{Act, Control, Rndv, RndvConfig, RESUME};
 use super::{Local, Owner, Rdma, RdmaOp};
 use crate::types::{BtlError, Tag};
 
@@ -131,6 +131,10 @@ pub(crate) struct Pair {
     /// Fragments completed.
     pub frags: usize,
     rng: u64,
+    /// Each side's connection, by number: a lost write breaks it.
+    conn: [u32; 2],
+    /// Writes still to lose with their connection (they never land).
+    pub lose: u32,
 }
 
 /// The ranks of the two sides.
@@ -156,6 +160,8 @@ impl Pair {
             refused: 0,
             frags: 0,
             rng: 1,
+            conn: [1, 1],
+            lose: 0,
         }
     }
 
@@ -172,9 +178,30 @@ impl Pair {
             while let Some(a) = self.rndv[s].poll() {
                 match a {
                     Act::Send { peer, tag, ctl } => {
+                        // Posted: a FIN decides then whether it resumes.
+                        let ctl = match ctl {
+                            Control::Fin(m)
+                                if m & RESUME == 0
+                                    && self.rndv[s].fin_resumes(m, self.conn[s]) =>
+                            {
+                                Control::Fin(m | RESUME)
+                            }
+                            c => c,
+                        };
                         self.msgs.push_back((side_of(peer), rank, tag, ctl))
                     }
+                    Act::Rdma { rdma, .. } if self.lose > 0 && rdma.op == RdmaOp::Write => {
+                        // Left, then lost with its connection.
+                        self.lose -= 1;
+                        self.conn[s] += 1;
+                        if let Owner::RndvOut { msg } = rdma.owner {
+                            self.rndv[s].write_lost(msg);
+                        }
+                    }
                     Act::Rdma { rdma, .. } => {
+                        if let (RdmaOp::Write, Owner::RndvOut { msg }) = (rdma.op, rdma.owner) {
+                            self.rndv[s].write_posted(msg, self.conn[s]);
+                        }
                         // The data moves now, in order with the messages
                         // on the same connection; the completion comes
                         // later, in the order the test picks.
@@ -244,8 +271,6 @@ impl Pair {
                 }
                 Control::Fin(m) => {
                     r.on_fin(from, m);
-                    // Delivered is acknowledged.
-                    self.rndv[side_of(from)].on_fin_sent(m);
                 }
             }
             return true;
@@ -355,6 +380,56 @@ mod tests {
         }
     }
 
+    /// A put whose writes are lost with their connection (as on iWARP,
+    /// after they completed) is never delivered short: its FIN asks for
+    /// the RTR again, everything is written anew, and the receiver
+    /// delivers once, intact; the sender finishes on the ATS.
+    #[test]
+    fn a_put_whose_writes_were_lost_starts_over_and_delivers_once() {
+        for (lose, order) in [(1, Order::Fifo), (2, Order::Lifo), (5, Order::Shuffled(3))] {
+            let mut p = Pair::new(cfg(true));
+            p.lose = lose;
+            p.send(0, 4, pattern(9, 10_003), 77);
+            p.drive(order);
+            assert!(p.is_idle(), "{lose}");
+            assert_eq!(p.seen[1].delivered.len(), 1, "{lose}");
+            assert!(p.seen[1].delivered[0].2 == pattern(9, 10_003), "{lose}: corrupted");
+            assert_eq!(p.seen[0].finished.len(), 1);
+            assert!(p.seen[0].finished[0].2.is_ok());
+            assert!(p.frags > 11, "{lose}: nothing was written again");
+        }
+    }
+
+    /// The FIN of a put whose receiver delivered already and answered ATS
+    /// may be sent again after its connection broke (it was kept): it asks
+    /// for the RTR again, the receiver's transport drops it as a
+    /// duplicate, and the ATS completes the sender all the same.
+    #[test]
+    fn a_resumed_fin_that_was_a_duplicate_still_completes_on_ats() {
+        let mut p = Pair::new(cfg(true));
+        p.send(0, 4, pattern(3, 2500), 5);
+        p.drive(Order::Fifo);
+        assert_eq!(p.seen[1].delivered.len(), 1);
+        assert_eq!(p.seen[0].finished.len(), 1);
+        // Unknown by now on both sides: nothing happens.
+        assert!(!p.rndv[0].fin_resumes(1, 9));
+        assert!(!p.rndv[1].on_fin(RANKS[0], 1 | RESUME));
+        // Before the ATS, a FIN posted on another connection than the
+        // writes resumes, once.
+        let mut p = Pair::new(cfg(true));
+        p.send(0, 4, pattern(3, 2500), 5);
+        p.step(Order::Fifo); // RTS
+        p.step(Order::Fifo); // RTR
+        p.collect(); // the writes, posted on connection 1
+        assert!(p.rndv[0].fin_resumes(1, 2));
+        assert!(!p.rndv[0].fin_resumes(1, 2));
+        // The ATS of the first delivery completes it.
+        assert!(p.rndv[0].on_ats(RANKS[1], 1));
+        assert_eq!(p.seen[0].finished.len(), 0);
+        p.collect();
+        assert_eq!(p.seen[0].finished.len(), 1);
+    }
+
     #[test]
     fn replies_from_another_peer_or_for_another_message_are_ignored() {
         let mut p = Pair::new(cfg(true));
@@ -371,7 +446,7 @@ mod tests {
             !p.rndv[0].on_rtr(RANKS[1], Rtr { msg: 2, ..rtr_to_0 }),
             "unknown message"
         );
-        assert!(!p.rndv[0].on_ats(RANKS[1], 1), "ATS on a put");
+        assert!(!p.rndv[0].on_ats(99, 1), "ATS from a stranger");
         assert!(!p.rndv[1].on_fin(99, 1), "FIN from a stranger");
         p.drive(Order::Fifo);
         assert_eq!(p.seen[1].delivered.len(), 1);

@@ -8,8 +8,19 @@
 //! - **put**: the RTS carries only the length; the receiver answers RTR
 //!   with its sink; the sender writes the fragments and sends FIN after the
 //!   last one, on the same connection, so that when FIN arrives the data
-//!   has landed; the sender's operation is done when FIN has been
-//!   acknowledged, and the receiver delivers on FIN.
+//!   has landed; the receiver delivers on FIN and answers ATS, upon which
+//!   the sender's operation is done.
+//!
+//! A put whose connection broke may have lost writes that had completed
+//! (on iWARP a write completes when it leaves). Its FIN then goes out
+//! marked [`RESUME`] (decided when it is posted: some write went on
+//! another connection than the FIN, or was lost with one), and the
+//! receiver, which has not delivered, answers with its RTR again: the
+//! sender writes everything anew and sends a plain FIN. If the receiver
+//! had the first FIN already, the marked one is a duplicate and dropped,
+//! and the ATS it sent completes the sender. Writes lost with their
+//! connection are never posted again on another: the receiver may have
+//! delivered and reused the sink.
 //!
 //! Replies are matched by message id *and* peer: a reply from anyone but
 //! the rendezvous's peer is ignored.
@@ -28,6 +39,10 @@ use xrcbtl_xrc_conn::Rank;
 use super::{Local, MsgId, Owner, Rdma, RdmaOp};
 use crate::types::{BtlError, Tag};
 use crate::wire::{self, Kind, Rtr, Rts};
+
+/// The bit of a FIN's message id that asks the receiver for its RTR again
+/// (message ids count from 1 and never reach it).
+pub(crate) const RESUME: MsgId = 1 << 63;
 
 /// How rendezvous are run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +161,12 @@ struct Out<S> {
     next: u64,
     done: u64,
     payload: S,
+    /// Put: the local QP number the writes since the last RTR went on.
+    qp: Option<u32>,
+    /// Put: a write went on another connection, or was lost with one.
+    mixed: bool,
+    /// Put: the FIN after the last write is asked for.
+    fin_out: bool,
 }
 
 struct In<K> {
@@ -222,6 +243,9 @@ impl<S, K> Rndv<S, K> {
                 next: 0,
                 done: 0,
                 payload,
+                qp: None,
+                mixed: false,
+                fin_out: false,
             },
         );
         let rts = Rts {
@@ -305,40 +329,99 @@ impl<S, K> Rndv<S, K> {
         true
     }
 
-    /// Sender: `peer` has read everything (get). Returns whether it
-    /// matched.
+    /// Sender: `peer` has the data (read it, or was written it and saw
+    /// FIN). Returns whether it matched.
     pub fn on_ats(&mut self, peer: Rank, msg: MsgId) -> bool {
-        let ok = self
-            .outs
-            .get(&msg)
-            .is_some_and(|o| o.peer == peer && !self.cfg.put);
+        let ok = self.outs.get(&msg).is_some_and(|o| o.peer == peer);
         if ok {
             self.finish(msg, Ok(()));
         }
         ok
     }
 
-    /// Receiver: `peer` has written everything (put). Returns whether it
-    /// matched.
+    /// Receiver: `peer` has written everything (put), or asks for the RTR
+    /// again ([`RESUME`]). Returns whether it matched.
     pub fn on_fin(&mut self, peer: Rank, msg: MsgId) -> bool {
-        let ok = self.ins.get(&(peer, msg)).is_some_and(|i| i.put);
-        if ok {
-            let i = self.ins.remove(&(peer, msg)).expect("checked");
-            self.acts.push_back(Act::Deliver {
+        let resume = msg & RESUME != 0;
+        let msg = msg & !RESUME;
+        let Some(i) = self.ins.get(&(peer, msg)).filter(|i| i.put) else {
+            return false;
+        };
+        if resume {
+            let rtr = Rtr {
+                msg,
+                addr: i.sink.addr,
+                rkey: i.sink.rkey,
+            };
+            self.acts.push_back(Act::Send {
                 peer,
-                tag: i.tag,
-                len: i.len,
-                sink: i.payload,
+                tag: 0,
+                ctl: Control::Rtr(rtr),
+            });
+            return true;
+        }
+        let i = self.ins.remove(&(peer, msg)).expect("checked");
+        self.acts.push_back(Act::Deliver {
+            peer,
+            tag: i.tag,
+            len: i.len,
+            sink: i.payload,
+        });
+        self.acts.push_back(Act::Send {
+            peer,
+            tag: 0,
+            ctl: Control::Ats(msg),
+        });
+        true
+    }
+
+    /// Sender: a write of `msg` is posted on local QP `qpn`.
+    pub fn write_posted(&mut self, msg: MsgId, qpn: u32) {
+        if let Some(o) = self.outs.get_mut(&msg) {
+            if *o.qp.get_or_insert(qpn) != qpn {
+                o.mixed = true;
+            }
+        }
+    }
+
+    /// Sender: a write of `msg` was lost with its connection (it is not
+    /// posted again). The FIN, asked for now if it was not yet, will ask
+    /// the receiver for its RTR again.
+    pub fn write_lost(&mut self, msg: MsgId) {
+        let Some(o) = self.outs.get_mut(&msg) else {
+            return;
+        };
+        o.mixed = true;
+        if !o.fin_out {
+            // No more writes until the receiver answers.
+            o.next = o.len;
+            o.fin_out = true;
+            let peer = o.peer;
+            self.acts.push_back(Act::Send {
+                peer,
+                tag: 0,
+                ctl: Control::Fin(msg),
             });
         }
-        ok
     }
 
-    /// Sender: the FIN of `msg` was acknowledged: the peer has the data.
-    pub fn on_fin_sent(&mut self, msg: MsgId) {
-        if self.outs.contains_key(&msg) {
-            self.finish(msg, Ok(()));
+    /// Sender: the FIN of `msg` is about to be posted on local QP `qpn`.
+    /// Returns whether it must ask for the RTR again ([`RESUME`]): some
+    /// write may not have landed. The rendezvous then starts over when the
+    /// RTR comes.
+    pub fn fin_resumes(&mut self, msg: MsgId, qpn: u32) -> bool {
+        let Some(o) = self.outs.get_mut(&msg) else {
+            return false;
+        };
+        if !o.mixed && o.qp.is_none_or(|q| q == qpn) {
+            return false;
         }
+        o.remote = None;
+        o.next = 0;
+        o.qp = None;
+        o.mixed = false;
+        o.fin_out = false;
+        true
     }
 
     /// A fragment completed.
@@ -494,6 +577,7 @@ impl<S, K> Rndv<S, K> {
             owner: Owner::RndvOut { msg },
         };
         let last = o.next == o.len;
+        o.fin_out |= last;
         self.acts.push_back(Act::Rdma { peer, rdma });
         if last {
             // After the last write, on the same connection: when the peer

@@ -436,7 +436,10 @@ impl<C: Context> Btl<C> {
     /// `data`. Sent from `data`, it is
     /// registered through the cache and kept until the peer has it. `done`
     /// runs when the send is complete (`data` may be dropped at once:
-    /// the BTL holds its own reference).
+    /// the BTL holds its own reference). A rendezvous longer than
+    /// [`BtlConfig::rndv_max`] is refused at once; one the peer refuses
+    /// (longer than its own bound, or no memory for it) completes with
+    /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::RemoteInvalidRequest`]`)`.
     pub fn send_bytes(
         &self,
         dst: Rank,
@@ -476,6 +479,13 @@ impl<C: Context> Btl<C> {
             }
             drop(core);
             return Ok(OpId::DONE);
+        }
+        if data.len() as u64 > self.cfg.rndv_max {
+            return Err(Error::invalid(format!(
+                "send_bytes of {} bytes: longer than XRCBTL_RNDV_MAX ({} bytes)",
+                data.len(),
+                self.cfg.rndv_max
+            )));
         }
         // Peers read a get's source; a put's is only sent from.
         let reg = if core.rndv.puts() {

@@ -10,6 +10,7 @@
 //! | `XRCBTL_RNDV_PROTOCOL` | `auto` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS), `put` (RTS, RTR, the sender RDMA-writes, FIN), or `auto`: put on iWARP, get elsewhere (measured: scripts/perf-compare). |
 //! | `XRCBTL_RNDV_FRAG_SIZE` | 524288 | Bytes per RDMA fragment of a rendezvous. |
 //! | `XRCBTL_RNDV_PIPELINE` | 4 | Fragments of one rendezvous in flight at once (reads: at most the device's `max_qp_rd_atom`). |
+//! | `XRCBTL_RNDV_MAX` | 17179869184 | Longest rendezvous (bytes) this rank sends or takes: `send_bytes` refuses a longer one at once, and a request for a longer one (or one no sink can be allocated for) is refused, failing the sender's operation. 1 MiB to 1 TiB. |
 //! | `XRCBTL_SEND_SLOTS` | 256 | Bounce buffers for eager sends. |
 //! | `XRCBTL_SMALL_SIZE` | 256 | Buffer size of the small receive class (0: one class only). |
 //! | `XRCBTL_SRQ_DEPTH` | 256 | Receives posted per class at start. |
@@ -59,6 +60,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "auto", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS), put (RTS, RTR, the sender RDMA-writes, FIN), or auto: put on iWARP, get elsewhere." },
     Setting { name: "XRCBTL_RNDV_FRAG_SIZE", default: "524288", help: "Bytes per RDMA fragment of a rendezvous." },
     Setting { name: "XRCBTL_RNDV_PIPELINE", default: "4", help: "Fragments of one rendezvous in flight at once (reads: at most the device's max_qp_rd_atom)." },
+    Setting { name: "XRCBTL_RNDV_MAX", default: "17179869184", help: "Longest rendezvous (bytes) this rank sends or takes: send_bytes refuses a longer one at once, and a request for a longer one (or one no sink can be allocated for) is refused, failing the sender's operation. 1 MiB to 1 TiB." },
     Setting { name: "XRCBTL_SEND_SLOTS", default: "256", help: "Bounce buffers for eager sends." },
     Setting { name: "XRCBTL_SMALL_SIZE", default: "256", help: "Buffer size of the small receive class (0: one class only)." },
     Setting { name: "XRCBTL_SRQ_DEPTH", default: "256", help: "Receives posted per class at start." },
@@ -228,6 +230,8 @@ pub struct BtlConfig {
     pub rndv_frag_size: usize,
     /// Fragments in flight per rendezvous.
     pub rndv_pipeline: u32,
+    /// Longest rendezvous sent or taken (bytes).
+    pub rndv_max: u64,
     /// Eager bounce buffers.
     pub send_slots: u32,
     /// Small receive class buffer size (0: none).
@@ -284,6 +288,7 @@ impl BtlConfig {
             rndv_protocol: RndvProtocol::Auto,
             rndv_frag_size: 512 * 1024,
             rndv_pipeline: 4,
+            rndv_max: 16 << 30,
             send_slots: 256,
             small_size: 256,
             srq_depth: 256,
@@ -339,6 +344,7 @@ impl BtlConfig {
         num(g, "XRCBTL_MAX_INLINE", &mut self.max_inline)?;
         num(g, "XRCBTL_RNDV_FRAG_SIZE", &mut self.rndv_frag_size)?;
         num(g, "XRCBTL_RNDV_PIPELINE", &mut self.rndv_pipeline)?;
+        num(g, "XRCBTL_RNDV_MAX", &mut self.rndv_max)?;
         num(g, "XRCBTL_SEND_SLOTS", &mut self.send_slots)?;
         num(g, "XRCBTL_SMALL_SIZE", &mut self.small_size)?;
         num(g, "XRCBTL_SRQ_DEPTH", &mut self.srq_depth)?;
@@ -472,6 +478,13 @@ impl BtlConfig {
                 1,
                 128,
                 "fragments",
+            ),
+            (
+                "XRCBTL_RNDV_MAX",
+                self.rndv_max,
+                1 << 20,
+                crate::core::MAX_RNDV,
+                "bytes",
             ),
             (
                 "XRCBTL_SEND_SLOTS",

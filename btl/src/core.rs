@@ -790,7 +790,8 @@ impl<C: Context> Core<C> {
             return self.on_sent(item, wc);
         }
         let item = self.spare_slot(item);
-        if let Some(item) = Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(Some(item))
+        if let Some(item) =
+            Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(Some(item))
         {
             self.on_sent(item, wc);
         }
@@ -1101,6 +1102,9 @@ impl<C: Context> Core<C> {
             Some(Control::Fin(msg)) => {
                 self.rndv.on_fin(h.src, msg);
             }
+            Some(Control::Nak(msg)) => {
+                self.rndv.on_nak(h.src, msg);
+            }
             None => self.stats.malformed += 1,
         }
         false
@@ -1212,14 +1216,20 @@ impl<C: Context> Core<C> {
 
     /// A peer asks to send a rendezvous: find a sink, register it, start.
     fn on_rts(&mut self, src: Rank, tag: Tag, rts: wire::Rts) {
-        if rts.len == 0 || rts.len > MAX_RNDV {
+        if rts.len == 0 {
             self.stats.malformed += 1;
             return;
         }
-        let Some(mut buf) = self.sink_buf(rts.len as usize) else {
-            // Nothing can land: the sender's operation waits until the
-            // peer is failed; count it.
-            self.stats.lost += 1;
+        // Longer than this rank takes, or nothing to land it in: the
+        // sender is told, and its operation fails.
+        let sink = if rts.len > self.cfg.rndv_max.min(MAX_RNDV) {
+            None
+        } else {
+            self.sink_buf(rts.len as usize)
+        };
+        let Some(mut buf) = sink else {
+            self.stats.rndv_refused += 1;
+            self.rndv.refuse(src, rts.msg);
             return;
         };
         // The peer writes a put's sink; a get's is written by this side's

@@ -481,4 +481,8 @@ pub struct BtlStats {
     pub srq_grown: u64,
     /// Messages to peers that failed for good.
     pub lost: u64,
+    /// Rendezvous requests refused (longer than
+    /// [`crate::BtlConfig::rndv_max`], or no memory for the sink): each
+    /// failed its sender's operation.
+    pub rndv_refused: u64,
 }

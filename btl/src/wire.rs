@@ -30,6 +30,9 @@ pub enum Kind {
     /// one message take consecutive sequence numbers, so the receiver
     /// joins them in arrival order.
     Part,
+    /// The receiver refuses a rendezvous (longer than it accepts, or no
+    /// memory for it): the sender's operation fails.
+    Nak,
 }
 
 impl Kind {
@@ -42,6 +45,7 @@ impl Kind {
             Kind::Fin => 5,
             Kind::Credit => 6,
             Kind::Part => 7,
+            Kind::Nak => 8,
         }
     }
 
@@ -54,6 +58,7 @@ impl Kind {
             5 => Kind::Fin,
             6 => Kind::Credit,
             7 => Kind::Part,
+            8 => Kind::Nak,
             _ => return None,
         })
     }

@@ -158,3 +158,75 @@ fn a_train_too_long_or_changing_tag_is_dropped() {
     assert!(from0[0].data == pattern(9, 200));
     assert_eq!(c.btl(2).stats().joined, 0);
 }
+
+/// Kind code of a rendezvous request (wire.rs); its length sits at 8 in
+/// the body, after the message id.
+const RTS: u8 = 2;
+
+/// A request for a rendezvous longer than the receiver takes
+/// (`XRCBTL_RNDV_MAX`), whether the sender lies about its length (2^40 and
+/// 3 GiB on the wire) or means it (2 MiB to a receiver that takes 1 MiB):
+/// the receiver allocates nothing and says no, the sender's operation
+/// fails with `RemoteInvalidRequest` instead of waiting forever, and the
+/// pair goes on talking. A sender refuses at once what its own bound
+/// forbids. Over XRC, RC + SRQ and iWARP (put).
+#[test]
+fn a_rendezvous_longer_than_the_receiver_takes_fails_the_sender_and_nothing_else() {
+    use std::sync::{Arc, Mutex};
+    use xrcbtl_btl::{BtlError, Bytes};
+    use xrcbtl_fabric::WcStatus;
+    for device in [
+        SimDevice::ib("sim0"),
+        SimDevice::roce("sim0"),
+        SimDevice::iwarp("sim0"),
+    ] {
+        // Rank 0 sends up to 4 MiB, rank 1 takes up to 1 MiB.
+        let mut c = Cluster::with(57, 2, 1, device.clone(), |cfg: &mut BtlConfig| {
+            cfg.rndv_max = if cfg.rank == 0 { 4 << 20 } else { 1 << 20 };
+            cfg.split_limit = SplitLimit::Bytes(0);
+        });
+        c.connect_all(LIMIT);
+        let refused = BtlError::Transfer(WcStatus::RemoteInvalidRequest);
+        for lie in [Some(1u64 << 40), Some(3 << 30), None] {
+            let len = if lie.is_some() { 100_000 } else { 2 << 20 };
+            c.sim.tamper(lie.map(|claim| -> xrcbtl_fabric::sim::Tamper {
+                Box::new(move |_, _, msg: &mut Vec<u8>| {
+                    if msg.len() == 16 + 29 && msg[KIND] == RTS {
+                        msg[16 + 8..16 + 16].copy_from_slice(&claim.to_le_bytes());
+                    }
+                })
+            }));
+            let outcome = Arc::new(Mutex::new(None));
+            let o = outcome.clone();
+            c.btl(0)
+                .send_bytes(
+                    1,
+                    TAG,
+                    Bytes::from(pattern(3, len)),
+                    Some(Box::new(move |_, _, r| *o.lock().unwrap() = Some(r))),
+                )
+                .unwrap();
+            c.run_until(LIMIT, |_| outcome.lock().unwrap().is_some());
+            c.sim.tamper(None);
+            c.settle(LIMIT);
+            let got = outcome.lock().unwrap().take();
+            assert!(
+                matches!(&got, Some(Err(e)) if *e == refused),
+                "{lie:?}: {got:?}"
+            );
+            // Nothing was delivered, and the pair still talks.
+            assert_eq!(c.got_count(1), 0, "{lie:?}");
+            c.btl(0).send(1, TAG, &[], b"still here").unwrap();
+            c.run_until(LIMIT, |c| c.got_count(1) == 1);
+            c.clear_got(1);
+        }
+        let s = c.btl(1).stats();
+        assert_eq!(s.rndv_refused, 3, "{:?}: {s:?}", device.caps.transport);
+        // Past the sender's own bound: refused before anything is sent.
+        let e = c
+            .btl(0)
+            .send_bytes(1, TAG, Bytes::from(vec![1u8; 5 << 20]), None);
+        assert!(e.unwrap_err().to_string().contains("XRCBTL_RNDV_MAX"));
+        c.shutdown(LIMIT);
+    }
+}

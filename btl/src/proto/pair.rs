@@ -181,8 +181,7 @@ impl Pair {
                         // Posted: a FIN decides then whether it resumes.
                         let ctl = match ctl {
                             Control::Fin(m)
-                                if m & RESUME == 0
-                                    && self.rndv[s].fin_resumes(m, self.conn[s]) =>
+                                if m & RESUME == 0 && self.rndv[s].fin_resumes(m, self.conn[s]) =>
                             {
                                 Control::Fin(m | RESUME)
                             }
@@ -271,6 +270,9 @@ impl Pair {
                 }
                 Control::Fin(m) => {
                     r.on_fin(from, m);
+                }
+                Control::Nak(m) => {
+                    r.on_nak(from, m);
                 }
             }
             return true;
@@ -393,7 +395,10 @@ mod tests {
             p.drive(order);
             assert!(p.is_idle(), "{lose}");
             assert_eq!(p.seen[1].delivered.len(), 1, "{lose}");
-            assert!(p.seen[1].delivered[0].2 == pattern(9, 10_003), "{lose}: corrupted");
+            assert!(
+                p.seen[1].delivered[0].2 == pattern(9, 10_003),
+                "{lose}: corrupted"
+            );
             assert_eq!(p.seen[0].finished.len(), 1);
             assert!(p.seen[0].finished[0].2.is_ok());
             assert!(p.frags > 11, "{lose}: nothing was written again");
@@ -428,6 +433,32 @@ mod tests {
         assert_eq!(p.seen[0].finished.len(), 0);
         p.collect();
         assert_eq!(p.seen[0].finished.len(), 1);
+    }
+
+    /// A refused request fails the sender's operation; a refusal from
+    /// anyone else, or for another message, changes nothing.
+    #[test]
+    fn a_refused_rendezvous_fails_its_sender() {
+        let mut p = Pair::new(cfg(true));
+        p.send(0, 4, pattern(1, 3000), 8);
+        assert!(!p.rndv[0].on_nak(99, 1));
+        assert!(!p.rndv[0].on_nak(RANKS[1], 2));
+        p.rndv[1].refuse(RANKS[0], 1);
+        p.collect();
+        p.step(Order::Fifo); // the RTS
+        p.step(Order::Fifo); // the refusal
+        p.collect();
+        assert_eq!(p.seen[0].finished.len(), 1);
+        assert!(matches!(
+            p.seen[0].finished[0],
+            (
+                8,
+                _,
+                Err(BtlError::Transfer(
+                    xrcbtl_fabric::WcStatus::RemoteInvalidRequest
+                ))
+            )
+        ));
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub(crate) enum Control {
     Ats(MsgId),
     /// Everything was written (put).
     Fin(MsgId),
+    /// The rendezvous is refused.
+    Nak(MsgId),
 }
 
 impl Control {
@@ -76,6 +78,7 @@ impl Control {
             Control::Rtr(_) => Kind::Rtr,
             Control::Ats(_) => Kind::Ats,
             Control::Fin(_) => Kind::Fin,
+            Control::Nak(_) => Kind::Nak,
         }
     }
 
@@ -88,7 +91,7 @@ impl Control {
         match self {
             Control::Rts(r) => put(&r.encode()),
             Control::Rtr(r) => put(&r.encode()),
-            Control::Ats(m) | Control::Fin(m) => put(&wire::encode_msg_id(*m)),
+            Control::Ats(m) | Control::Fin(m) | Control::Nak(m) => put(&wire::encode_msg_id(*m)),
         }
     }
 
@@ -99,6 +102,7 @@ impl Control {
             Kind::Rtr => Rtr::decode(body).map(Control::Rtr),
             Kind::Ats => wire::decode_msg_id(body).map(Control::Ats),
             Kind::Fin => wire::decode_msg_id(body).map(Control::Fin),
+            Kind::Nak => wire::decode_msg_id(body).map(Control::Nak),
             Kind::Eager | Kind::Credit | Kind::Part => None,
         }
     }
@@ -329,6 +333,26 @@ impl<S, K> Rndv<S, K> {
         true
     }
 
+    /// Receiver: the request `msg` from `peer` cannot be taken (too long,
+    /// no memory): the sender is told.
+    pub fn refuse(&mut self, peer: Rank, msg: MsgId) {
+        self.acts.push_back(Act::Send {
+            peer,
+            tag: 0,
+            ctl: Control::Nak(msg),
+        });
+    }
+
+    /// Sender: `peer` refused `msg`. Returns whether it matched.
+    pub fn on_nak(&mut self, peer: Rank, msg: MsgId) -> bool {
+        let ok = self.outs.get(&msg).is_some_and(|o| o.peer == peer);
+        if ok {
+            let e = BtlError::Transfer(xrcbtl_fabric::WcStatus::RemoteInvalidRequest);
+            self.finish(msg, Err(e));
+        }
+        ok
+    }
+
     /// Sender: `peer` has the data (read it, or was written it and saw
     /// FIN). Returns whether it matched.
     pub fn on_ats(&mut self, peer: Rank, msg: MsgId) -> bool {
@@ -497,7 +521,7 @@ impl<S, K> Rndv<S, K> {
                     self.acts.push_back(Act::Release { sink: i.payload });
                 }
             }
-            Control::Ats(_) => {}
+            Control::Ats(_) | Control::Nak(_) => {}
         }
     }
 

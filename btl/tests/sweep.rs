@@ -395,12 +395,17 @@ impl Run {
     /// work waiting for a peer that is being declared failed).
     fn quiet(&mut self) -> bool {
         let idle = |c: &mut Cluster| c.live().iter().all(|&r| c.btl(r).is_idle());
-        // Idle ranks may still have messages on the wire (iWARP completes a
-        // send when it leaves): let the fabric deliver them, then wait for
-        // the receivers again.
+        // Idle ranks may still have messages on the wire, delivered or
+        // retransmitted (iWARP completes a send when it leaves, so a rank
+        // that sent on a connection whose other end is gone is idle until
+        // the retransmissions give up and the message goes again on a new
+        // one): let the fabric run until nothing is scheduled (at most a
+        // few times the time a dead peer takes to find), then wait for the
+        // ranks again.
         self.run_until(idle) && {
-            self.c.advance(Duration::from_millis(10));
-            self.run_until(idle)
+            let end = self.c.now() + Duration::from_secs(3);
+            self.run_until(|c| c.sim.next_event_at().is_none() || c.now() >= end)
+                && self.run_until(idle)
         }
     }
 }

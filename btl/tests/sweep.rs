@@ -394,7 +394,14 @@ impl Run {
     /// Waits until every live rank is idle (or the limit: faults may keep
     /// work waiting for a peer that is being declared failed).
     fn quiet(&mut self) -> bool {
-        let idle = |c: &mut Cluster| c.live().iter().all(|&r| c.btl(r).is_idle());
+        // Idle, and a round of progress over every live rank finds nothing
+        // (no completion waits in a CQ: idle alone says nothing of what
+        // arrived since the last poll).
+        let idle = |c: &mut Cluster| {
+            let live = c.live();
+            let work: usize = live.iter().map(|&r| c.btl(r).progress()).sum();
+            work == 0 && live.iter().all(|&r| c.btl(r).is_idle())
+        };
         // Idle ranks may still have messages on the wire, delivered or
         // retransmitted (iWARP completes a send when it leaves, so a rank
         // that sent on a connection whose other end is gone is idle until

@@ -20,9 +20,11 @@
 //!
 //! `SWEEP_SEEDS` seeds from `SWEEP_FROM` (default: 40 from 1; the test
 //! suite runs 300 in release, `scripts/sweep`). A failing seed prints
-//! itself and the command that replays it alone; `SWEEP_ALL=1` runs every
-//! seed and lists the failing ones. Seeds in [`KNOWN_OPEN`] are skipped,
-//! and said so.
+//! itself and the command that replays it alone, then shrinks: it is run
+//! again with fewer and fewer of its first steps, and the shortest prefix
+//! that still fails is printed with its own replay command
+//! (`SWEEP_STEPS=K`). `SWEEP_ALL=1` runs every seed and lists the failing
+//! ones. Seeds in [`KNOWN_OPEN`] are skipped, and said so.
 
 mod btlsim;
 
@@ -418,8 +420,21 @@ impl Run {
 }
 
 fn run_seed(seed: u64) -> Vec<String> {
+    run_seed_steps(seed, None)
+}
+
+/// How many steps seed `seed` runs.
+fn steps_of(seed: u64) -> u64 {
+    4 + Run::new(seed).rng.below(8)
+}
+
+/// Runs seed `seed`, its first `limit` steps only if given (then the
+/// liveness phase): the steps draw from one generator in turn, so the
+/// first `k` are the same whatever follows them.
+fn run_seed_steps(seed: u64, limit: Option<u64>) -> Vec<String> {
     let mut run = Run::new(seed);
     let steps = 4 + run.rng.below(8);
+    let steps = limit.map_or(steps, |l| l.min(steps));
     for _ in 0..steps {
         if run.rng.chance(60) {
             run.traffic();
@@ -490,6 +505,32 @@ fn seeds_that_found_bugs() {
 /// first ([`seeds_that_found_bugs`] replays it).
 const KNOWN_OPEN: [u64; 0] = [];
 
+/// The fewest first steps, of `n`, with which `fails` still fails: the
+/// shortest failing schedule that cutting the tail finds (`None` if none
+/// fails, not even all `n`).
+fn shortest_failing_prefix(n: u64, mut fails: impl FnMut(u64) -> bool) -> Option<u64> {
+    (0..=n).find(|&k| fails(k))
+}
+
+/// Whether seed `seed` fails with its first `k` steps (quietly: the
+/// failures are expected).
+fn fails_with(seed: u64, k: u64) -> bool {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let failed = std::panic::catch_unwind(|| run_seed_steps(seed, Some(k))).is_err();
+    std::panic::set_hook(hook);
+    failed
+}
+
+#[test]
+fn shrinking_finds_the_shortest_failing_prefix() {
+    assert_eq!(shortest_failing_prefix(9, |k| k >= 3), Some(3));
+    assert_eq!(shortest_failing_prefix(9, |k| k == 9), Some(9));
+    assert_eq!(shortest_failing_prefix(9, |_| false), None);
+    // A seed that passes passes with any prefix of its steps.
+    assert!(!fails_with(1, 2));
+}
+
 #[test]
 fn sweep() {
     let var = |k: &str, d: u64| std::env::var(k).ok().map_or(d, |v| v.parse().expect(k));
@@ -497,13 +538,17 @@ fn sweep() {
     let seeds = var("SWEEP_SEEDS", 40);
     // SWEEP_ALL=1: every seed runs, and the failing ones are listed.
     let all = std::env::var_os("SWEEP_ALL").is_some();
+    // SWEEP_STEPS=K: each seed runs its first K steps only.
+    let limit = std::env::var("SWEEP_STEPS")
+        .ok()
+        .map(|v| v.parse().expect("SWEEP_STEPS"));
     let mut failed = Vec::new();
     for seed in from..from + seeds {
         if KNOWN_OPEN.contains(&seed) {
             eprintln!("sweep: seed {seed} skipped: known open (see KNOWN_OPEN)");
             continue;
         }
-        let r = std::panic::catch_unwind(|| run_seed(seed));
+        let r = std::panic::catch_unwind(|| run_seed_steps(seed, limit));
         if let Err(e) = r {
             let why = e
                 .downcast_ref::<String>()
@@ -515,6 +560,16 @@ fn sweep() {
                 "sweep: seed {seed} failed: {first}\nreplay: SWEEP_FROM={seed} SWEEP_SEEDS=1 \
                  cargo test --release -p xrcbtl-btl --test sweep -- --nocapture"
             );
+            let n = steps_of(seed);
+            match shortest_failing_prefix(n, |k| fails_with(seed, k)) {
+                Some(k) if k < n => eprintln!(
+                    "sweep: seed {seed} shrinks to its first {k} of {n} steps: replay: \
+                     SWEEP_FROM={seed} SWEEP_SEEDS=1 SWEEP_STEPS={k} cargo test --release \
+                     -p xrcbtl-btl --test sweep -- --nocapture"
+                ),
+                Some(_) => eprintln!("sweep: seed {seed} needs all its {n} steps to fail"),
+                None => eprintln!("sweep: seed {seed} did not fail again when shrinking"),
+            }
             failed.push(seed);
             if !all {
                 panic!("sweep: seed {seed} failed: {why}");

@@ -677,6 +677,13 @@ impl<C: Context> Btl<C> {
 
     /// Adds `add` to the 64-bit word at `at` (8-byte aligned); the
     /// completion reports the value found there.
+    ///
+    /// An atomic is executed at most once. One whose connection breaks
+    /// before its answer comes back is not posted again (the peer may have
+    /// executed it): it fails with
+    /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::WrFlush`]`)`,
+    /// and whether the word changed is unknown. The same holds for
+    /// [`Btl::compare_swap`] and [`Btl::add`].
     pub fn fetch_add(
         &self,
         dst: Rank,
@@ -688,7 +695,8 @@ impl<C: Context> Btl<C> {
     }
 
     /// Stores `swap` in the 64-bit word at `at` if it holds `compare`; the
-    /// completion reports the value found there.
+    /// completion reports the value found there (executed at most once:
+    /// see [`Btl::fetch_add`]).
     pub fn compare_swap(
         &self,
         dst: Rank,
@@ -700,7 +708,8 @@ impl<C: Context> Btl<C> {
         self.start_atomic(dst, at, Atomic::CompareSwap { compare, swap }, done)
     }
 
-    /// Adds `add` to the 64-bit word at `at`; nothing is reported back.
+    /// Adds `add` to the 64-bit word at `at`; nothing is reported back
+    /// (executed at most once: see [`Btl::fetch_add`]).
     pub fn add(&self, dst: Rank, at: RemotePtr, add: u64, done: Option<OnDone<C>>) -> Result<OpId> {
         self.start_atomic(dst, at, Atomic::Add(add), done)
     }

@@ -650,6 +650,15 @@ impl<C: Context> Core<C> {
             // (or, its endpoint gone, fails with it).
             return self.rndv.write_lost(msg);
         }
+        if let Work::Rdma(Rdma {
+            owner: Owner::Atomic { .. },
+            ..
+        }) = item.work
+        {
+            // Executed there perhaps, its answer lost: an atomic is not
+            // done twice. Its outcome is unknown, and the user is told so.
+            return self.drop_item(ei, item, BtlError::Transfer(WcStatus::WrFlush));
+        }
         item.tries += 1;
         if let EpState::Gone(e) = &self.eps.get(ei).state {
             let e = e.clone();

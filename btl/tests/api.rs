@@ -536,3 +536,53 @@ fn every_operation_runs_its_callback_once_with_no_lock_held() {
     assert_eq!(from_completions, 5);
     c.shutdown(LIMIT);
 }
+
+/// An atomic is not idempotent: one whose connection breaks before its
+/// answer came may have been executed, and must not be executed again on
+/// the next connection. The request reaches rank 1, the link then goes
+/// down both ways (the answer is lost), the QP gives up, the link heals:
+/// the counter moved by one add, not two, and the operation failed (its
+/// outcome unknown to the sender) instead of reporting a value. Over XRC
+/// and RC + SRQ (iWARP has no atomics).
+#[test]
+fn an_atomic_whose_answer_was_lost_is_not_executed_twice() {
+    for (device, force_rc) in [
+        (SimDevice::ib("sim0"), false),
+        (SimDevice::roce("sim0"), true),
+    ] {
+        let mut c = Cluster::with(8, 2, 1, device, |cfg: &mut xrcbtl_btl::BtlConfig| {
+            cfg.force_rc = force_rc
+        });
+        let (theirs, remote) = exposed(&mut c, 1, 0, 4096);
+        let out: Outcomes = Arc::default();
+        // Connected, and one add through to set the counter.
+        c.btl(0)
+            .fetch_add(1, remote.at(0), 10, recorder(&out))
+            .unwrap();
+        c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+        assert_eq!(theirs.read_u64(0), 10);
+        out.lock().unwrap().clear();
+        c.btl(0)
+            .fetch_add(1, remote.at(0), 1, recorder(&out))
+            .unwrap();
+        // Until the request has been executed there (the answer is on
+        // its way back), then cut.
+        c.run_until(LIMIT, |_| theirs.read_u64(0) == 11);
+        c.sim.partition(0, 1);
+        c.advance(Duration::from_secs(3));
+        c.sim.heal(0, 1);
+        c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+        c.settle(LIMIT);
+        assert_eq!(theirs.read_u64(0), 11, "the add was executed twice");
+        let r = out.lock().unwrap()[0].1.clone();
+        assert!(r.is_err(), "{r:?}");
+        // The pair goes on: a new atomic works.
+        out.lock().unwrap().clear();
+        c.btl(0)
+            .fetch_add(1, remote.at(0), 1, recorder(&out))
+            .unwrap();
+        c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+        assert_eq!(out.lock().unwrap()[0].1, Ok(Some(11)));
+        c.shutdown(LIMIT);
+    }
+}

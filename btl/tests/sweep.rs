@@ -81,6 +81,10 @@ const RNDV: u8 = 2;
 type Streams = BTreeMap<(u32, u32), Vec<(u8, u32, usize)>>;
 
 /// One seed's world and what the checkers know.
+/// An add's (sender, target), its bit, and whether it succeeded once
+/// known.
+type AddOutcome = ((u32, u32), u32, Option<bool>);
+
 struct Run {
     c: Cluster,
     rng: Rng,
@@ -101,7 +105,7 @@ struct Run {
     adds: BTreeMap<(u32, u32), (xrcbtl_btl::RegMem<xrcbtl_fabric::sim::SimContext>, u32)>,
     /// Each add's (sender, target), bit and outcome once known (success
     /// or not).
-    add_outcomes: Arc<Mutex<Vec<((u32, u32), u32, Option<bool>)>>>,
+    add_outcomes: Arc<Mutex<Vec<AddOutcome>>>,
     /// Draws for the adds, apart from `rng`, so that the rest of a seed's
     /// schedule stays what it was.
     add_rng: Rng,

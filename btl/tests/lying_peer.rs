@@ -230,3 +230,62 @@ fn a_rendezvous_longer_than_the_receiver_takes_fails_the_sender_and_nothing_else
         c.shutdown(LIMIT);
     }
 }
+
+/// A header whose sequence number lies far ahead (2^30) is refused, not
+/// believed: it is not delivered, the receiver's place in that stream does
+/// not move (nothing after it is taken for a duplicate), and the other
+/// peers' streams are untouched. (The liar's own stream then stalls: its
+/// message with that number never came.)
+#[test]
+fn a_sequence_number_far_ahead_is_refused_and_moves_nothing() {
+    for device in [
+        SimDevice::ib("sim0"),
+        SimDevice::roce("sim0"),
+        SimDevice::iwarp("sim0"),
+    ] {
+        let mut c = Cluster::with(59, 3, 1, device.clone(), |_: &mut BtlConfig| {});
+        c.connect_all(LIMIT);
+        let lie = pattern(7, 64);
+        let marker = lie.clone();
+        c.sim.tamper(Some(Box::new(move |_, _, msg: &mut Vec<u8>| {
+            if msg.len() == 16 + 64 && msg[KIND] == EAGER && msg[16..] == marker[..] {
+                let seq = u32_at(msg, 4).wrapping_add(1 << 30);
+                msg[4..8].copy_from_slice(&seq.to_le_bytes());
+            }
+        })));
+        for i in 0..3 {
+            c.btl(0).send(1, TAG, &[], &pattern(i, 64)).unwrap();
+        }
+        c.btl(0).send(1, TAG, &[], &lie).unwrap();
+        c.run_until(LIMIT, |c| c.btl(1).stats().malformed >= 1);
+        // Rank 0's next ones are ahead of the hole, not duplicates.
+        c.btl(0).send(1, TAG, &[], &pattern(8, 64)).unwrap();
+        for i in 0..3 {
+            c.btl(2).send(1, TAG, &[], &pattern(100 + i, 64)).unwrap();
+        }
+        c.run_until(LIMIT, |c| {
+            c.got(1).iter().filter(|g| g.src == 2).count() == 3
+        });
+        c.advance(Duration::from_millis(50));
+        c.settle(LIMIT);
+        c.sim.tamper(None);
+        let from0: Vec<Vec<u8>> = c
+            .got(1)
+            .into_iter()
+            .filter(|g| g.src == 0)
+            .map(|g| g.data)
+            .collect();
+        let want: Vec<Vec<u8>> = (0..3).map(|i| pattern(i, 64)).collect();
+        assert_eq!(
+            from0, want,
+            "{:?}: the lie or what followed it was delivered",
+            device.caps.transport
+        );
+        let s = c.btl(1).stats();
+        assert_eq!(
+            s.duplicates, 0,
+            "{:?}: the lie moved the stream: {s:?}",
+            device.caps.transport
+        );
+    }
+}

@@ -131,6 +131,9 @@ pub struct Mesh<C: Context> {
     closing_since: Option<Duration>,
     report_every: Option<Duration>,
     next_report: Duration,
+    /// Connection requests refused so far, by reason, as last printed.
+    refused: std::collections::BTreeMap<String, u64>,
+    next_refused_look: Duration,
 }
 
 /// The fill byte at `i` of payload `seq` from `src`.
@@ -249,6 +252,8 @@ impl<C: Context> Mesh<C> {
             closing_since: None,
             report_every: None,
             next_report: start,
+            refused: Default::default(),
+            next_refused_look: start,
         }
     }
 
@@ -369,6 +374,29 @@ impl<C: Context> Mesh<C> {
         let Some(every) = self.report_every else {
             return;
         };
+        if now >= self.next_refused_look {
+            // Each refusal of a stranger's (or a stale) connection request
+            // is told, with its reason, as it happens (within 100 ms).
+            self.next_refused_look = now + Duration::from_millis(100);
+            let refused: std::collections::BTreeMap<String, u64> = self.btl.with_manager(|m| {
+                m.counters()
+                    .refused_sent
+                    .iter()
+                    .map(|(r, n)| (format!("{r:?}"), *n))
+                    .collect()
+            });
+            for (why, n) in &refused {
+                let before = self.refused.get(why).copied().unwrap_or(0);
+                if *n > before {
+                    eprintln!(
+                        "mesh: rank {}: refused {} connection request(s): {why}",
+                        self.me,
+                        n - before
+                    );
+                }
+            }
+            self.refused = refused;
+        }
         if now < self.next_report {
             return;
         }

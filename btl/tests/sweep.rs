@@ -3,8 +3,8 @@
 //! settings, sometimes a tiny SRQ) runs random traffic (eager, split and
 //! rendezvous messages, one-sided puts, atomics where the device has them)
 //! under a random mix of faults: crashes, clean exits, partitions that
-//! heal, lost, late and doubled CM messages, forced TGT QP errors, a
-//! receiver too busy to repost. After every step the checkers run:
+//! heal, lost, late and doubled CM messages, forced TGT QP errors (XRC)
+//! or connection QP errors (RC, iWARP), a receiver too busy to repost. After every step the checkers run:
 //!
 //! - at most one INI QP per (process, node), or one QP per peer with RC;
 //! - a TGT QP is held only by live processes, and nothing a dead process
@@ -420,11 +420,19 @@ impl Run {
             }
             4 => {
                 let n = self.rng.below(nodes as u64) as usize;
-                let tgts = self.c.sim.node_view(n).tgt_qps;
+                let view = self.c.sim.node_view(n);
+                let tgts = view.tgt_qps;
                 if !tgts.is_empty() {
                     let t = &tgts[self.rng.below(tgts.len() as u64) as usize];
                     self.note(format!("TGT error node {n} qpn {:#x}", t.qpn));
                     let _ = self.c.sim.force_qp_error(n, t.qpn);
+                } else if !view.senders.is_empty() {
+                    // RC and iWARP (drawn apart, so that the rest of the
+                    // schedule stays what it was): a connection's QP fails.
+                    let i = self.add_rng.below(view.senders.len() as u64) as usize;
+                    let qpn = view.senders[i];
+                    self.note(format!("QP error node {n} qpn {qpn:#x}"));
+                    let _ = self.c.sim.force_qp_error(n, qpn);
                 }
             }
             5 => {

@@ -370,6 +370,8 @@ pub struct NodeView {
     pub qps: usize,
     /// XRC TGT QPs.
     pub tgt_qps: Vec<TgtQpView>,
+    /// Numbers of the RC and XRC INI QPs ready to send (RTS), ascending.
+    pub senders: Vec<u32>,
     /// Memory regions.
     pub mrs: usize,
     /// SRQs.
@@ -677,10 +679,22 @@ impl SimFabric {
             })
             .collect();
         tgt_qps.sort_by_key(|t| t.qpn);
+        let mut senders: Vec<u32> = w
+            .qps
+            .iter()
+            .filter(|(_, q)| {
+                on_node(q.dev)
+                    && matches!(q.ty, QpType::Rc | QpType::XrcIni)
+                    && q.state == QpState::Rts
+            })
+            .map(|(_, q)| q.qpn)
+            .collect();
+        senders.sort_unstable();
         NodeView {
             node,
             qps: w.qps.iter().filter(|(_, q)| on_node(q.dev)).count(),
             tgt_qps,
+            senders,
             mrs: w.mrs.iter().filter(|(_, m)| ctx_on_node(m.ctx)).count(),
             srqs: w.srqs.iter().filter(|(_, s)| ctx_on_node(s.ctx)).count(),
             xrcds: w.xrcds.iter().filter(|(_, x)| on_node(x.dev)).count(),

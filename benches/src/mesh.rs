@@ -131,8 +131,6 @@ pub struct Mesh<C: Context> {
     closing_since: Option<Duration>,
     report_every: Option<Duration>,
     next_report: Duration,
-    /// Connection requests refused so far, by reason, as last printed.
-    refused: std::collections::BTreeMap<String, u64>,
     next_refused_look: Duration,
 }
 
@@ -252,7 +250,6 @@ impl<C: Context> Mesh<C> {
             closing_since: None,
             report_every: None,
             next_report: start,
-            refused: Default::default(),
             next_refused_look: start,
         }
     }
@@ -375,27 +372,19 @@ impl<C: Context> Mesh<C> {
             return;
         };
         if now >= self.next_refused_look {
-            // Each refusal of a stranger's (or a stale) connection request
-            // is told, with its reason, as it happens (within 100 ms).
+            // Each connection request turned away (a stranger's, or a
+            // crossing one) is told, with its reason, as it happens
+            // (within 100 ms).
             self.next_refused_look = now + Duration::from_millis(100);
-            let refused: std::collections::BTreeMap<String, u64> = self.btl.with_manager(|m| {
-                m.counters()
-                    .refused_sent
-                    .iter()
-                    .map(|(r, n)| (format!("{r:?}"), *n))
-                    .collect()
-            });
-            for (why, n) in &refused {
-                let before = self.refused.get(why).copied().unwrap_or(0);
-                if *n > before {
+            for n in self.btl.take_notices() {
+                if let xrcbtl_btl::Notice::Refused { rank, reason } = n {
+                    let from = rank.map_or("a stranger".to_string(), |r| format!("rank {r}"));
                     eprintln!(
-                        "mesh: rank {}: refused {} connection request(s): {why}",
-                        self.me,
-                        n - before
+                        "mesh: rank {}: refused a connection request from {from}: {reason:?}",
+                        self.me
                     );
                 }
             }
-            self.refused = refused;
         }
         if now < self.next_report {
             return;

@@ -223,7 +223,9 @@ impl<C: Context> Btl<C> {
         f(self.lock().drv.manager())
     }
 
-    /// Connection notices seen since the last call.
+    /// Connection notices seen since the last call (the latest
+    /// [`crate::conn::NOTICES_KEPT`]), refused connection requests among
+    /// them.
     pub fn take_notices(&self) -> Vec<Notice> {
         self.lock().drv.take_notices()
     }

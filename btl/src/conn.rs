@@ -259,8 +259,22 @@ pub struct ConnDriver<C: Context> {
     /// [`ConnDriver::progress`]: its events should be looked at soon.
     look_wanted: bool,
     events: VecDeque<ConnEvent>,
-    notices: Vec<Notice>,
+    /// The latest notices, for [`ConnDriver::take_notices`]: at most
+    /// [`NOTICES_KEPT`], the oldest dropped (a stranger's requests must
+    /// not grow a process that never looks).
+    notices: VecDeque<Notice>,
     stats: DriverStats,
+}
+
+/// Notices kept for [`ConnDriver::take_notices`].
+pub const NOTICES_KEPT: usize = 1024;
+
+/// Keeps `n` among the latest [`NOTICES_KEPT`] notices.
+fn keep_notice(notices: &mut VecDeque<Notice>, n: Notice) {
+    if notices.len() == NOTICES_KEPT {
+        notices.pop_front();
+    }
+    notices.push_back(n);
 }
 
 impl<C: Context> Drop for ConnDriver<C> {
@@ -357,7 +371,7 @@ impl<C: Context> ConnDriver<C> {
             next_ref: DRIVER_REFS,
             look_wanted: false,
             events: VecDeque::new(),
-            notices: Vec::new(),
+            notices: VecDeque::new(),
             stats: DriverStats::default(),
         })
     }
@@ -432,7 +446,7 @@ impl<C: Context> ConnDriver<C> {
                         rank: self.me,
                         reason: xrcbtl_xrc_conn::FailReason::NoResource,
                     };
-                    self.notices.push(n.clone());
+                    keep_notice(&mut self.notices, n.clone());
                     self.events.push_back(ConnEvent::Notice(n));
                     return;
                 }
@@ -516,9 +530,10 @@ impl<C: Context> ConnDriver<C> {
         self.events.pop_front()
     }
 
-    /// The manager's notices since the last call (for tests and tools).
+    /// The manager's notices since the last call, the latest
+    /// [`NOTICES_KEPT`] of them (for tests and tools).
     pub fn take_notices(&mut self) -> Vec<Notice> {
-        std::mem::take(&mut self.notices)
+        self.notices.drain(..).collect()
     }
 
     /// When the manager next needs [`ConnDriver::progress`] for a timer, or
@@ -767,7 +782,7 @@ impl<C: Context> ConnDriver<C> {
             other => ConnEvent::Notice(other.clone()),
         };
         self.events.push_back(ev);
-        self.notices.push(n);
+        keep_notice(&mut self.notices, n);
     }
 
     fn on_async(&mut self, now: Duration, ev: AsyncEvent) {
@@ -1204,5 +1219,20 @@ fn port_space(mode: Mode) -> PortSpace {
     match mode {
         Mode::Xrc => PortSpace::Ib,
         Mode::Rc { .. } => PortSpace::Tcp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_latest_notices_are_kept() {
+        let mut q = VecDeque::new();
+        for rank in 0..(NOTICES_KEPT as u32 + 10) {
+            keep_notice(&mut q, Notice::Closed { rank });
+        }
+        assert_eq!(q.len(), NOTICES_KEPT);
+        assert_eq!(q.front(), Some(&Notice::Closed { rank: 10 }));
     }
 }

@@ -564,7 +564,7 @@ impl<C: Context> Core<C> {
                     }
                 }
             }
-            ConnEvent::Notice(Notice::Ready { .. }) => {}
+            ConnEvent::Notice(Notice::Ready { .. } | Notice::Refused { .. }) => {}
             ConnEvent::Destroyed { slot, qpn } => {
                 if let Some(q) = self.sq.get_mut(slot as usize) {
                     q.used = 0;

@@ -316,6 +316,14 @@ pub enum Notice {
         /// The peer.
         rank: Rank,
     },
+    /// A connection request was turned away (a stranger's, a stale one, a
+    /// crossing one, one from a failed or leaving peer...).
+    Refused {
+        /// The rank it claimed to come from, if it could be read.
+        rank: Option<Rank>,
+        /// Why.
+        reason: Reason,
+    },
 }
 
 /// Why a CM request got no connection.
@@ -1067,6 +1075,10 @@ impl ConnManager {
         let mut m = self.msg(Kind::Refuse, dst, tag);
         m.reason = Some(reason);
         *self.counters.refused_sent.entry(reason).or_insert(0) += 1;
+        self.notices.push_back(Notice::Refused {
+            rank: (dst != u32::MAX).then_some(dst),
+            reason,
+        });
         self.actions.push_back(Action::Reject {
             cm,
             data: m.encode(),

@@ -1099,10 +1099,28 @@ impl ConnManager {
         }
     }
 
+    /// Makes `rank`'s endpoint ready, if it still rides on a live QP: an
+    /// endpoint that left, failed or moved to another QP meanwhile is not
+    /// made ready by a connection that came up late.
     fn ready(&mut self, rank: Rank) {
+        let attached = self
+            .eps
+            .get(&rank)
+            .and_then(|e| e.ini)
+            .is_some_and(|k| self.inis.contains_key(&k));
+        if !attached {
+            return;
+        }
         self.set_ep(rank, EpState::Ready);
         if let Some(path) = self.path(rank) {
             self.notices.push_back(Notice::Ready { rank, path });
+        }
+    }
+
+    /// [`ConnManager::ready`] for the anchor of `ini`, if it rides on it.
+    fn anchor_ready(&mut self, anchor: Rank, ini: u64) {
+        if self.eps.get(&anchor).is_some_and(|e| e.ini == Some(ini)) {
+            self.ready(anchor);
         }
     }
 
@@ -1460,14 +1478,14 @@ impl ConnManager {
                         let qp = self.inis[&ini].qp;
                         self.actions.push_back(Action::SendHello { qp });
                         self.bump_epoch(anchor);
-                        self.ready(anchor);
+                        self.anchor_ready(anchor, ini);
                     }
                     Mode::Rc { .. } => {
                         self.bump_epoch(anchor);
-                        self.ready(anchor);
+                        self.anchor_ready(anchor, ini);
                     }
                     Mode::Xrc => {
-                        self.ready(anchor);
+                        self.anchor_ready(anchor, ini);
                         for r in users {
                             if r != anchor
                                 && self

@@ -941,3 +941,38 @@ fn rc_repeated_requests_from_one_peer_leave_one_qp() {
         assert_eq!(m.live_qps(), 1, "after request {tag}");
     }
 }
+
+/// The fuzzer's find: a peer leaves while this rank's connection to it is
+/// still coming up, then the connection comes up. The endpoint stays
+/// closed: it was made ready with no QP under it, and the next `connect`
+/// panicked ("ready endpoints have a path").
+#[test]
+fn a_connection_that_comes_up_after_its_peer_left_readies_nothing() {
+    let mut m = mgr(0, 0);
+    m.connect(T0, 1);
+    let cm = resolve_of(&drain(&mut m), 1);
+    let (cm, _, req) = resolved(&mut m, T0, cm);
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(800),
+            data: Msg::new(Kind::Leave, JOB, 1, 0, 5).encode(),
+        },
+    );
+    assert_eq!(notices(&mut m), vec![Notice::Closed { rank: 1 }]);
+    m.handle(
+        T0,
+        Event::Established {
+            cm,
+            data: accept(1, 0, req.tag, 77),
+        },
+    );
+    let n = notices(&mut m);
+    assert!(
+        !n.iter().any(|x| matches!(x, Notice::Ready { rank: 1, .. })),
+        "{n:?}"
+    );
+    assert!(m.path(1).is_none());
+    m.connect(T0, 1);
+    assert!(m.path(1).is_none());
+}

@@ -640,24 +640,19 @@ impl<C: Context> Core<C> {
             self.eps.get_mut(ei).credits = Default::default();
             return;
         }
-        if let Work::Rdma(Rdma {
-            owner: Owner::RndvOut { msg },
-            ..
-        }) = item.work
-        {
-            // Never written again on another connection: the receiver may
-            // have delivered and reused the sink. The rendezvous resumes
-            // (or, its endpoint gone, fails with it).
-            return self.rndv.write_lost(msg);
-        }
-        if let Work::Rdma(Rdma {
-            owner: Owner::Atomic { .. },
-            ..
-        }) = item.work
-        {
-            // Executed there perhaps, its answer lost: an atomic is not
-            // done twice. Its outcome is unknown, and the user is told so.
-            return self.drop_item(ei, item, BtlError::Transfer(WcStatus::WrFlush));
+        if let Work::Rdma(Rdma { owner, .. }) = item.work {
+            match owner {
+                // Never written again on another connection: the receiver
+                // may have delivered and reused the sink. The rendezvous
+                // resumes (or, its endpoint gone, fails with it).
+                Owner::RndvOut { msg } => return self.rndv.write_lost(msg),
+                // Executed there perhaps, its answer lost: an atomic is not
+                // done twice. Its outcome is unknown, and the user is told.
+                Owner::Atomic { .. } => {
+                    return self.drop_item(ei, item, BtlError::Transfer(WcStatus::WrFlush))
+                }
+                Owner::RndvIn { .. } | Owner::Op { .. } => {}
+            }
         }
         item.tries += 1;
         if let EpState::Gone(e) = &self.eps.get(ei).state {
@@ -830,11 +825,17 @@ impl<C: Context> Core<C> {
         let mut out = std::mem::take(&mut self.arrived_buf);
         Kept::of(&mut self.eps.get_mut(ei).kept, qpn).arrived(u64::from(n), &mut out);
         for item in out.drain(..) {
-            if let Work::Msg(m) = item.work {
-                self.let_go(m.store);
-            }
+            self.let_go_kept(item);
         }
         self.arrived_buf = out;
+    }
+
+    /// A kept message is no longer needed (it arrived, or its peer is
+    /// gone).
+    fn let_go_kept(&mut self, item: Item) {
+        if let Work::Msg(m) = item.work {
+            self.let_go(m.store);
+        }
     }
 
     /// Work completed successfully.
@@ -940,9 +941,7 @@ impl<C: Context> Core<C> {
         // Sent, arrived or not: nothing more is owed to them.
         for kept in std::mem::take(&mut self.eps.get_mut(ei).kept) {
             for item in kept.sent.into_iter().flatten() {
-                if let Work::Msg(m) = item.work {
-                    self.let_go(m.store);
-                }
+                self.let_go_kept(item);
             }
         }
         for (_, p) in self.slab.extract(|p| p.ep == ei) {

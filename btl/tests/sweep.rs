@@ -88,6 +88,8 @@ type AddOutcome = ((u32, u32), u32, Option<bool>);
 struct Run {
     c: Cluster,
     rng: Rng,
+    /// Steps of the schedule (before the liveness phase).
+    steps: u64,
     dead: Vec<SimProcess>,
     /// Messages sent, by (source, destination): kind, index, length.
     sent: Streams,
@@ -149,9 +151,12 @@ impl Run {
             eprintln!("sweep: seed {seed}: {}", log[0]);
         }
         let failed: Arc<Mutex<BTreeSet<(u32, u32)>>> = Arc::default();
+        // The schedule's length, drawn first of the steps' draws.
+        let steps = 4 + rng.below(8);
         let mut run = Run {
             c,
             rng,
+            steps,
             dead: Vec::new(),
             sent: BTreeMap::new(),
             next: BTreeMap::new(),
@@ -545,7 +550,7 @@ fn run_seed(seed: u64) -> Vec<String> {
 
 /// How many steps seed `seed` runs.
 fn steps_of(seed: u64) -> u64 {
-    4 + Run::new(seed).rng.below(8)
+    Run::new(seed).steps
 }
 
 /// Runs seed `seed`, its first `limit` steps only if given (then the
@@ -553,8 +558,7 @@ fn steps_of(seed: u64) -> u64 {
 /// first `k` are the same whatever follows them.
 fn run_seed_steps(seed: u64, limit: Option<u64>) -> Vec<String> {
     let mut run = Run::new(seed);
-    let steps = 4 + run.rng.below(8);
-    let steps = limit.map_or(steps, |l| l.min(steps));
+    let steps = limit.map_or(run.steps, |l| l.min(run.steps));
     for _ in 0..steps {
         if run.rng.chance(60) {
             run.traffic();

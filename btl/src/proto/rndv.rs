@@ -169,8 +169,14 @@ struct Out<S> {
     qp: Option<u32>,
     /// Put: a write went on another connection, or was lost with one.
     mixed: bool,
-    /// Put: the FIN after the last write is asked for.
-    fin_out: bool,
+}
+
+impl<S> Out<S> {
+    /// Put: the FIN after the last write is asked for (nothing is left to
+    /// write since the last RTR).
+    fn fin_asked(&self) -> bool {
+        self.next >= self.len
+    }
 }
 
 struct In<K> {
@@ -249,7 +255,6 @@ impl<S, K> Rndv<S, K> {
                 payload,
                 qp: None,
                 mixed: false,
-                fin_out: false,
             },
         );
         let rts = Rts {
@@ -298,15 +303,7 @@ impl<S, K> Rndv<S, K> {
             },
         );
         if rts.put {
-            self.acts.push_back(Act::Send {
-                peer,
-                tag: 0,
-                ctl: Control::Rtr(Rtr {
-                    msg: rts.msg,
-                    addr: sink.addr,
-                    rkey: sink.rkey,
-                }),
-            });
+            self.send_rtr(peer, rts.msg);
         } else {
             for _ in 0..self.cfg.pipeline {
                 self.next_read(peer, rts.msg);
@@ -336,31 +333,19 @@ impl<S, K> Rndv<S, K> {
     /// Receiver: the request `msg` from `peer` cannot be taken (too long,
     /// no memory): the sender is told.
     pub fn refuse(&mut self, peer: Rank, msg: MsgId) {
-        self.acts.push_back(Act::Send {
-            peer,
-            tag: 0,
-            ctl: Control::Nak(msg),
-        });
+        self.answer(peer, Control::Nak(msg));
     }
 
     /// Sender: `peer` refused `msg`. Returns whether it matched.
     pub fn on_nak(&mut self, peer: Rank, msg: MsgId) -> bool {
-        let ok = self.outs.get(&msg).is_some_and(|o| o.peer == peer);
-        if ok {
-            let e = BtlError::Transfer(xrcbtl_fabric::WcStatus::RemoteInvalidRequest);
-            self.finish(msg, Err(e));
-        }
-        ok
+        let e = BtlError::Transfer(xrcbtl_fabric::WcStatus::RemoteInvalidRequest);
+        self.finish_from(peer, msg, Err(e))
     }
 
     /// Sender: `peer` has the data (read it, or was written it and saw
     /// FIN). Returns whether it matched.
     pub fn on_ats(&mut self, peer: Rank, msg: MsgId) -> bool {
-        let ok = self.outs.get(&msg).is_some_and(|o| o.peer == peer);
-        if ok {
-            self.finish(msg, Ok(()));
-        }
-        ok
+        self.finish_from(peer, msg, Ok(()))
     }
 
     /// Receiver: `peer` has written everything (put), or asks for the RTR
@@ -368,34 +353,14 @@ impl<S, K> Rndv<S, K> {
     pub fn on_fin(&mut self, peer: Rank, msg: MsgId) -> bool {
         let resume = msg & RESUME != 0;
         let msg = msg & !RESUME;
-        let Some(i) = self.ins.get(&(peer, msg)).filter(|i| i.put) else {
+        if !self.ins.get(&(peer, msg)).is_some_and(|i| i.put) {
             return false;
-        };
-        if resume {
-            let rtr = Rtr {
-                msg,
-                addr: i.sink.addr,
-                rkey: i.sink.rkey,
-            };
-            self.acts.push_back(Act::Send {
-                peer,
-                tag: 0,
-                ctl: Control::Rtr(rtr),
-            });
-            return true;
         }
-        let i = self.ins.remove(&(peer, msg)).expect("checked");
-        self.acts.push_back(Act::Deliver {
-            peer,
-            tag: i.tag,
-            len: i.len,
-            sink: i.payload,
-        });
-        self.acts.push_back(Act::Send {
-            peer,
-            tag: 0,
-            ctl: Control::Ats(msg),
-        });
+        if resume {
+            self.send_rtr(peer, msg);
+        } else {
+            self.deliver(peer, msg);
+        }
         true
     }
 
@@ -416,16 +381,11 @@ impl<S, K> Rndv<S, K> {
             return;
         };
         o.mixed = true;
-        if !o.fin_out {
+        if !o.fin_asked() {
             // No more writes until the receiver answers.
             o.next = o.len;
-            o.fin_out = true;
             let peer = o.peer;
-            self.acts.push_back(Act::Send {
-                peer,
-                tag: 0,
-                ctl: Control::Fin(msg),
-            });
+            self.answer(peer, Control::Fin(msg));
         }
     }
 
@@ -444,7 +404,6 @@ impl<S, K> Rndv<S, K> {
         o.next = 0;
         o.qp = None;
         o.mixed = false;
-        o.fin_out = false;
         true
     }
 
@@ -460,18 +419,7 @@ impl<S, K> Rndv<S, K> {
                     self.next_read(peer, msg);
                     return;
                 }
-                let i = self.ins.remove(&(peer, msg)).expect("live");
-                self.acts.push_back(Act::Deliver {
-                    peer,
-                    tag: i.tag,
-                    len: i.len,
-                    sink: i.payload,
-                });
-                self.acts.push_back(Act::Send {
-                    peer,
-                    tag: 0,
-                    ctl: Control::Ats(msg),
-                });
+                self.deliver(peer, msg);
             }
             Owner::RndvOut { msg } => {
                 if let Some(o) = self.outs.get_mut(&msg) {
@@ -506,15 +454,8 @@ impl<S, K> Rndv<S, K> {
     /// rendezvous it starts or ends is over.
     pub fn on_control_lost(&mut self, peer: Rank, ctl: Control, e: BtlError) {
         match ctl {
-            Control::Rts(rts) => {
-                if self.outs.get(&rts.msg).is_some_and(|o| o.peer == peer) {
-                    self.finish(rts.msg, Err(e));
-                }
-            }
-            Control::Fin(msg) => {
-                if self.outs.get(&msg).is_some_and(|o| o.peer == peer) {
-                    self.finish(msg, Err(e));
-                }
+            Control::Rts(Rts { msg, .. }) | Control::Fin(msg) => {
+                self.finish_from(peer, msg, Err(e));
             }
             Control::Rtr(r) => {
                 if let Some(i) = self.ins.remove(&(peer, r.msg)) {
@@ -544,6 +485,50 @@ impl<S, K> Rndv<S, K> {
             let i = self.ins.remove(&k).expect("listed");
             self.acts.push_back(Act::Release { sink: i.payload });
         }
+    }
+
+    /// Ends the rendezvous `msg` this rank sends, if `peer` is its
+    /// receiver; returns whether it was.
+    fn finish_from(&mut self, peer: Rank, msg: MsgId, result: Result<(), BtlError>) -> bool {
+        let ok = self.outs.get(&msg).is_some_and(|o| o.peer == peer);
+        if ok {
+            self.finish(msg, result);
+        }
+        ok
+    }
+
+    /// Sends `ctl` to `peer` (control messages carry no tag).
+    fn answer(&mut self, peer: Rank, ctl: Control) {
+        self.acts.push_back(Act::Send { peer, tag: 0, ctl });
+    }
+
+    /// Receiver: offers `peer` the sink of `msg` (put).
+    fn send_rtr(&mut self, peer: Rank, msg: MsgId) {
+        let sink = self.ins[&(peer, msg)].sink;
+        self.answer(
+            peer,
+            Control::Rtr(Rtr {
+                msg,
+                addr: sink.addr,
+                rkey: sink.rkey,
+            }),
+        );
+    }
+
+    /// Receiver: the data of `msg` from `peer` is all in the sink: it is
+    /// delivered, and the sender told (ATS).
+    fn deliver(&mut self, peer: Rank, msg: MsgId) {
+        let i = self
+            .ins
+            .remove(&(peer, msg))
+            .expect("checked by the caller");
+        self.acts.push_back(Act::Deliver {
+            peer,
+            tag: i.tag,
+            len: i.len,
+            sink: i.payload,
+        });
+        self.answer(peer, Control::Ats(msg));
     }
 
     fn finish(&mut self, msg: MsgId, result: Result<(), BtlError>) {
@@ -600,17 +585,12 @@ impl<S, K> Rndv<S, K> {
             },
             owner: Owner::RndvOut { msg },
         };
-        let last = o.next == o.len;
-        o.fin_out |= last;
+        let last = o.fin_asked();
         self.acts.push_back(Act::Rdma { peer, rdma });
         if last {
             // After the last write, on the same connection: when the peer
             // sees FIN, the data has landed.
-            self.acts.push_back(Act::Send {
-                peer,
-                tag: 0,
-                ctl: Control::Fin(msg),
-            });
+            self.answer(peer, Control::Fin(msg));
         }
     }
 }

@@ -18,9 +18,13 @@
 //!
 //! Lifetime: the monitor lives while someone uses it ([`MemMonitor::acquire`]
 //! hands out shared references, each [`Subscriber`] holds one); when the
-//! last goes, its thread is woken, joined, and the descriptor closed (which
-//! stops the watching). A library loaded into a process and unloaded again
-//! (an Open MPI component) leaves no thread behind.
+//! last goes, its thread is woken, reads what is pending, closes the
+//! descriptor (which stops the watching and releases any thread still
+//! waiting on an event), and only then exits and is joined. The order
+//! matters: a thread's exit frees its allocator caches, which can trim a
+//! heap whose pages are watched, and the exiting reader would then wait
+//! forever for its own event. A library loaded into a process and unloaded
+//! again (an Open MPI component) leaves no thread behind.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -97,12 +101,19 @@ impl Ring {
     }
 }
 
+/// What the monitor's lock guards.
+struct Locked {
+    /// The userfaultfd; `None` once the reader thread has closed it on its
+    /// way out.
+    fd: Option<OwnedFd>,
+    /// One queue per live subscriber, indexed by subscriber id.
+    queues: [Option<Box<Ring>>; MAX_SUBSCRIBERS],
+}
+
 struct Inner {
-    fd: OwnedFd,
     /// Written to wake the reader thread when the monitor stops.
     wake: OwnedFd,
-    /// One queue per live subscriber, indexed by subscriber id.
-    queues: Mutex<[Option<Box<Ring>>; MAX_SUBSCRIBERS]>,
+    state: Mutex<Locked>,
     /// Bumped after every batch of events is queued.
     generation: AtomicU64,
     /// Set while the reader thread is between `read` and bumping
@@ -113,15 +124,23 @@ struct Inner {
 }
 
 impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Reads every queued event into every subscriber's queue; the caller
-    /// holds `queues`' lock.
-    fn read_events(&self, queues: &mut [Option<Box<Ring>>]) {
+    /// holds the lock.
+    fn read_events(&self, state: &mut Locked) {
+        let Some(fd) = state.fd.as_ref().map(|f| f.as_raw_fd()) else {
+            return;
+        };
         let mut buf = [0u8; MSG_LEN * 64];
         loop {
             self.reading.store(true, Ordering::SeqCst);
             // SAFETY: reads into a local buffer of the given length from the
-            // monitor's own descriptor (non-blocking).
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            // monitor's own descriptor (non-blocking), which the lock keeps
+            // open.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
             if n <= 0 {
                 self.reading.store(false, Ordering::SeqCst);
                 return;
@@ -140,7 +159,7 @@ impl Inner {
                     start: range.0 as usize,
                     end: range.1 as usize,
                 };
-                for q in queues.iter_mut().flatten() {
+                for q in state.queues.iter_mut().flatten() {
                     q.push(inv);
                 }
             }
@@ -238,10 +257,13 @@ impl MemMonitor {
         }
         // SAFETY: eventfd returned a new descriptor we now own.
         let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let raw = fd.as_raw_fd();
         let inner = Arc::new(Inner {
-            fd,
             wake,
-            queues: Mutex::new(std::array::from_fn(|_| None)),
+            state: Mutex::new(Locked {
+                fd: Some(fd),
+                queues: std::array::from_fn(|_| None),
+            }),
             generation: AtomicU64::new(0),
             reading: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -252,21 +274,32 @@ impl MemMonitor {
             .name("xrcbtl-memmon".into())
             .spawn(move || {
                 // Unmapping threads wait for their event to be read: read
-                // promptly; the wake descriptor says when to stop.
+                // promptly; the wake descriptor says when to stop. Only
+                // this thread closes the descriptor, so `raw` stays valid
+                // in the loop.
                 while !worker.stop.load(Ordering::Acquire) {
-                    let mut pfd =
-                        [worker.fd.as_raw_fd(), worker.wake.as_raw_fd()].map(|fd| libc::pollfd {
-                            fd,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        });
+                    let mut pfd = [raw, worker.wake.as_raw_fd()].map(|fd| libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
                     // SAFETY: two valid pollfds.
                     let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, -1) };
                     if r > 0 && pfd[0].revents != 0 {
-                        let mut queues = worker.queues.lock().unwrap_or_else(|e| e.into_inner());
-                        worker.read_events(&mut queues[..]);
+                        worker.read_events(&mut worker.lock());
                     }
                 }
+                // Closed before this thread's exit frees anything (see the
+                // module documentation): from here on nothing waits for a
+                // reader.
+                let fd = {
+                    let mut state = worker.lock();
+                    worker.read_events(&mut state);
+                    state.fd.take()
+                };
+                drop(fd);
+                #[cfg(test)]
+                tests::run_exit_hook();
             })
             .map_err(|e| Error::Verbs {
                 verb: "spawn(memmon)",
@@ -287,11 +320,11 @@ impl MemMonitor {
             len: 0,
             overflow: false,
         });
-        let mut queues = self.inner.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.inner.lock();
         // Events read before now belong to the existing subscribers.
-        self.inner.read_events(&mut queues[..]);
-        let id = queues.iter().position(Option::is_none)?;
-        queues[id] = Some(ring);
+        self.inner.read_events(&mut state);
+        let id = state.queues.iter().position(Option::is_none)?;
+        state.queues[id] = Some(ring);
         Some(Subscriber {
             monitor: self.clone(),
             id,
@@ -315,9 +348,15 @@ impl MemMonitor {
             mode: UFFDIO_REGISTER_MODE_WP,
             ioctls: 0,
         };
-        // SAFETY: UFFDIO_REGISTER with a valid uffdio_register; the kernel
-        // checks the range against the process's mappings.
-        if unsafe { libc::ioctl(self.inner.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
+        let state = self.inner.lock();
+        let fd = state
+            .fd
+            .as_ref()
+            .ok_or(Error::Unsupported("the memory monitor has stopped"))?;
+        // SAFETY: UFFDIO_REGISTER with a valid uffdio_register on a
+        // descriptor the lock keeps open; the kernel checks the range
+        // against the process's mappings.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg) } != 0 {
             let e = io::Error::last_os_error();
             return Err(Error::Verbs {
                 verb: "UFFDIO_REGISTER",
@@ -378,11 +417,11 @@ impl Subscriber {
         // Copied out under the lock, handed over after it (see `Ring`).
         let mut local = [Invalidation { start: 0, end: 0 }; RING];
         let (n, overflow) = {
-            let mut queues = inner.queues.lock().unwrap_or_else(|e| e.into_inner());
-            inner.read_events(&mut queues[..]);
+            let mut state = inner.lock();
+            inner.read_events(&mut state);
             self.seen
                 .store(inner.generation.load(Ordering::SeqCst), Ordering::Relaxed);
-            match queues[self.id].as_mut() {
+            match state.queues[self.id].as_mut() {
                 Some(q) => {
                     local[..q.len].copy_from_slice(&q.items[..q.len]);
                     let taken = (q.len, q.overflow);
@@ -401,15 +440,7 @@ impl Subscriber {
 impl Drop for Subscriber {
     fn drop(&mut self) {
         // Freed after the lock is released (see `Ring`).
-        let ring = {
-            let mut queues = self
-                .monitor
-                .inner
-                .queues
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            queues[self.id].take()
-        };
+        let ring = self.monitor.inner.lock().queues[self.id].take();
         drop(ring);
     }
 }
@@ -429,6 +460,18 @@ impl Drop for MemMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    type Hook = Box<dyn FnOnce() + Send>;
+    /// Run by the next reader thread to exit, after it closed its
+    /// descriptor: stands for the frees of a thread's exit.
+    static EXIT_HOOK: Mutex<Option<Hook>> = Mutex::new(None);
+
+    pub(super) fn run_exit_hook() {
+        let hook = EXIT_HOOK.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = hook {
+            f();
+        }
+    }
 
     /// An anonymous private mapping of `pages` pages.
     fn map(pages: usize) -> (usize, usize) {
@@ -535,6 +578,37 @@ mod tests {
         // Every subscriber hears every event.
         assert!(drained(&other).len() >= 5);
         drop(other);
+    }
+
+    /// A reader thread's exit frees its allocator caches, and glibc may
+    /// then trim a heap whose pages are watched (the benches tests hung so,
+    /// 2 runs in 16). The exit must not wait for its own event.
+    #[test]
+    fn the_reader_thread_may_unmap_watched_memory_as_it_exits() {
+        let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
+        let (a, len) = map(4);
+        mon.watch(a, len).unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        *EXIT_HOOK.lock().unwrap() = Some(Box::new(move || {
+            // SAFETY: unmaps the test's own mapping, which nothing else uses.
+            let r = unsafe { libc::munmap(a as *mut _, len) };
+            let _ = done_tx.send(r);
+        }));
+        // Dropped on another thread: it would wait forever on the join.
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(mon);
+            let _ = dropped_tx.send(());
+        });
+        // Other tests of this binary may hold the monitor a little longer.
+        let limit = std::time::Duration::from_secs(30);
+        let r = done_rx
+            .recv_timeout(limit)
+            .expect("the exiting reader's unmap returned");
+        assert_eq!(r, 0);
+        dropped_rx
+            .recv_timeout(limit)
+            .expect("the monitor's drop returned");
     }
 
     #[test]

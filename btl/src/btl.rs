@@ -533,6 +533,13 @@ impl<C: Context> Btl<C> {
     /// added, and on iWARP, where the sink of an RDMA read must take remote
     /// writes, so is `REMOTE_WRITE`). Give it back with
     /// [`Btl::deregister_mem`].
+    ///
+    /// Memory unmapped or remapped while a registration of it is held: the
+    /// operations that name the registration afterwards are refused
+    /// (`InvalidState`), since it would move the old pages; deregister it
+    /// and register the memory again. A peer using the old remote handle
+    /// reaches the old pages (pinned by the kernel until deregistration),
+    /// never the new ones.
     pub fn register_mem(&self, mem: UserMem, access: Access) -> Result<MemReg> {
         if access.contains(Access::REMOTE_ATOMIC) && !self.caps.atomics {
             return Err(Error::Unsupported("the device has no atomics"));

@@ -1495,13 +1495,24 @@ impl<C: Context> Core<C> {
     }
 
     /// Checks that a user registration named by an operation is a live one
-    /// of this BTL (memory from `alloc_mem`, id 0, is its own proof).
-    pub fn check_reg(&self, reg: &MemReg) -> Result<()> {
+    /// of this BTL (memory from `alloc_mem`, id 0, is its own proof), and
+    /// that its memory was not unmapped or remapped since: the region would
+    /// move the old pages (or, on the simulator, nothing).
+    pub fn check_reg(&mut self, reg: &MemReg) -> Result<()> {
         if reg.id == 0 {
             return Ok(());
         }
         match self.regs.get(reg.id - 1) {
-            Some(r) if r.lkey() == reg.lkey => Ok(()),
+            Some(r) if r.lkey() == reg.lkey => {
+                if self.cache.is_current(r) {
+                    Ok(())
+                } else {
+                    Err(xrcbtl_fabric::Error::state(
+                        "the registered memory was unmapped or remapped since it was \
+                         registered: deregister it and register it again",
+                    ))
+                }
+            }
             _ => Err(xrcbtl_fabric::Error::invalid(
                 "not a live registration of this BTL (deregistered, or never handed out)",
             )),

@@ -157,6 +157,86 @@ fn put_and_get_on_user_memory_follow_a_remapped_buffer_over_iwarp() {
     user_memory_follows_a_remapped_buffer(SimDevice::iwarp("sim0"));
 }
 
+/// Memory unmapped and mapped again while registrations of it are held:
+/// the holder's operations through them are refused (they would move the
+/// old pages), and a peer's writes through the old remote handle never
+/// reach the new pages.
+fn held_registrations_across_a_remap(device: SimDevice) {
+    let mut c = Cluster::new(23, 2, 2, device);
+    let (theirs, remote) = exposed(&mut c, 3, 0, 16 * 1024);
+    let (b, peer) = (c.btl(0), c.btl(3));
+    let access = Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let mut mine = MappedBuf::new(16 * 1024).unwrap();
+    let mut their_buf = MappedBuf::new(16 * 1024).unwrap();
+    let held = b.register_mem(mine.user_mem(), access).unwrap();
+    let their_reg = peer.register_mem(their_buf.user_mem(), access).unwrap();
+    let old_handle = their_reg.remote();
+    mine.fill(0x11);
+    b.put(3, held.at(0), remote.at(0), 4096, None).unwrap();
+    landed(&mut c, 0, 3);
+    assert_eq!(theirs.read(0, 4096), vec![0x11; 4096]);
+
+    mine.remap().unwrap();
+    mine.fill(0x22);
+    their_buf.remap().unwrap();
+    their_buf.fill(0x33);
+    for r in [
+        b.put(3, held.at(0), remote.at(0), 4096, None),
+        b.get(3, remote.at(0), held.at(0), 4096, None),
+    ] {
+        assert!(
+            matches!(r, Err(Error::InvalidState(_))),
+            "a registration whose memory went is refused: {r:?}"
+        );
+    }
+    // The peer's old handle: the write goes to the old pages (or nowhere),
+    // not into the new ones.
+    let out: Outcomes = Arc::default();
+    let src = b.alloc_mem(4096).unwrap();
+    src.write(0, &[0x44; 4096]);
+    b.put(3, src.reg().at(0), old_handle.at(0), 4096, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    landed(&mut c, 0, 3);
+    assert_eq!(
+        their_buf.read(0, 4096),
+        vec![0x33; 4096],
+        "the old handle reached the new pages"
+    );
+    // Registered again: the new memory travels, both ways.
+    b.deregister_mem(held).unwrap();
+    peer.deregister_mem(their_reg).unwrap();
+    let fresh = b.register_mem(mine.user_mem(), access).unwrap();
+    b.put(3, fresh.at(0), remote.at(0), 4096, None).unwrap();
+    landed(&mut c, 0, 3);
+    assert_eq!(theirs.read(0, 4096), vec![0x22; 4096]);
+    let their_reg = peer.register_mem(their_buf.user_mem(), access).unwrap();
+    let op = b
+        .put(3, src.reg().at(0), their_reg.remote().at(0), 4096, None)
+        .unwrap();
+    c.run_until(LIMIT, |c| c.btl(0).test(op) != OpStatus::Pending);
+    landed(&mut c, 0, 3);
+    assert_eq!(their_buf.read(0, 4096), vec![0x44; 4096]);
+    b.deregister_mem(fresh).unwrap();
+    peer.deregister_mem(their_reg).unwrap();
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn held_registrations_across_a_remap_over_xrc() {
+    held_registrations_across_a_remap(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn held_registrations_across_a_remap_over_rc() {
+    held_registrations_across_a_remap(SimDevice::roce("sim0"));
+}
+
+#[test]
+fn held_registrations_across_a_remap_over_iwarp() {
+    held_registrations_across_a_remap(SimDevice::iwarp("sim0"));
+}
+
 /// One-sided work and atomics on a rank's own memory go through the
 /// device's loopback: atomics from the rank itself and from a peer on the
 /// same word are atomic with each other; an error breaks the loopback's

@@ -199,6 +199,14 @@ impl<C: Context> MemCache<C> {
         addr >= r.start && addr + len <= r.end
     }
 
+    /// Whether the memory of a held registration is still the memory it
+    /// registered (no unmap, remap or page removal reported since touched
+    /// it; see [`xrcbtl_rcache::RegCache::is_current`]). Without a memory
+    /// monitor nothing is ever reported, and it says `true`.
+    pub fn is_current(&mut self, reg: &Registration) -> bool {
+        self.cache.is_current(&reg.handle)
+    }
+
     /// Gives a registration back.
     pub fn release(&mut self, reg: Registration) {
         self.cache.put(reg.handle);

@@ -167,6 +167,9 @@ struct Entry<G> {
     at: Where,
     /// Its key in the LRU list while indexed and unused.
     lru: Option<u64>,
+    /// Some of its memory was reported unmapped, remapped or emptied since
+    /// it was registered.
+    gone: bool,
 }
 
 struct Slot<G> {
@@ -336,6 +339,7 @@ impl<R: Registrar, M: Monitor> RegCache<R, M> {
                 Where::Orphan
             },
             lru: None,
+            gone: false,
         });
         if watched {
             self.index.insert(lo, slot);
@@ -356,6 +360,16 @@ impl<R: Registrar, M: Monitor> RegCache<R, M> {
     pub fn range(&self, h: &Handle) -> Range<usize> {
         let e = self.checked(h);
         e.start..e.end
+    }
+
+    /// Whether the memory of a held registration is still the memory it
+    /// registered: `false` once an unmap, remap or page removal reported
+    /// since touched any of it (the region then reaches the old, pinned
+    /// pages, or nothing). Applies pending reports first. Memory the
+    /// monitor could not watch is never reported, so it stays `true`.
+    pub fn is_current(&mut self, h: &Handle) -> bool {
+        self.invalidate_reported();
+        !self.checked(h).gone
     }
 
     /// Gives a reference back. An unused registration stays cached (within
@@ -403,10 +417,20 @@ impl<R: Registrar, M: Monitor> RegCache<R, M> {
         self.scratch.clear();
     }
 
-    /// Drops every registration overlapping `r` from the index.
+    /// Drops every registration overlapping `r` from the index, and marks
+    /// every live one it touches gone (see [`RegCache::is_current`]).
     fn invalidate(&mut self, r: Range<usize>) {
         if r.is_empty() {
             return;
+        }
+        // Orphans still in use (merged away, or invalidated before) are
+        // out of the index: look for them only when there are any.
+        if self.slots.len() - self.free.len() > self.index.len() {
+            for e in self.slots.iter_mut().filter_map(|s| s.entry.as_mut()) {
+                if e.at == Where::Orphan && e.start < r.end && r.start < e.end {
+                    e.gone = true;
+                }
+            }
         }
         let hit: Vec<u32> = self
             .index
@@ -417,6 +441,7 @@ impl<R: Registrar, M: Monitor> RegCache<R, M> {
             .collect();
         for s in hit {
             self.stats.invalidations += 1;
+            self.entry_mut(s).gone = true;
             self.unindex(s);
         }
     }

@@ -252,6 +252,19 @@ fn an_invalidated_registration_is_never_handed_out_again() {
     c.put(c2);
     c.put(d);
     c.check();
+    // A held registration whose memory went says so, and one merged
+    // away (out of the index, still held) too.
+    let e = c.get(8 * PAGE, PAGE, R).unwrap();
+    let f = c.get(8 * PAGE, 2 * PAGE, R).unwrap();
+    assert_ne!(id(&c, &e), id(&c, &f), "merged into a new one");
+    assert!(c.is_current(&e) && c.is_current(&f));
+    m.unmap(9 * PAGE..9 * PAGE + 1);
+    assert!(c.is_current(&e), "its page did not change");
+    assert!(!c.is_current(&f));
+    m.unmap(8 * PAGE..8 * PAGE + 1);
+    assert!(!c.is_current(&e), "the orphan heard of it too");
+    c.put(e);
+    c.put(f);
     // `invalidate_reported` applies reports without a lookup.
     m.unmap(0..1);
     c.invalidate_reported();
@@ -352,6 +365,15 @@ fn random_lookups_unmaps_and_releases_never_give_a_stale_or_short_region() {
                 }
                 5..=7 if !held.is_empty() => {
                     let i = rng.below(held.len() as u64) as usize;
+                    // A held registration is current exactly while none
+                    // of its pages changed.
+                    let reg = c.region(&held[i].0);
+                    let (epoch, range) = (reg.epoch, reg.start..reg.start + reg.len);
+                    assert_eq!(
+                        c.is_current(&held[i].0),
+                        m.fresh(epoch, range),
+                        "seed {seed} step {step}: currency"
+                    );
                     let (h, _) = held.swap_remove(i);
                     c.put(h);
                 }

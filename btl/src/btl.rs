@@ -440,8 +440,10 @@ impl<C: Context> Btl<C> {
     /// runs when the send is complete (`data` may be dropped at once:
     /// the BTL holds its own reference). A rendezvous longer than
     /// [`BtlConfig::rndv_max`] is refused at once; one the peer refuses
-    /// (longer than its own bound, or no memory for it) completes with
-    /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::RemoteInvalidRequest`]`)`.
+    /// (longer than its own bound, or no memory for it) or cannot finish
+    /// (its reads of `data` failed for good) completes with
+    /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::RemoteInvalidRequest`]`)`,
+    /// and the message is not delivered.
     pub fn send_bytes(
         &self,
         dst: Rank,
@@ -629,6 +631,15 @@ impl<C: Context> Btl<C> {
     /// it arrives. `dst` may be this rank: one-sided work and atomics on
     /// its own memory go through the device's loopback (`Unsupported` on
     /// iWARP), so that they are atomic with the peers' atomics there.
+    ///
+    /// Work a broken connection flushed is posted again on the next. On
+    /// iWARP a write or read whose key the peer refuses breaks the
+    /// connection without saying which work was at fault (a TERMINATE), so
+    /// a put or get of the user's in flight at a second break fails with
+    /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::WrFlush`]`)`
+    /// rather than break every connection after it; a refused write that
+    /// had already left reports success there, as iWARP completes writes
+    /// when they leave.
     pub fn put(
         &self,
         dst: Rank,
@@ -736,6 +747,13 @@ impl<C: Context> Btl<C> {
     /// rendezvous or operation in progress, nothing left to deliver.
     pub fn is_idle(&self) -> bool {
         self.lock().is_idle()
+    }
+
+    /// What keeps it from idle, in words: work requests posted, work
+    /// pending, rendezvous in progress, operations in flight (id and
+    /// peer), deliveries waiting. For diagnostics; the format may change.
+    pub fn busy(&self) -> String {
+        self.lock().busy()
     }
 
     /// Does everything that is due: connection events, completions,

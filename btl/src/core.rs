@@ -651,6 +651,17 @@ impl<C: Context> Core<C> {
                 Owner::Atomic { .. } => {
                     return self.drop_item(ei, item, BtlError::Transfer(WcStatus::WrFlush))
                 }
+                // On iWARP the peer's TERMINATE names no culprit: a write or
+                // read whose key the peer refuses breaks the connection
+                // again each time it is posted, with everything else on
+                // it. The user's operation in flight at a second break
+                // fails instead (whether a write landed is unknown).
+                Owner::Op { .. }
+                    if item.tries >= 1
+                        && self.iface.caps.transport == xrcbtl_fabric::Transport::Iwarp =>
+                {
+                    return self.drop_item(ei, item, BtlError::Transfer(WcStatus::WrFlush));
+                }
                 Owner::RndvIn { .. } | Owner::Op { .. } => {}
             }
         }
@@ -1533,5 +1544,19 @@ impl<C: Context> Core<C> {
             && self.rndv.is_idle()
             && self.ops.is_empty()
             && self.deliveries.is_empty()
+    }
+
+    /// What keeps it from idle, in words (for failure reports).
+    pub fn busy(&self) -> String {
+        let (outs, ins, acts) = self.rndv.counts();
+        format!(
+            "work requests {} ({} signalled), pending {}, rendezvous out {outs} in {ins} \
+             asked {acts}, operations {:?}, deliveries {}",
+            self.slab.len(),
+            self.signalled_out,
+            self.eps.pending_now,
+            self.ops.live(),
+            self.deliveries.len()
+        )
     }
 }

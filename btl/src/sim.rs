@@ -392,12 +392,15 @@ impl SimJob {
         let mut out = String::new();
         for (i, r) in self.ranks.iter().enumerate() {
             let Some(r) = r else { continue };
+            let idle = r.btl.is_idle();
             out += &format!(
-                "rank {i}: idle {} {:?} eps {:?}\n",
-                r.btl.is_idle(),
+                "rank {i}: idle {idle} {:?} eps {:?}\n",
                 r.btl.stats(),
                 r.btl.with_manager(|m| m.endpoints_by_state()),
             );
+            if !idle {
+                out += &format!("rank {i}: busy with {}\n", r.btl.busy());
+            }
         }
         out
     }

@@ -666,3 +666,58 @@ fn an_atomic_whose_answer_was_lost_is_not_executed_twice() {
         c.shutdown(LIMIT);
     }
 }
+
+/// On iWARP a write to a key the peer refuses ends the connection with a
+/// TERMINATE that names no culprit, and everything in flight on it is
+/// flushed. Posted again each time, the write would break every new
+/// connection too, and the work behind it (here the reads of a rendezvous)
+/// would give up with it. The user's operation fails at the second break
+/// instead, and the rendezvous completes.
+#[test]
+fn on_iwarp_a_write_the_peer_refuses_does_not_take_the_connection_down_for_good() {
+    // Get: the receiver reads, on the connection the bad write takes.
+    let mut c = Cluster::with(5, 2, 1, SimDevice::iwarp("sim0"), |cfg| {
+        cfg.rndv_protocol = xrcbtl_btl::RndvProtocol::Get;
+    });
+    let (_theirs, remote) = exposed(&mut c, 1, 0, 64 * 1024);
+    let forged = RemoteMem {
+        rkey: remote.rkey ^ 0x77,
+        ..remote
+    };
+    let data = pattern(3, 4_000_000);
+    c.btl(1)
+        .send_bytes(0, TAG, xrcbtl_btl::Bytes::from(data.clone()), None)
+        .unwrap();
+    // Once rank 0 has posted its first reads, the bad write goes behind
+    // them.
+    c.run_until(LIMIT, |c| c.btl(0).stats().rdma_frags > 0);
+    let b = c.btl(0);
+    let src = b.alloc_mem(40_000).unwrap();
+    let out: Outcomes = Arc::default();
+    b.put(1, src.reg().at(0), forged.at(0), 40_000, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |c| {
+        out.lock().unwrap().len() == 1 && c.got(0).iter().any(|g| g.data == data)
+    });
+    assert_eq!(
+        c.got(0).iter().filter(|g| g.data == data).count(),
+        1,
+        "the rendezvous behind the bad write was delivered once"
+    );
+    let r = out.lock().unwrap()[0].1.clone();
+    assert_eq!(
+        r,
+        Err(xrcbtl_btl::BtlError::Transfer(
+            xrcbtl_fabric::WcStatus::WrFlush
+        ))
+    );
+    // Two breaks' worth: the reads in flight at each, and the write once.
+    assert!(
+        b.stats().retransmits <= 20,
+        "the bad write was posted again and again: {:?}",
+        b.stats()
+    );
+    b.send(1, TAG, &[], b"still here").unwrap();
+    c.run_until(LIMIT, |c| c.got(1).iter().any(|g| g.data == b"still here"));
+    c.shutdown(LIMIT);
+}

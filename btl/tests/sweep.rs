@@ -4,7 +4,9 @@
 //! rendezvous messages, one-sided puts, atomics where the device has them)
 //! under a random mix of faults: crashes, clean exits, partitions that
 //! heal, lost, late and doubled CM messages, forced TGT QP errors (XRC)
-//! or connection QP errors (RC, iWARP), a receiver too busy to repost. After every step the checkers run:
+//! or connection QP errors (RC, iWARP), a receiver too busy to repost,
+//! user memory unmapped and mapped again (or emptied) under a
+//! registration its rank holds. After every step the checkers run:
 //!
 //! - at most one INI QP per (process, node), or one QP per peer with RC;
 //! - a TGT QP is held only by live processes, and nothing a dead process
@@ -14,6 +16,12 @@
 //!   neither was told the other failed, every one has arrived;
 //! - every rendezvous message arrives intact, at most once;
 //! - a put's bytes land intact;
+//! - no registration is used after its memory went: the simulated device
+//!   saw no local work through a region whose pages were replaced; the
+//!   held registration is refused once its pages are replaced; puts and
+//!   gets on user memory move its present contents; a peer's write through
+//!   a handle made before the pages were replaced never reaches the new
+//!   ones;
 //! - no atomic is executed twice: adds left in flight as faults strike
 //!   (some with their two nodes cut for longer than a QP takes to give
 //!   up) each add a bit of their own, and the word must hold those that
@@ -28,7 +36,8 @@
 //! again with fewer and fewer of its first steps, and the shortest prefix
 //! that still fails is printed with its own replay command
 //! (`SWEEP_STEPS=K`). `SWEEP_ALL=1` runs every seed and lists the failing
-//! ones. Seeds in [`KNOWN_OPEN`] are skipped, and said so.
+//! ones. `SWEEP_VERBOSE=1` prints the steps as they happen, `SWEEP_DUMP=1`
+//! every rank's state (and what keeps a busy one busy) after each. Seeds in [`KNOWN_OPEN`] are skipped, and said so.
 
 mod btlsim;
 
@@ -37,8 +46,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, TAG};
-use xrcbtl_btl::{BtlConfig, Bytes, OpStatus, RndvProtocol, SplitLimit};
+use xrcbtl_btl::{
+    Access, BtlConfig, Bytes, MappedBuf, MemReg, OpId, OpStatus, RemoteMem, RndvProtocol,
+    SplitLimit,
+};
 use xrcbtl_fabric::sim::{CmAction, CmFault, SimDevice, SimProcess};
+use xrcbtl_fabric::Error;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -80,11 +93,29 @@ const RNDV: u8 = 2;
 /// Messages by (source, destination): kind, index, length.
 type Streams = BTreeMap<(u32, u32), Vec<(u8, u32, usize)>>;
 
-/// One seed's world and what the checkers know.
 /// An add's (sender, target), its bit, and whether it succeeded once
 /// known.
 type AddOutcome = ((u32, u32), u32, Option<bool>);
 
+/// A rank's user memory: a mapping it registered through the cache and
+/// holds registered across steps, so that a fault can replace its pages
+/// under the registration ([`Run::replace_user_pages`]).
+struct UserBuf {
+    buf: MappedBuf,
+    /// The registration the rank holds.
+    held: MemReg,
+    /// Times its pages were replaced.
+    gen: u32,
+    /// The `gen` in which `held` was made.
+    held_gen: u32,
+    /// The handle its peers last heard of, and the `gen` it was made in.
+    told: (RemoteMem, u32),
+    /// Operations on it that had not finished when last waited for: the
+    /// rank that started each, and its id.
+    pending: Vec<(u32, OpId)>,
+}
+
+/// One seed's world and what the checkers know.
 struct Run {
     c: Cluster,
     rng: Rng,
@@ -111,6 +142,10 @@ struct Run {
     /// Draws for the adds, apart from `rng`, so that the rest of a seed's
     /// schedule stays what it was.
     add_rng: Rng,
+    /// User memory by rank.
+    users: BTreeMap<u32, UserBuf>,
+    /// Draws for user memory, apart from the others for the same reason.
+    mem_rng: Rng,
     log: Vec<String>,
 }
 
@@ -167,6 +202,8 @@ impl Run {
             adds: BTreeMap::new(),
             add_outcomes: Arc::default(),
             add_rng: Rng(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1),
+            users: BTreeMap::new(),
+            mem_rng: Rng(seed.wrapping_mul(0xA076_1D64_78BD_642F) | 1),
             log,
         };
         for r in run.c.live() {
@@ -219,6 +256,7 @@ impl Run {
             }
         }
         let _ = self.fire_add();
+        self.user_memory();
         // Now and then a put and an atomic, checked at once.
         if live.len() >= 2 && self.rng.chance(30) {
             let a = live[0];
@@ -322,19 +360,9 @@ impl Run {
             return;
         };
         let btl = self.c.btl(a);
-        let _ = self.run_until(|_| btl.test(op) != OpStatus::Pending);
+        let landed = self.settle(a, b, op);
         self.keep.push(src);
-        // Complete where it was posted is not landed (iWARP completes a
-        // write when it leaves): a message after it on the same
-        // connection arrives after its data.
-        let marks = |c: &Cluster| c.got(b).iter().filter(|g| g.tag == TAG + 1).count();
-        let before = marks(&self.c);
-        if btl.send(b, TAG + 1, &[], b"after the put").is_err()
-            || !self.run_until(|c| marks(c) > before)
-        {
-            return;
-        }
-        if btl.test(op) == OpStatus::Done && !self.told(a, b) {
+        if landed == Some(true) {
             let got = target.read(0, len);
             let first = got.iter().zip(&data).position(|(x, y)| x != y);
             assert!(
@@ -356,6 +384,222 @@ impl Run {
         self.keep.push(target);
     }
 
+    /// Waits for `a`'s operation `op` towards `b` and for its data to land:
+    /// completion where it was posted is not landing (iWARP completes a
+    /// write when it leaves), but a message after it on the same
+    /// connection arrives after its data. `None` if it is still pending,
+    /// or the message did not arrive in time; `Some(true)` if it succeeded
+    /// and has landed, with neither side told the other failed.
+    fn settle(&mut self, a: u32, b: u32, op: OpId) -> Option<bool> {
+        let btl = self.c.btl(a);
+        if !self.run_until(|_| btl.test(op) != OpStatus::Pending) {
+            return None;
+        }
+        let marks = |c: &Cluster| c.got(b).iter().filter(|g| g.tag == TAG + 1).count();
+        let before = marks(&self.c);
+        if btl.send(b, TAG + 1, &[], b"after the operation").is_err()
+            || !self.run_until(|c| marks(c) > before)
+        {
+            return None;
+        }
+        Some(btl.test(op) == OpStatus::Done && !self.told(a, b))
+    }
+
+    /// Now and then, user memory of a random rank `a` with a random peer
+    /// `b` (drawn from `mem_rng`): `a` puts from its held registration
+    /// (made again first if its pages were replaced: the old one must be
+    /// refused), `b` writes into it through the handle it last heard of,
+    /// and `a` reads into it. Each is checked against the buffer's present
+    /// contents.
+    fn user_memory(&mut self) {
+        let live = self.c.live();
+        if live.len() < 2 || !self.mem_rng.chance(25) {
+            return;
+        }
+        let a = live[self.mem_rng.below(live.len() as u64) as usize];
+        let b = live[self.mem_rng.below(live.len() as u64) as usize];
+        if a == b || self.told(a, b) || self.user_busy(a) {
+            return;
+        }
+        let access = Access::REMOTE_READ | Access::REMOTE_WRITE;
+        if !self.users.contains_key(&a) {
+            let pages = 1 + self.mem_rng.below(24) as usize;
+            let buf = MappedBuf::new(pages * 4096).expect("mapping");
+            buf.write(0, &pattern(a ^ 0x5000, buf.len()));
+            let held = self
+                .c
+                .btl(a)
+                .register_mem(buf.user_mem(), access)
+                .expect("registration");
+            let told = (held.remote(), 0);
+            let pending = Vec::new();
+            let u = UserBuf {
+                buf,
+                held,
+                gen: 0,
+                held_gen: 0,
+                told,
+                pending,
+            };
+            self.users.insert(a, u);
+        }
+        let len = self.users[&a].buf.len();
+        let n = 1 + self.mem_rng.below(len as u64) as usize;
+        let off = self.mem_rng.below((len - n + 1) as u64) as usize;
+        let target = self.c.btl(b).alloc_mem(n).expect("memory");
+        let btl = self.c.btl(a);
+        let u = self.users.get_mut(&a).expect("made");
+        if u.held_gen != u.gen {
+            let r = btl.put(b, u.held.at(off as u64), target.remote().at(0), n, None);
+            assert!(
+                matches!(r, Err(Error::InvalidState(_))),
+                "rank {a} used a registration whose pages were replaced: {r:?}"
+            );
+            btl.deregister_mem(u.held).expect("held");
+            u.held = btl
+                .register_mem(u.buf.user_mem(), access)
+                .expect("registration");
+            u.held_gen = u.gen;
+        }
+        let (held, want) = (u.held, u.buf.read(off, n));
+        let handle_gen = u.told.1;
+        let gen = u.gen;
+        self.note(format!(
+            "user memory of rank {a} with {b}: {n} bytes at {off}, pages {gen}, {b}'s handle from {handle_gen}"
+        ));
+
+        // From it: its present contents land.
+        let fresh = |r: &Result<OpId, Error>| {
+            assert!(
+                !matches!(r, Err(Error::InvalidState(_))),
+                "rank {a}: a registration made since its pages were replaced was refused: {r:?}"
+            );
+        };
+        let r = btl.put(b, held.at(off as u64), target.remote().at(0), n, None);
+        fresh(&r);
+        if let Ok(op) = r {
+            match self.settle(a, b, op) {
+                None => self.users.get_mut(&a).expect("made").pending.push((a, op)),
+                Some(true) => assert!(
+                    target.read(0, n) == want,
+                    "put {a}->{b} from user memory ({n} bytes at {off}) did not move its \
+                     present contents"
+                ),
+                Some(false) => {}
+            }
+        }
+        self.keep.push(target);
+        if self.user_busy(a) {
+            return;
+        }
+
+        // Into it, through the handle `b` last heard of.
+        let (handle, handle_gen) = self.users[&a].told;
+        let data = pattern(0x7000 ^ n as u32, n);
+        let src = self.c.btl(b).alloc_mem(n).expect("memory");
+        src.write(0, &data);
+        let before = self.users[&a].buf.read(0, len);
+        if let Ok(op) = self
+            .c
+            .btl(b)
+            .put(a, src.reg().at(0), handle.at(off as u64), n, None)
+        {
+            let landed = self.settle(b, a, op);
+            let u = self.users.get_mut(&a).expect("made");
+            let now = u.buf.read(0, len);
+            if handle_gen != u.gen {
+                assert!(
+                    now == before,
+                    "{b}->{a}: a write through a handle made before the pages were \
+                     replaced reached the new ones"
+                );
+            } else if landed == Some(true) {
+                let mut want = before;
+                want[off..off + n].copy_from_slice(&data);
+                assert!(now == want, "put {b}->{a} into user memory did not land");
+            }
+            if landed.is_none() {
+                u.pending.push((b, op));
+            }
+        }
+        self.keep.push(src);
+        let u = self.users.get_mut(&a).expect("made");
+        u.told = (u.held.remote(), u.held_gen);
+        if self.user_busy(a) {
+            return;
+        }
+
+        // And read into it.
+        let from = self.c.btl(b).alloc_mem(n).expect("memory");
+        let data = pattern(0x9000 ^ n as u32, n);
+        from.write(0, &data);
+        let btl = self.c.btl(a);
+        let r = btl.get(b, from.remote().at(0), held.at(off as u64), n, None);
+        fresh(&r);
+        if let Ok(op) = r {
+            let ok = self.run_until(|_| btl.test(op) != OpStatus::Pending);
+            let u = self.users.get_mut(&a).expect("made");
+            if !ok {
+                u.pending.push((a, op));
+            } else if btl.test(op) == OpStatus::Done && !self.told(a, b) {
+                assert!(
+                    self.users[&a].buf.read(off, n) == data,
+                    "get {a}<-{b} into user memory did not land"
+                );
+            }
+        }
+        self.keep.push(from);
+    }
+
+    /// Whether an operation on rank `r`'s user memory may still move bytes
+    /// (started by a rank still alive and not finished).
+    fn user_busy(&mut self, r: u32) -> bool {
+        let live = self.c.live();
+        let Some(u) = self.users.get_mut(&r) else {
+            return false;
+        };
+        let c = &mut self.c;
+        u.pending
+            .retain(|&(by, op)| live.contains(&by) && c.btl(by).test(op) == OpStatus::Pending);
+        !u.pending.is_empty()
+    }
+
+    /// Now and then (drawn from `mem_rng`) a live rank's user memory gets
+    /// new pages under the registration it holds: unmapped and mapped
+    /// again at the same address, or emptied as an allocator trimming its
+    /// heap does. Never under an operation still running on it (one that
+    /// does reaches the old pages, which the checkers cannot tell from a
+    /// stale registration).
+    fn replace_user_pages(&mut self) {
+        let live = self.c.live();
+        let ranks: Vec<u32> = self
+            .users
+            .keys()
+            .filter(|r| live.contains(r))
+            .copied()
+            .collect();
+        if ranks.is_empty() || !self.mem_rng.chance(40) {
+            return;
+        }
+        let r = ranks[self.mem_rng.below(ranks.len() as u64) as usize];
+        let remap = self.mem_rng.chance(50);
+        if self.user_busy(r) {
+            return;
+        }
+        let u = self.users.get_mut(&r).expect("listed");
+        u.gen += 1;
+        if remap {
+            u.buf.remap().expect("remap");
+        } else {
+            u.buf.discard().expect("madvise");
+        }
+        u.buf.write(0, &pattern(r ^ (u.gen << 8), u.buf.len()));
+        self.note(format!(
+            "rank {r}: user memory {} under its registration",
+            if remap { "remapped" } else { "emptied" }
+        ));
+    }
+
     /// Runs until `done` or the limit; `false` at the limit.
     fn run_until(&mut self, mut done: impl FnMut(&mut Cluster) -> bool) -> bool {
         let deadline = self.c.now() + LIMIT;
@@ -369,6 +613,7 @@ impl Run {
 
     /// A random fault.
     fn fault(&mut self) {
+        self.replace_user_pages();
         // An add under way as the fault strikes: sent, perhaps executed,
         // its answer perhaps on the wire.
         if let Some((a, b)) = self.fire_add() {
@@ -566,6 +811,12 @@ fn run_seed_steps(seed: u64, limit: Option<u64>) -> Vec<String> {
             run.fault();
         }
         let quiet = run.quiet();
+        if std::env::var_os("SWEEP_DUMP").is_some() {
+            eprintln!(
+                "sweep: after the step, quiet {quiet}:\n{}",
+                run.c.job.dump()
+            );
+        }
         run.check(false);
         if quiet {
             run.check(true);

@@ -223,6 +223,24 @@ impl MappedBuf {
         }
         Ok(())
     }
+
+    /// Gives the pages back to the kernel (`madvise(MADV_DONTNEED)`), as an
+    /// allocator trimming its heap does: the memory stays mapped and reads
+    /// as zeros, and a registration of the old pages must not be used for
+    /// it.
+    pub fn discard(&mut self) -> Result<()> {
+        // SAFETY: advice on this buffer's own mapping; `&mut self` means
+        // nothing borrows it.
+        let r =
+            unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.map_len, libc::MADV_DONTNEED) };
+        if r != 0 {
+            return Err(Error::Verbs {
+                verb: "madvise",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Drop for MappedBuf {

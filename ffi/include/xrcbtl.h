@@ -592,7 +592,10 @@ size_t xrcbtl_max_send_size(xrcbtl_t *btl);
  * (`access`: `XRCBTL_ACCESS_*`, what peers may do; local writes are
  * always allowed) through the registration cache: registering the same
  * memory again is cheap, and memory freed, unmapped or remapped since is
- * registered afresh. Give it back with `xrcbtl_deregister_mem`.
+ * registered afresh. Give it back with `xrcbtl_deregister_mem`. If the
+ * memory is unmapped or remapped while the registration is held,
+ * operations naming it fail with `XRCBTL_ERR_STATE`: deregister it and
+ * register the memory again.
  *
  * # Safety
  * `btl` is a live handle; `out` is writable. The memory stays mapped

@@ -94,6 +94,13 @@ impl<F> Ops<F> {
     pub fn is_empty(&self) -> bool {
         self.live.is_empty()
     }
+
+    /// The operations in flight and their peers, in id order.
+    pub fn live(&self) -> Vec<(u64, Rank)> {
+        let mut v: Vec<(u64, Rank)> = self.live.iter().map(|(op, l)| (*op, l.peer)).collect();
+        v.sort_unstable();
+        v
+    }
 }
 
 #[cfg(test)]

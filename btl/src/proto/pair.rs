@@ -557,6 +557,14 @@ mod tests {
         assert!(p.refused > 0);
         assert_eq!(p.seen[1].released.len(), 1);
         assert!(p.seen[1].delivered.is_empty());
+        // The sender hears of it: its operation fails, and nothing of the
+        // rendezvous is left on either side.
+        assert!(
+            matches!(p.seen[0].finished[..], [(1, _, Err(_))]),
+            "{:?}",
+            p.seen[0].finished
+        );
+        assert!(p.rndv[0].is_idle() && p.rndv[1].is_idle());
         // put: the sender's write is refused.
         let mut p = Pair::new(cfg(true));
         p.send(0, 1, pattern(1, 5000), 1);

@@ -228,6 +228,11 @@ impl<S, K> Rndv<S, K> {
         self.outs.is_empty() && self.ins.is_empty() && self.acts.is_empty()
     }
 
+    /// Rendezvous sent and received in progress, and actions asked.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.outs.len(), self.ins.len(), self.acts.len())
+    }
+
     /// Sender: starts sending `len` bytes of registered `src` to `peer`
     /// for operation `op`.
     pub fn send(
@@ -431,14 +436,18 @@ impl<S, K> Rndv<S, K> {
         }
     }
 
-    /// A fragment failed for good (a key or a range the device refused):
-    /// the rendezvous is over. A receiver gives up its sink; the sender's
-    /// operation then waits until its endpoint fails (nothing tells it).
+    /// A fragment failed for good (a key or a range the device refused, or
+    /// too many broken connections): the rendezvous is over. A receiver
+    /// gives up its sink and, unless its peer is gone, tells the sender
+    /// with a NAK, which fails the sender's operation.
     pub fn on_rdma_failed(&mut self, owner: Owner, e: BtlError) {
         match owner {
             Owner::RndvIn { peer, msg } => {
                 if let Some(i) = self.ins.remove(&(peer, msg)) {
                     self.acts.push_back(Act::Release { sink: i.payload });
+                    if matches!(e, BtlError::Transfer(_)) {
+                        self.answer(peer, Control::Nak(msg));
+                    }
                 }
             }
             Owner::RndvOut { msg } => {

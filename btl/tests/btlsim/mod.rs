@@ -326,6 +326,10 @@ impl Cluster {
             st.srq_qps_destroyed_early, 0,
             "an RC QP on the SRQ was destroyed before its last receive was reported"
         );
+        assert_eq!(
+            st.detached_local, 0,
+            "local work used a registration whose memory was gone"
+        );
         let dead_pids: Vec<u32> = dead.iter().map(|p| p.pid()).collect();
         for p in dead {
             let v = self.sim.process_view(p);

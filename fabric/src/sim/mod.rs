@@ -302,6 +302,13 @@ pub struct SimStats {
     /// Times the memory monitor's queue overflowed, so that regions whose
     /// memory changed may have stayed attached.
     pub unmap_reports_lost: u64,
+    /// Gathers and scatters of local work through a region whose memory
+    /// was unmapped, remapped or emptied since it was registered (a real
+    /// device would move the old, pinned pages).
+    pub detached_local: u64,
+    /// Remote reads and writes through such a region (a peer holding an
+    /// old handle).
+    pub detached_remote: u64,
 }
 
 /// Resolution queries one node sent towards another: the traffic behind IP

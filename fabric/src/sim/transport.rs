@@ -175,6 +175,7 @@ impl World {
     /// The device gathers an SGE (checked by the caller).
     fn read_local(&mut self, dev: DevIdx, s: &Sge) -> Vec<u8> {
         if self.detached(dev, s.lkey, false) {
+            self.stats.detached_local += 1;
             return vec![DETACHED; s.length as usize];
         }
         dma_read(s.addr, s.length as usize)
@@ -182,7 +183,9 @@ impl World {
 
     /// The device scatters into an SGE's memory (checked by the caller).
     fn write_local(&mut self, dev: DevIdx, s: &Sge, data: &[u8]) {
-        if !self.detached(dev, s.lkey, false) {
+        if self.detached(dev, s.lkey, false) {
+            self.stats.detached_local += 1;
+        } else {
             dma_write(s.addr, data);
         }
     }
@@ -190,6 +193,7 @@ impl World {
     /// The responder reads remote memory (checked by the caller).
     fn read_remote(&mut self, dev: DevIdx, r: &RemoteAddr, len: usize) -> Vec<u8> {
         if self.detached(dev, r.rkey, true) {
+            self.stats.detached_remote += 1;
             return vec![DETACHED; len];
         }
         dma_read(r.addr, len)
@@ -197,7 +201,9 @@ impl World {
 
     /// The responder writes remote memory (checked by the caller).
     fn write_remote(&mut self, dev: DevIdx, r: &RemoteAddr, data: &[u8]) {
-        if !self.detached(dev, r.rkey, true) {
+        if self.detached(dev, r.rkey, true) {
+            self.stats.detached_remote += 1;
+        } else {
             dma_write(r.addr, data);
         }
     }

@@ -195,10 +195,10 @@ fn regions_never_reach_remapped_memory<H: Harness>(h: &H) -> Outcome {
         cache.caches(),
         "userfaultfd is not available: nothing can be cached"
     );
-    let mut old = memmap2::MmapMut::map_anon(len).map_err(|e| Failure(e.to_string()))?;
-    old.fill(0x0A);
-    let addr = old.as_ptr() as usize;
-    let first = cache.register(&old)?;
+    let mut buf = MappedBuf::new(len)?;
+    buf.fill(0x0A);
+    let addr = buf.addr();
+    let first = cache.register_user(&buf.user_mem(), Access::REMOTE_READ)?;
     let read = |wr_id: u64, r: RemoteAddr| -> std::result::Result<Vec<u8>, Failure> {
         let sge = [ea.rbuf.sge(0, len as u32)];
         ea.qp
@@ -209,26 +209,17 @@ fn regions_never_reach_remapped_memory<H: Harness>(h: &H) -> Outcome {
     ensure_eq!(read(1, cache.remote(&first, addr))?, vec![0x0A; len]);
     let stale = cache.remote(&first, addr);
     cache.release(first);
-    // Unmap, and map until the kernel hands out the same address again
-    // (it reuses the highest hole that fits, which is this one).
-    drop(old);
-    let mut tries = Vec::new();
-    let new = loop {
-        let m = memmap2::MmapMut::map_anon(len).map_err(|e| Failure(e.to_string()))?;
-        if m.as_ptr() as usize == addr {
-            break m;
-        }
-        ensure!(tries.len() < 64, "the address was never mapped again");
-        tries.push(m);
-    };
-    let mut new = new;
-    new.fill(0x0B);
+    // New pages at the same address: mapped over the old ones, which is an
+    // unmap (waiting for the address to come back after a munmap races
+    // with every other thread that maps memory).
+    buf.remap()?;
+    buf.fill(0x0B);
     let through_stale = read(2, stale)?;
     ensure!(
         through_stale != vec![0x0B; len],
         "a region made before the unmap delivered the new mapping's contents"
     );
-    let fresh = cache.register(&new)?;
+    let fresh = cache.register_user(&buf.user_mem(), Access::REMOTE_READ)?;
     ensure!(
         cache.stats().invalidations >= 1 && cache.stats().misses == 2,
         "the cache did not register the new mapping afresh: {:?}",
@@ -237,7 +228,7 @@ fn regions_never_reach_remapped_memory<H: Harness>(h: &H) -> Outcome {
     ensure_eq!(read(3, cache.remote(&fresh, addr))?, vec![0x0B; len]);
     cache.release(fresh);
     drop(cache);
-    drop(new);
+    drop(buf);
     Ok(())
 }
 

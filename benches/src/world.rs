@@ -412,6 +412,26 @@ pub fn record_text(r: &[u8]) -> String {
     String::from_utf8_lossy(&r[..end]).into_owned()
 }
 
+/// The exchange's decoder of a hello line, checked on any bytes (for the
+/// fuzzer): bytes that are not UTF-8 never reach it (the reader refuses
+/// them), it does not panic, and a peer it decodes encodes to a line that
+/// decodes to the same peer.
+pub fn check_hello_roundtrip(bytes: &[u8]) -> std::result::Result<(), String> {
+    let Ok(line) = std::str::from_utf8(bytes) else {
+        return Ok(());
+    };
+    let Some(p) = parse_peer(line) else {
+        return Ok(());
+    };
+    let again = hello_line(&p);
+    match parse_peer(&again) {
+        Some(q) if q == p => Ok(()),
+        q => Err(format!(
+            "{line:?} decodes to {p:?}, which encodes to {again:?}, which decodes to {q:?}"
+        )),
+    }
+}
+
 fn parse_peer(line: &str) -> Option<Peer> {
     let mut f = line.split_whitespace();
     if f.next()? != "xrcbtl-osu" || f.next()? != "2" {

@@ -13,8 +13,9 @@
 //! queued before the lock is released, and [`MemMonitor::drain`] takes the
 //! lock and reads whatever is pending itself; so once `munmap` has returned,
 //! the next `drain` reports it. Ranges are watched in write-protect mode,
-//! which never causes faults (nothing is write-protected), so watching has no
-//! effect on the memory's use.
+//! which causes no faults while nothing is write-protected, so watching has
+//! no effect on the memory's use; a write-protect fault that comes anyway
+//! is answered by lifting the protection, so that no thread waits on it.
 //!
 //! Lifetime: the monitor lives while someone uses it ([`MemMonitor::acquire`]
 //! hands out shared references, each [`Subscriber`] holds one); when the
@@ -41,7 +42,12 @@ const UFFD_FEATURE_EVENT_REMAP: u64 = 0x4;
 const UFFD_FEATURE_EVENT_REMOVE: u64 = 0x8;
 const UFFD_FEATURE_EVENT_UNMAP: u64 = 0x40;
 const UFFDIO_REGISTER_MODE_WP: u64 = 0x2;
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_EVENT_REMAP: u8 = 0x14;
+/// `_IOWR(0xAA, 6, struct uffdio_writeprotect)`.
+const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
+/// `_IOR(0xAA, 2, struct uffdio_range)`.
+const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFD_EVENT_REMOVE: u8 = 0x15;
 const UFFD_EVENT_UNMAP: u8 = 0x16;
 /// `struct uffd_msg` is 32 bytes: the event byte, padding, three u64 args.
@@ -52,6 +58,13 @@ struct UffdioApi {
     api: u64,
     features: u64,
     ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioWriteprotect {
+    start: u64,
+    len: u64,
+    mode: u64,
 }
 
 #[repr(C)]
@@ -152,6 +165,10 @@ impl Inner {
                 let range = match msg[0] {
                     UFFD_EVENT_UNMAP | UFFD_EVENT_REMOVE => (arg(0), arg(1)),
                     UFFD_EVENT_REMAP => (arg(0), arg(0) + arg(2)),
+                    UFFD_EVENT_PAGEFAULT => {
+                        release_fault(fd, arg(1));
+                        continue;
+                    }
                     _ => continue,
                 };
                 self.events.fetch_add(1, Ordering::Relaxed);
@@ -166,6 +183,27 @@ impl Inner {
             self.generation.fetch_add(1, Ordering::SeqCst);
             self.reading.store(false, Ordering::SeqCst);
         }
+    }
+}
+
+/// Lets a thread stopped by a write-protect fault at `addr` go on: the
+/// monitor protects nothing, but a watched range is registered in
+/// write-protect mode, and a fault that nobody answers would stop its
+/// thread for good. The page loses its protection (which also wakes the
+/// thread); where the kernel cannot, the thread is woken to try again.
+fn release_fault(fd: i32, addr: u64) {
+    let page = page_size() as u64;
+    let mut wp = UffdioWriteprotect {
+        start: addr & !(page - 1),
+        len: page,
+        mode: 0,
+    };
+    // SAFETY: UFFDIO_WRITEPROTECT with a valid uffdio_writeprotect on the
+    // monitor's open descriptor; mode 0 removes protection and wakes.
+    if unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT, &mut wp) } != 0 {
+        let mut range = [wp.start, wp.len];
+        // SAFETY: UFFDIO_WAKE with a valid uffdio_range (two u64s).
+        unsafe { libc::ioctl(fd, UFFDIO_WAKE, range.as_mut_ptr()) };
     }
 }
 
@@ -609,6 +647,40 @@ mod tests {
         dropped_rx
             .recv_timeout(limit)
             .expect("the monitor's drop returned");
+    }
+
+    /// A write-protect fault on watched memory (the monitor protects
+    /// nothing itself; here the test does) never stops the writer: the
+    /// monitor's reader lifts the protection.
+    #[test]
+    fn a_write_protect_fault_on_watched_memory_does_not_stop_the_writer() {
+        let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
+        let (a, len) = map(2);
+        // SAFETY: writes inside the mapping (populates the pages).
+        unsafe { std::ptr::write_bytes(a as *mut u8, 1, len) };
+        mon.watch(a, len).unwrap();
+        let fd = mon.inner.lock().fd.as_ref().unwrap().as_raw_fd();
+        let mut wp = UffdioWriteprotect {
+            start: a as u64,
+            len: len as u64,
+            mode: 1,
+        };
+        // SAFETY: write-protects the test's own watched mapping.
+        let r = unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT, &mut wp) };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: writes inside the test's mapping, which nothing else
+            // uses.
+            unsafe { *((a + 100) as *mut u8) = 7 };
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the write went through");
+        // SAFETY: reads inside the mapping.
+        assert_eq!(unsafe { *((a + 100) as *const u8) }, 7);
+        // SAFETY: unmaps the test's own mapping.
+        unsafe { libc::munmap(a as *mut _, len) };
     }
 
     #[test]

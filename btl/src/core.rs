@@ -9,6 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use xrcbtl_fabric::{
@@ -41,6 +42,9 @@ const MAX_TRIES: u32 = 64;
 const CONTROL_EVERY: u32 = 16;
 /// How many times rarer the look is while every connection is settled.
 const CONTROL_SETTLED: u32 = 8;
+/// How often a rank looks for peers it waits on and has not heard from
+/// ([`Core::probe_silent`]).
+const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// Message buffers kept for reuse.
 const BUFS_KEPT: usize = 256;
 /// Bytes of rendezvous sinks kept for reuse, all sizes together (at most
@@ -206,6 +210,8 @@ pub(crate) struct Core<C: Context> {
     /// Progress calls left before the next look at connection events.
     control_left: u32,
     control_every: u32,
+    /// When to look for silent peers next.
+    probe_at: Duration,
     pub drained: bool,
     send_batch: Option<Batch<WorkCompletion>>,
     /// Kept messages that arrived, handed back (reused, not allocated).
@@ -379,6 +385,7 @@ impl<C: Context> Core<C> {
             stats: BtlStats::default(),
             fc,
             control_left: 0,
+            probe_at: Duration::ZERO,
             control_every,
             drained: false,
             ring_blocked: VecDeque::new(),
@@ -500,6 +507,10 @@ impl<C: Context> Core<C> {
     /// Looks at connection and async events now.
     pub fn control_now(&mut self) -> usize {
         let now = self.cfg.clock.now();
+        if now >= self.probe_at {
+            self.probe_at = now + PROBE_EVERY;
+            self.probe_silent();
+        }
         let mut work = self.drv.progress(now);
         while let Some(ev) = self.drv.poll_event() {
             work += 1;
@@ -603,6 +614,30 @@ impl<C: Context> Core<C> {
                         Err(_) => self.stats.no_resource += 1,
                     }
                 }
+            }
+        }
+    }
+
+    /// A rendezvous waits on its peer for an answer (RTR, ATS, FIN), and a
+    /// peer may have given this rank up without a word reaching it: it
+    /// declared this rank failed while this rank was stopped, or cut off,
+    /// for longer than its retries, and its Leave found nobody. Such a
+    /// peer says so when it next hears from this rank (`disown`). So every
+    /// [`PROBE_EVERY`], a peer waited on that has sent nothing since the
+    /// last look gets an empty credit message; a live peer ignores it.
+    fn probe_silent(&mut self) {
+        for rank in self.rndv.waiting_on() {
+            let Some(ei) = self.eps.find(rank) else {
+                continue;
+            };
+            let ep = self.eps.get_mut(ei);
+            if !ep.is_open() {
+                continue;
+            }
+            let heard = ep.rx.expected();
+            if ep.probe_seen.replace(heard) == Some(heard) {
+                self.stats.probes += 1;
+                self.eps.requeue(ei, crate::post::credit_item());
             }
         }
     }

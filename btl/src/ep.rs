@@ -186,6 +186,9 @@ pub(crate) struct Endpoint {
     pub kept: Vec<Kept>,
     /// In the ready ring.
     pub queued: bool,
+    /// The sequence number expected from the peer at the last look for
+    /// silent peers ([`crate::core::Core::probe_silent`]).
+    pub probe_seen: Option<u32>,
 }
 
 /// Where credits flow (iWARP), a send completes when the message has
@@ -270,6 +273,7 @@ impl Endpoint {
             credits: Credits::default(),
             kept: Vec::new(),
             queued: false,
+            probe_seen: None,
         }
     }
 

@@ -443,6 +443,10 @@ pub struct BtlStats {
     pub bytes_received: u64,
     /// Work requests posted again after their path failed.
     pub retransmits: u64,
+    /// Empty messages sent to peers a rendezvous waited on and that had
+    /// sent nothing for a while (a peer that gave this rank up says so
+    /// when it hears from it).
+    pub probes: u64,
     /// Messages received twice (dropped).
     pub duplicates: u64,
     /// Messages that arrived ahead of their sequence (must stay 0).

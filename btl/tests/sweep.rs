@@ -868,10 +868,17 @@ fn run_seed_steps(seed: u64, limit: Option<u64>) -> Vec<String> {
 /// requests are now refused), 124 (iWARP: a message lost with its
 /// connection after its send had completed was never sent again), 21 (an
 /// atomic add whose answer was lost with its connection was posted again
-/// on the next, and executed twice).
+/// on the next, and executed twice), 1005 (iWARP: a put to a key the peer
+/// refused was posted again on every new connection, breaking each, and a
+/// rendezvous whose reads gave up left its sender waiting), 3695 (a rank
+/// stopped for a minute was given up by a peer that could not tell it,
+/// and its rendezvous to that peer waited forever, as at 7190: it now probes a silent
+/// peer it waits on).
 #[test]
 fn seeds_that_found_bugs() {
-    for seed in [21, 124, 230, 553, 623, 833, 969, 1070, 1103] {
+    for seed in [
+        21, 124, 230, 553, 623, 833, 969, 1005, 1070, 1103, 3695, 7190,
+    ] {
         run_seed(seed);
     }
 }

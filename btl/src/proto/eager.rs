@@ -59,7 +59,6 @@ impl SeqRx {
     }
 
     /// The number expected next.
-    #[cfg(test)]
     pub fn expected(&self) -> u32 {
         self.0
     }

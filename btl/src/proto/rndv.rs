@@ -228,6 +228,20 @@ impl<S, K> Rndv<S, K> {
         self.outs.is_empty() && self.ins.is_empty() && self.acts.is_empty()
     }
 
+    /// The peers a rendezvous in progress waits on (for its RTR, ATS or
+    /// FIN), each once, in order.
+    pub fn waiting_on(&self) -> Vec<Rank> {
+        let mut v: Vec<Rank> = self
+            .outs
+            .values()
+            .map(|o| o.peer)
+            .chain(self.ins.keys().map(|k| k.0))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Rendezvous sent and received in progress, and actions asked.
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.outs.len(), self.ins.len(), self.acts.len())

@@ -40,8 +40,10 @@ def main():
     total = sum(v for v in diff.values())
     print(f"per round trip, by function (self), total {total:.0f}:")
     for name, v in sorted(diff.items(), key=lambda kv: -kv[1])[:top]:
-        short = name.split(":", 1)[1] if ":" in name else name
-        print(f"{v:8.1f}  {short[:150]}")
+        # Inlined code is counted under the file it came from: the file's
+        # base name says which part of a function it is.
+        where, _, func = name.partition(":")
+        print(f"{v:8.1f}  {func[:110]}  ({where.rsplit('/', 1)[-1]})")
 
 
 main()

@@ -21,7 +21,7 @@
 //! | `XRCBTL_SQ_MAX` | 0 | Deepest send queue of a QP (0: the device's maximum); a shared XRC INI QP grows up to it as endpoints join. |
 //! | `XRCBTL_FORCE_RC` | 0 | 1: RC + SRQ even where the device has XRC. |
 //! | `XRCBTL_RCACHE_MAX_REGIONS` | 4096 | Registrations the cache keeps. |
-//! | `XRCBTL_RCACHE_MAX_BYTES` | 4294967296 | Bytes the cache keeps registered (also bounded by `RLIMIT_MEMLOCK`). |
+//! | `XRCBTL_RCACHE_MAX_BYTES` | 4294967296 | Bytes the cache keeps registered (also bounded by `RLIMIT_MEMLOCK`, unless the process has `CAP_IPC_LOCK`). |
 //! | `XRCBTL_RETRIES` | 5 | Connection attempts before a peer is declared unreachable. |
 //! | `XRCBTL_MIN_RNR_TIMER` | 12 | RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms). |
 //! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
@@ -71,7 +71,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_SQ_MAX", default: "0", help: "Deepest send queue of a QP (0: the device's maximum); a shared XRC INI QP grows up to it as endpoints join." },
     Setting { name: "XRCBTL_FORCE_RC", default: "0", help: "1: RC + SRQ even where the device has XRC." },
     Setting { name: "XRCBTL_RCACHE_MAX_REGIONS", default: "4096", help: "Registrations the cache keeps." },
-    Setting { name: "XRCBTL_RCACHE_MAX_BYTES", default: "4294967296", help: "Bytes the cache keeps registered (also bounded by RLIMIT_MEMLOCK)." },
+    Setting { name: "XRCBTL_RCACHE_MAX_BYTES", default: "4294967296", help: "Bytes the cache keeps registered (also bounded by RLIMIT_MEMLOCK, unless the process has CAP_IPC_LOCK)." },
     Setting { name: "XRCBTL_RETRIES", default: "5", help: "Connection attempts before a peer is declared unreachable." },
     Setting { name: "XRCBTL_MIN_RNR_TIMER", default: "12", help: "RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms)." },
     Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },

@@ -81,9 +81,20 @@ impl Registration {
     }
 }
 
-/// The process's locked-memory limit in bytes (`RLIMIT_MEMLOCK`;
-/// `usize::MAX` when unlimited).
+/// How many bytes the process may have registered: its locked-memory
+/// limit (`RLIMIT_MEMLOCK`), or `usize::MAX` when that is unlimited or
+/// does not apply. It does not apply to a process with `CAP_IPC_LOCK` in
+/// its effective set (root, usually): the kernel pins its registrations
+/// without counting them against the limit (`ib_umem_get`, siw's own
+/// `siw_umem_get`).
 pub fn memlock_limit() -> usize {
+    let ipc_lock = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| effective_caps(&s))
+        .is_some_and(|c| c & CAP_IPC_LOCK != 0);
+    if ipc_lock {
+        return usize::MAX;
+    }
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -95,6 +106,15 @@ pub fn memlock_limit() -> usize {
         return usize::MAX;
     }
     usize::try_from(r.rlim_cur).unwrap_or(usize::MAX)
+}
+
+/// `CAP_IPC_LOCK`'s bit in a capability set.
+const CAP_IPC_LOCK: u64 = 1 << 14;
+
+/// The effective capability set from the text of `/proc/self/status`.
+fn effective_caps(status: &str) -> Option<u64> {
+    let v = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(v.trim(), 16).ok()
 }
 
 /// The registration cache of one protection domain.
@@ -230,5 +250,26 @@ impl<C: Context> MemCache<C> {
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.cache.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_effective_capabilities_say_whether_memlock_applies() {
+        let root = "Name:\tx\nCapPrm:\t000001ffffffffff\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(effective_caps(root), Some(0x1ff_ffff_ffff));
+        assert!(effective_caps(root).unwrap() & CAP_IPC_LOCK != 0);
+        let user = "CapInh:\t0000000000000000\nCapEff:\t0000000000000000\n";
+        assert_eq!(effective_caps(user), Some(0));
+        assert_eq!(effective_caps("CapEff:\tzz\n"), None);
+        assert_eq!(effective_caps("Name:\tx\n"), None);
+        // This process, if it holds CAP_IPC_LOCK (root here): unlimited.
+        let mine = std::fs::read_to_string("/proc/self/status").unwrap();
+        if effective_caps(&mine).unwrap() & CAP_IPC_LOCK != 0 {
+            assert_eq!(memlock_limit(), usize::MAX);
+        }
     }
 }

@@ -431,15 +431,13 @@ impl Run {
                 .btl(a)
                 .register_mem(buf.user_mem(), access)
                 .expect("registration");
-            let told = (held.remote(), 0);
-            let pending = Vec::new();
             let u = UserBuf {
                 buf,
                 held,
                 gen: 0,
                 held_gen: 0,
-                told,
-                pending,
+                told: (held.remote(), 0),
+                pending: Vec::new(),
             };
             self.users.insert(a, u);
         }
@@ -462,7 +460,9 @@ impl Run {
             u.held_gen = u.gen;
         }
         let (held, want) = (u.held, u.buf.read(off, n));
-        let handle_gen = u.told.1;
+        // The handle `b` last heard of (made before the pages were
+        // replaced, perhaps).
+        let (handle, handle_gen) = u.told;
         let gen = u.gen;
         self.note(format!(
             "user memory of rank {a} with {b}: {n} bytes at {off}, pages {gen}, {b}'s handle from {handle_gen}"
@@ -494,7 +494,6 @@ impl Run {
         }
 
         // Into it, through the handle `b` last heard of.
-        let (handle, handle_gen) = self.users[&a].told;
         let data = pattern(0x7000 ^ n as u32, n);
         let src = self.c.btl(b).alloc_mem(n).expect("memory");
         src.write(0, &data);
@@ -537,10 +536,8 @@ impl Run {
         let r = btl.get(b, from.remote().at(0), held.at(off as u64), n, None);
         fresh(&r);
         if let Ok(op) = r {
-            let ok = self.run_until(|_| btl.test(op) != OpStatus::Pending);
-            let u = self.users.get_mut(&a).expect("made");
-            if !ok {
-                u.pending.push((a, op));
+            if !self.run_until(|_| btl.test(op) != OpStatus::Pending) {
+                self.users.get_mut(&a).expect("made").pending.push((a, op));
             } else if btl.test(op) == OpStatus::Done && !self.told(a, b) {
                 assert!(
                     self.users[&a].buf.read(off, n) == data,

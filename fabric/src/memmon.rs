@@ -44,12 +44,12 @@ const UFFD_FEATURE_EVENT_UNMAP: u64 = 0x40;
 const UFFDIO_REGISTER_MODE_WP: u64 = 0x2;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_EVENT_REMAP: u8 = 0x14;
+const UFFD_EVENT_REMOVE: u8 = 0x15;
+const UFFD_EVENT_UNMAP: u8 = 0x16;
 /// `_IOWR(0xAA, 6, struct uffdio_writeprotect)`.
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
 /// `_IOR(0xAA, 2, struct uffdio_range)`.
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
-const UFFD_EVENT_REMOVE: u8 = 0x15;
-const UFFD_EVENT_UNMAP: u8 = 0x16;
 /// `struct uffd_msg` is 32 bytes: the event byte, padding, three u64 args.
 const MSG_LEN: usize = 32;
 

@@ -677,6 +677,7 @@ fn run_verbs_rank<C: Context>(
     let _ = xrcbtl_btl::place::bind_this_thread(&btl.placed().placement);
     let work = Rc::new(Cell::new(0));
     let mut r = BenchRank::new(Arc::new(btl), peers.len() as u32, o.max, work);
+    r.set_solo();
     let rows = crate::world::block_on(body(&mut r, bench, o, pairs));
     if o.stats {
         eprintln!(

@@ -57,6 +57,9 @@ pub struct BenchRank<C: Context> {
     /// The first peer failure the BTL reported, if any (read without a
     /// lock by every spin of a wait).
     failed: Arc<std::sync::OnceLock<String>>,
+    /// The only rank its thread runs: an empty progress call need not let
+    /// other ranks' tasks run.
+    solo: bool,
 }
 
 impl<C: Context> BenchRank<C> {
@@ -95,6 +98,7 @@ impl<C: Context> BenchRank<C> {
             work,
             buf,
             failed,
+            solo: false,
         }
     }
 
@@ -124,9 +128,18 @@ impl<C: Context> BenchRank<C> {
             if let Some(why) = self.failed.get() {
                 return Err(Error::state(format!("rank {}: {why}", self.rank)));
             }
-            YieldNow::default().await;
+            if !self.solo {
+                YieldNow::default().await;
+            }
         }
         Ok(())
+    }
+
+    /// Marks this rank as the only one its thread runs (one rank per
+    /// process): waits then spin on progress without going back to the
+    /// executor on every empty call.
+    pub fn set_solo(&mut self) {
+        self.solo = true;
     }
 
     /// Waits for `n` more payload messages (an error if a peer fails).

@@ -500,8 +500,14 @@ impl<C: Context> Core<C> {
         if self.drv.draining() && self.recv_dry {
             self.drv.recv_cq_dry(self.cfg.clock.now());
         }
-        n += self.run_rndv();
-        n + self.drain_pending()
+        // Both cost a call when idle: most spins have neither.
+        if self.rndv.has_acts() {
+            n += self.run_rndv();
+        }
+        if self.eps.any_ready() {
+            n += self.drain_pending();
+        }
+        n
     }
 
     /// Looks at connection and async events now.
@@ -1413,6 +1419,11 @@ impl<C: Context> Core<C> {
     ) -> bool {
         let len = parts[0].len() + parts[1].len();
         if HEADER + len <= self.cfg.max_inline as usize {
+            if kind == Kind::Eager {
+                if let Some(went) = self.send_small(ei, tag, parts, now_only) {
+                    return went;
+                }
+            }
             if let Some(store) = Store::small(parts) {
                 return self.send_msg(ei, kind, tag, len, store, now_only);
             }

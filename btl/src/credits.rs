@@ -56,6 +56,12 @@ impl Credit {
         self.to_return -= u32::from(returned);
     }
 
+    /// Takes back [`Credit::spend`] of a message the QP refused.
+    pub fn unspend(&mut self, returned: u16) {
+        self.credits += 1;
+        self.to_return += u32::from(returned);
+    }
+
     /// A message arrived carrying `returned` credits. It took one of our
     /// receives, owed back ([`Credit::owe`]) once that receive is free
     /// again: at once, or when a message delivered in place is consumed.
@@ -88,10 +94,17 @@ pub(crate) struct Credits {
 impl Credits {
     /// The credits of the connection on local QP `qpn`, `cap` if new; a new
     /// connection becomes the current one.
+    #[inline]
     pub fn of(&mut self, qpn: u32, cap: u32) -> &mut Credit {
-        if self.cur.as_ref().is_some_and(|(q, _)| *q == qpn) {
-            return &mut self.cur.as_mut().expect("checked").1;
+        if self.cur.as_ref().is_none_or(|(q, _)| *q != qpn) {
+            return self.of_other(qpn, cap);
         }
+        &mut self.cur.as_mut().expect("checked").1
+    }
+
+    /// [`Credits::of`] for a connection other than the current one.
+    #[cold]
+    fn of_other(&mut self, qpn: u32, cap: u32) -> &mut Credit {
         if let Some(i) = self.older.iter().position(|(q, _)| *q == qpn) {
             return &mut self.older[i].1;
         }

@@ -10,9 +10,11 @@
 //!   (see `post.rs`), so that endpoints sharing an XRC INI QP take turns
 //!   on its send queue.
 //!
-//! Endpoints are found by rank through a hash map (set up when peers are
-//! added, read per message) and then by index: their slots are never
-//! reused, so an index stays valid for the life of the BTL.
+//! Endpoints are found by rank (set up when peers are added, read per
+//! message) and then by index: their slots are never reused, so an index
+//! stays valid for the life of the BTL. Ranks below [`DENSE_RANKS`] are
+//! looked up in a table indexed by rank (4 bytes per rank up to the
+//! highest one added), higher ones in a hash map.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -218,7 +220,17 @@ pub(crate) struct Kept {
 impl Kept {
     /// The record of the connection on local QP `qpn` in `kept`, made if
     /// new.
+    #[inline]
     pub fn of(kept: &mut Vec<Kept>, qpn: u32) -> &mut Kept {
+        if kept.first().is_some_and(|k| k.qpn == qpn) {
+            return &mut kept[0];
+        }
+        Self::of_other(kept, qpn)
+    }
+
+    /// [`Kept::of`] for a connection whose record is not the first.
+    #[cold]
+    fn of_other(kept: &mut Vec<Kept>, qpn: u32) -> &mut Kept {
         let i = match kept.iter().position(|k| k.qpn == qpn) {
             Some(i) => i,
             None => {
@@ -304,11 +316,24 @@ impl Hasher for RankHasher {
     }
 }
 
+/// Ranks found through a table indexed by rank (at most 16 MiB of it);
+/// higher ones through a hash map.
+pub(crate) const DENSE_RANKS: Rank = 1 << 22;
+
+/// A free entry of the dense table.
+const NO_EP: u32 = u32::MAX;
+
 /// Every endpoint of the rank, and the ring of those with work to post.
 #[derive(Debug, Default)]
 pub(crate) struct Endpoints {
     list: Vec<Endpoint>,
+    /// Endpoint index by rank, for ranks below [`DENSE_RANKS`] (`NO_EP`:
+    /// none).
+    dense: Vec<u32>,
+    /// Endpoint index by rank, for the others.
     index: HashMap<Rank, u32, BuildHasherDefault<RankHasher>>,
+    /// Known (not deleted) endpoints.
+    known: usize,
     ready: VecDeque<u32>,
     /// Items waiting in all pending queues.
     pub pending_now: u64,
@@ -319,22 +344,52 @@ pub(crate) struct Endpoints {
 impl Endpoints {
     /// The endpoint of `rank`, made if new (a deleted one is made afresh).
     pub fn add(&mut self, rank: Rank) -> u32 {
-        if let Some(&i) = self.index.get(&rank) {
+        if let Some(i) = self.find(rank) {
             return i;
         }
-        let i = u32::try_from(self.list.len()).expect("fewer than 2^32 endpoints");
+        let i = u32::try_from(self.list.len())
+            .ok()
+            .filter(|&i| i != NO_EP)
+            .expect("fewer than 2^32 - 1 endpoints");
         self.list.push(Endpoint::new(rank));
-        self.index.insert(rank, i);
+        if rank < DENSE_RANKS {
+            let at = rank as usize;
+            if self.dense.len() <= at {
+                self.dense.resize(at + 1, NO_EP);
+            }
+            self.dense[at] = i;
+        } else {
+            self.index.insert(rank, i);
+        }
+        self.known += 1;
         i
     }
 
     /// Forgets `rank` (its slot stays, gone).
     pub fn remove(&mut self, rank: Rank) {
-        self.index.remove(&rank);
+        let had = if rank < DENSE_RANKS {
+            self.dense
+                .get_mut(rank as usize)
+                .map(|e| std::mem::replace(e, NO_EP))
+                .is_some_and(|i| i != NO_EP)
+        } else {
+            self.index.remove(&rank).is_some()
+        };
+        if had {
+            self.known -= 1;
+        }
     }
 
     /// The index of `rank`'s endpoint.
+    #[inline]
     pub fn find(&self, rank: Rank) -> Option<u32> {
+        if rank < DENSE_RANKS {
+            return self
+                .dense
+                .get(rank as usize)
+                .copied()
+                .filter(|&i| i != NO_EP);
+        }
         self.index.get(&rank).copied()
     }
 
@@ -350,7 +405,7 @@ impl Endpoints {
 
     /// Known (not deleted) endpoints.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.known
     }
 
     /// Every endpoint ever made, mutably.

@@ -175,6 +175,9 @@ pub(crate) struct Iface<C: Context> {
     pub results: Slots<C>,
     /// Where the device is and what was placed near it.
     pub placed: crate::place::Placed,
+    /// A receive was taken or given back since [`Iface::repost_due`] last
+    /// looked: nothing else makes a repost due.
+    pub recv_moved: bool,
 }
 
 impl<C: Context> Iface<C> {
@@ -264,6 +267,7 @@ impl<C: Context> Iface<C> {
             bounce,
             results,
             placed,
+            recv_moved: false,
         };
         // Arm the low-watermark once the SRQ holds its receives, so that it
         // fires when they run low, not at once.
@@ -325,6 +329,7 @@ impl<C: Context> Iface<C> {
         let c = self.classes.get_mut(slot.class as usize)?;
         let chunk = c.chunks.get(slot.chunk as usize)?.clone();
         c.posted = c.posted.saturating_sub(1);
+        self.recv_moved = true;
         Some((chunk, slot.index as usize * c.size as usize))
     }
 
@@ -332,18 +337,25 @@ impl<C: Context> Iface<C> {
     pub fn give_back(&mut self, slot: RecvSlot) {
         if let Some(c) = self.classes.get_mut(slot.class as usize) {
             c.repost.push((slot.chunk, slot.index));
+            self.recv_moved = true;
         }
     }
 
     /// Reposts consumed buffers of every class that has a batch of them
-    /// waiting or runs low.
+    /// waiting or runs low (looked at only when a receive was taken or
+    /// given back since the last look that did not fail).
+    #[inline]
     pub fn repost_due(&mut self, batch: u32) -> Result<()> {
+        if !self.recv_moved {
+            return Ok(());
+        }
         for class in 0..self.classes.len() {
             let c = &self.classes[class];
             if c.repost.len() as u32 >= batch || c.posted <= c.limit * 2 {
                 self.repost(class)?;
             }
         }
+        self.recv_moved = false;
         Ok(())
     }
 

@@ -17,11 +17,11 @@
 use std::collections::VecDeque;
 
 use crate::types::Tag;
-use xrcbtl_fabric::{Context, Error, Payload, Qp, SendOp, SendWr, Sge};
+use xrcbtl_fabric::{Context, Error, Payload, Qp, QpCaps, SendOp, SendWr, Sge};
 
 use crate::core::Core;
 use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
-use crate::ep::{Item, Msg, Store, Work};
+use crate::ep::{Item, Msg, Store, Work, SMALL_BODY};
 use crate::iface::Slots;
 use crate::proto::rndv::RESUME;
 use crate::proto::{Owner, Rdma, RdmaOp};
@@ -31,6 +31,9 @@ use crate::wr_id::WrId;
 /// The largest message posted inline (the scratch buffer it is gathered
 /// in).
 pub(crate) const INLINE_MAX: usize = 1024;
+
+// The latency path gathers a whole small body into the scratch.
+const _: () = assert!(HEADER + SMALL_BODY <= INLINE_MAX);
 
 /// Inline messages a QP may carry unsignalled in a row: the next one is
 /// signalled, and its completion completes them all.
@@ -295,16 +298,8 @@ impl<C: Context> Core<C> {
         let credit = item.is_credit();
         let cover = matches!(&item.work, Work::Msg(m) if m.kind == Kind::Credit && m.tag == COVER);
         let is_msg = matches!(item.work, Work::Msg(_));
-        let q = &self.sq[slot as usize];
-        let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
-        let signalled = !(is_msg
-            && inline_len > 0
-            && !cover
-            && !self.want_cover
-            && q.unsignalled.len() + 1 < every
-            && self.iface.bounce.free() > self.iface.bounce.count() / 4
-            && self.slab.len() < self.iface.send_budget as usize / 2);
-        let no = q.posts;
+        let signalled = !(is_msg && inline_len > 0 && !cover && self.may_skip_signal(slot, caps));
+        let no = self.sq[slot as usize].posts;
         let wr_id = WrId::send(self.slab.insert(PostedWr {
             ep: ei,
             qp: slot,
@@ -324,25 +319,13 @@ impl<C: Context> Core<C> {
         }
         match qp.post_send(&wr) {
             Ok(()) => {
-                let q = &mut self.sq[slot as usize];
-                q.used += 1;
-                q.posts += 1;
-                if signalled {
-                    q.last_signalled = no;
-                    if cover {
-                        q.cover_queued = false;
-                        self.stats.covers += 1;
-                    }
-                    self.signalled_out += 1;
-                } else {
-                    q.unsignalled.push_back((no, wr_id));
-                    self.stats.unsignalled += 1;
+                if cover {
+                    self.sq[slot as usize].cover_queued = false;
+                    self.stats.covers += 1;
                 }
-                let ep = self.eps.get_mut(ei);
-                ep.in_flight += 1;
-                ep.flight_slot = Some(slot);
+                self.posted(ei, slot, no, wr_id, signalled);
                 if self.fc && is_msg {
-                    let cr = ep.credits.of(qpn, self.cfg.credits);
+                    let cr = self.eps.get_mut(ei).credits.of(qpn, self.cfg.credits);
                     cr.spend(returned);
                     if credit {
                         cr.returning = false;
@@ -368,6 +351,158 @@ impl<C: Context> Core<C> {
                 Err(p.item)
             }
         }
+    }
+
+    /// Whether an inline message posted now on QP slot `slot` may go
+    /// unsignalled: fewer than [`SIGNAL_EVERY`] (at most half the send
+    /// queue) in a row, no cover wanted, and bounce slots and the send CQ's
+    /// budget far from short (unsignalled work holds both until a later
+    /// completion).
+    fn may_skip_signal(&self, slot: u32, caps: QpCaps) -> bool {
+        let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
+        !self.want_cover
+            && self.sq[slot as usize].unsignalled.len() + 1 < every
+            && self.iface.bounce.free() > self.iface.bounce.count() / 4
+            && self.slab.len() < self.iface.send_budget as usize / 2
+    }
+
+    /// Records a request the QP in `slot` took: its send queue, the
+    /// signalled work or the unsignalled list, and its endpoint's flight.
+    fn posted(&mut self, ei: u32, slot: u32, no: u64, wr_id: u64, signalled: bool) {
+        let q = &mut self.sq[slot as usize];
+        q.used += 1;
+        q.posts += 1;
+        if signalled {
+            q.last_signalled = no;
+            self.signalled_out += 1;
+        } else {
+            q.unsignalled.push_back((no, wr_id));
+            self.stats.unsignalled += 1;
+        }
+        let ep = self.eps.get_mut(ei);
+        ep.in_flight += 1;
+        ep.flight_slot = Some(slot);
+    }
+
+    /// The latency path of an eager send: a message whose header and body
+    /// fit the QP's inline limit and a [`Store::Small`], to an endpoint
+    /// with a path and nothing queued, is numbered, gathered and posted
+    /// here at once, without the general path's steps for bounce slots,
+    /// queued work and rendezvous control ([`Core::post`] does the same
+    /// for it, slower). Returns `false`, having changed nothing, when
+    /// anything stands in the way (no path, work on an older path or
+    /// queued, a full send queue or CQ budget, no credits, too long): the
+    /// caller then takes the general path, which decides what waits.
+    /// Otherwise returns `Some` of what [`Core::send_eager`] returns: the
+    /// message went, or, if the QP refused it, waits in its queue
+    /// (`Some(true)`), or, with `now_only`, was dropped (`Some(false)`).
+    pub(crate) fn send_small(
+        &mut self,
+        ei: u32,
+        tag: Tag,
+        parts: [&[u8]; 2],
+        now_only: bool,
+    ) -> Option<bool> {
+        let len = parts[0].len() + parts[1].len();
+        let total = HEADER + len;
+        if len > SMALL_BODY || total > INLINE_MAX {
+            return None;
+        }
+        let ep = self.eps.get_mut(ei);
+        let path = ep.path.as_ref()?;
+        let (slot, qpn) = (path.slot, path.qpn);
+        if !ep.pending.is_empty() || (ep.in_flight > 0 && ep.flight_slot != Some(slot)) {
+            return None;
+        }
+        let (_, caps) = self.drv.qp(slot)?;
+        if total > caps.max_inline as usize
+            || self.sq[slot as usize].used >= caps.max_send_wr
+            || self.slab.len() >= self.iface.send_budget as usize
+        {
+            return None;
+        }
+        // Spent now, taken back if the QP refuses the message.
+        let mut returned = 0;
+        if self.fc {
+            let cr = ep.credits.of(qpn, self.cfg.credits);
+            returned = cr.offer(MSG_CREDITS)?;
+            cr.spend(returned);
+        }
+        let srqn = path.srqns.get(self.iface.class_for(total)).copied();
+        let seq = ep.tx.peek();
+        Header {
+            src: self.cfg.rank,
+            seq,
+            kind: Kind::Eager,
+            tag,
+            credits: returned,
+            len: len as u32,
+        }
+        .encode(&mut self.inline[..HEADER]);
+        // The body is gathered once, into the copy kept for a resend, and
+        // goes inline from there (a copy of fixed length: no call).
+        let mut bytes = [0u8; SMALL_BODY];
+        for (at, part) in [(0, parts[0]), (parts[0].len(), parts[1])] {
+            if !part.is_empty() {
+                bytes[at..at + part.len()].copy_from_slice(part);
+            }
+        }
+        self.inline[HEADER..HEADER + SMALL_BODY].copy_from_slice(&bytes);
+        let signalled = !self.may_skip_signal(slot, caps);
+        let no = self.sq[slot as usize].posts;
+        let order = self.eps.next_order(ei);
+        let wr_id = WrId::send(self.slab.insert(PostedWr {
+            ep: ei,
+            qp: slot,
+            no,
+            signalled,
+            item: Item {
+                order,
+                tries: 0,
+                work: Work::Msg(Msg {
+                    seq,
+                    kind: Kind::Eager,
+                    tag,
+                    len: len as u32,
+                    store: Store::Small {
+                        len: len as u8,
+                        bytes,
+                    },
+                }),
+            },
+        }));
+        let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Inline(&self.inline[..total]));
+        wr.remote_srqn = srqn;
+        if !signalled {
+            wr = wr.unsignaled();
+        }
+        let (qp, _) = self.drv.qp(slot).expect("looked up above");
+        match qp.post_send(&wr) {
+            Ok(()) => {
+                self.posted(ei, slot, no, wr_id, signalled);
+                self.stats.inline_sent += 1;
+            }
+            Err(e) => {
+                if self.fc {
+                    let cr = self.eps.get_mut(ei).credits.of(qpn, self.cfg.credits);
+                    cr.unspend(returned);
+                }
+                let p = self.slab.remove(wr_id).expect("just inserted");
+                self.stats.no_resource += 1;
+                if !matches!(e, Error::NoResource(_)) {
+                    let now = self.cfg.clock.now();
+                    self.drv.handle_send_failure(now, slot);
+                }
+                if now_only {
+                    return Some(false);
+                }
+                // It waits in its queue, as one the general path refused.
+                self.eps.requeue(ei, p.item);
+            }
+        }
+        self.eps.get_mut(ei).tx.take();
+        self.stats.eager_sent += 1;
+        Some(true)
     }
 
     /// Drains the pending queues round robin: each pass gives every

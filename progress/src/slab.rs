@@ -45,6 +45,7 @@ impl<T> WrSlab<T> {
     }
 
     /// Stores `value`; returns its wr_id (top two bits clear).
+    #[inline]
     pub fn insert(&mut self, value: T) -> u64 {
         self.len += 1;
         let index = match self.free.pop() {
@@ -69,6 +70,7 @@ impl<T> WrSlab<T> {
     }
 
     /// The state of request `id`, if it is outstanding.
+    #[inline]
     pub fn get(&self, id: u64) -> Option<&T> {
         self.slot(id)?.value.as_ref()
     }
@@ -84,6 +86,7 @@ impl<T> WrSlab<T> {
 
     /// Takes request `id`'s state out (its completion arrived); `None` for
     /// an id that is not outstanding.
+    #[inline]
     pub fn remove(&mut self, id: u64) -> Option<T> {
         let index = (id & u64::from(u32::MAX)) as u32;
         let s = self.slots.get_mut(index as usize)?;

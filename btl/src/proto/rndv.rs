@@ -223,6 +223,12 @@ impl<S, K> Rndv<S, K> {
         self.acts.pop_front()
     }
 
+    /// Whether an action waits for [`Rndv::poll`].
+    #[inline]
+    pub fn has_acts(&self) -> bool {
+        !self.acts.is_empty()
+    }
+
     /// Whether no rendezvous is in progress and nothing is asked.
     pub fn is_idle(&self) -> bool {
         self.outs.is_empty() && self.ins.is_empty() && self.acts.is_empty()

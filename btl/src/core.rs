@@ -1073,7 +1073,7 @@ impl<C: Context> Core<C> {
     /// A message arrived in a receive buffer (`bytes`, read in place; the
     /// buffer is not posted while it is read). Returns whether a delivery
     /// keeps the buffer: it is then given back when its consumer is done
-    /// ([`Core::give_back`]), else at once by the caller.
+    /// ([`Core::consumed`]), else at once by the caller.
     fn on_message(&mut self, bytes: &[u8], rx: Received<'_, C>) -> bool {
         let Some(h) = Header::decode(bytes) else {
             self.stats.malformed += 1;

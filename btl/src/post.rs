@@ -13,6 +13,11 @@
 //! the work must have a path, nothing in flight on an older path, room in
 //! the QP's send queue, a bounce slot (messages), and, where the device has
 //! no RNR, credits. Otherwise it goes back to its queue.
+//!
+//! A short eager message to an endpoint with nothing queued takes a
+//! shorter way ([`Core::send_small`]): the same checks and records, made
+//! in one function, with its body gathered once; whatever that way cannot
+//! take (a queue, no path, no credits) it leaves to the general one.
 
 use std::collections::VecDeque;
 

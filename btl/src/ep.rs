@@ -499,3 +499,36 @@ impl Endpoints {
         self.ready = ring;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranks below and above the dense table are found, forgotten and
+    /// counted alike, and a rank never added is not found, whether its
+    /// entry in the table exists or not.
+    #[test]
+    fn ranks_are_found_in_the_table_and_beyond_it() {
+        let mut eps = Endpoints::default();
+        let high = DENSE_RANKS + 7;
+        let (a, b, c) = (eps.add(5), eps.add(high), eps.add(0));
+        assert_eq!((a, b, c), (0, 1, 2));
+        assert_eq!(eps.add(5), a, "added twice, one endpoint");
+        assert_eq!(eps.len(), 3);
+        assert_eq!(eps.find(5), Some(a));
+        assert_eq!(eps.find(high), Some(b));
+        assert_eq!(eps.find(0), Some(c));
+        assert_eq!(eps.find(3), None, "an entry of the table, never added");
+        assert_eq!(eps.find(6), None, "past the table's end");
+        assert_eq!(eps.find(high + 1), None);
+        eps.remove(5);
+        eps.remove(high);
+        eps.remove(5);
+        eps.remove(4);
+        assert_eq!(eps.len(), 1);
+        assert_eq!((eps.find(5), eps.find(high)), (None, None));
+        assert_eq!(eps.get(a).rank, 5, "the slot stays");
+        assert_eq!(eps.add(5), 3, "made afresh");
+        assert_eq!(eps.len(), 2);
+    }
+}

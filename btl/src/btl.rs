@@ -760,8 +760,9 @@ impl<C: Context> Btl<C> {
     /// pending work, then the callbacks of what arrived. Returns how much it
     /// found.
     pub fn progress(&self) -> usize {
-        let n = self.lock().poll();
-        let n = n + self.deliver_all();
+        let mut core = self.lock();
+        let n = core.poll();
+        let n = n + self.deliver_all(core);
         if self.yield_after > 0 {
             self.after_progress(n);
         }
@@ -785,8 +786,11 @@ impl<C: Context> Btl<C> {
     }
 
     /// Runs queued deliveries, unless another thread (or a caller up this
-    /// thread's stack) is running them.
-    fn deliver_all(&self) -> usize {
+    /// thread's stack) is running them. `held` is the lock, taken by the
+    /// caller: the first delivery is taken under it, and it is let go
+    /// before any callback runs.
+    fn deliver_all(&self, held: MutexGuard<'_, Core<C>>) -> usize {
+        let mut held = Some(held);
         let mut n = 0;
         loop {
             // Whoever queues a delivery runs this afterwards: nothing
@@ -800,7 +804,7 @@ impl<C: Context> Btl<C> {
             let mut spent = None;
             loop {
                 let job = {
-                    let mut core = self.lock();
+                    let mut core = held.take().unwrap_or_else(|| self.lock());
                     if let Some(b) = spent.take() {
                         core.consumed(b);
                     }

@@ -214,8 +214,6 @@ pub(crate) struct Core<C: Context> {
     probe_at: Duration,
     pub drained: bool,
     send_batch: Option<Batch<WorkCompletion>>,
-    /// Kept messages that arrived, handed back (reused, not allocated).
-    arrived_buf: Vec<Item>,
     recv_batch: Option<Batch<WorkCompletion>>,
     /// The last receive poll found the CQ empty before the batch was full.
     recv_dry: bool,
@@ -353,7 +351,6 @@ impl<C: Context> Core<C> {
         Ok(Core {
             send_batch: Some(Batch::new(cfg.cq_batch)),
             recv_batch: Some(Batch::new(cfg.cq_batch)),
-            arrived_buf: Vec::new(),
             recv_dry: true,
             cfg,
             iface,
@@ -836,7 +833,7 @@ impl<C: Context> Core<C> {
     /// Work of endpoint `ei` completed successfully. Where credits flow, a
     /// message has only left: it is kept until the peer's credits show it
     /// arrived ([`Kept`]).
-    fn sent_ok(&mut self, ei: u32, item: Item, wc: &WorkCompletion) {
+    fn sent_ok(&mut self, ei: u32, mut item: Item, wc: &WorkCompletion) {
         if !self.fc || !matches!(item.work, Work::Msg(_)) {
             return self.on_sent(item, wc);
         }
@@ -845,7 +842,7 @@ impl<C: Context> Core<C> {
             Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(None);
             return self.on_sent(item, wc);
         }
-        let item = self.spare_slot(item);
+        self.spare_slot(&mut item);
         if let Some(item) =
             Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(Some(item))
         {
@@ -857,7 +854,7 @@ impl<C: Context> Core<C> {
     /// its body moves to the heap. Else peers that return no credits for
     /// a while (half of them are owed before any goes back) could hold
     /// every slot.
-    fn spare_slot(&mut self, mut item: Item) -> Item {
+    fn spare_slot(&mut self, item: &mut Item) {
         if let Work::Msg(m) = &mut item.work {
             if let Store::Slot(s) = m.store {
                 if self.iface.bounce.free() < self.iface.bounce.count() / 4 {
@@ -868,18 +865,15 @@ impl<C: Context> Core<C> {
                 }
             }
         }
-        item
     }
 
     /// `n` credits came back from endpoint `ei` on local QP `qpn`: as many
     /// more of the messages sent on it arrived, and need not be kept.
     fn arrived(&mut self, ei: u32, qpn: u32, n: u16) {
-        let mut out = std::mem::take(&mut self.arrived_buf);
-        Kept::of(&mut self.eps.get_mut(ei).kept, qpn).arrived(u64::from(n), &mut out);
-        for item in out.drain(..) {
+        let mut n = u64::from(n);
+        while let Some(item) = Kept::of(&mut self.eps.get_mut(ei).kept, qpn).next_arrived(&mut n) {
             self.let_go_kept(item);
         }
-        self.arrived_buf = out;
     }
 
     /// A kept message is no longer needed (it arrived, or its peer is

@@ -257,15 +257,21 @@ impl Kept {
         None
     }
 
-    /// `n` more messages arrived: those of them that were kept.
-    pub fn arrived(&mut self, n: u64, out: &mut Vec<Item>) {
-        for _ in 0..n {
+    /// Takes `n` more arrivals, counting them down, up to the next kept
+    /// message among them, which it returns (`None` once all `n` are
+    /// taken: credit-only places, and arrivals ahead of their completions,
+    /// return nothing).
+    #[inline]
+    pub fn next_arrived(&mut self, n: &mut u64) -> Option<Item> {
+        while *n > 0 {
+            *n -= 1;
             match self.sent.pop_front() {
-                Some(Some(item)) => out.push(item),
+                Some(Some(item)) => return Some(item),
                 Some(None) => {}
                 None => self.ahead += 1,
             }
         }
+        None
     }
 }
 

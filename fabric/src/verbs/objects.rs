@@ -428,13 +428,17 @@ impl VerbsCq {
         }
     }
 
+    #[inline]
     fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         // Left uninitialised: this runs on every spin of a progress loop,
         // and the provider writes each entry it returns.
         let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; 32];
         let mut done = 0;
-        while done < out.len() {
+        loop {
             let want = (out.len() - done).min(raw.len());
+            if want == 0 {
+                return Ok(done);
+            }
             // SAFETY: the CQ is live; `raw` has room for `want` entries
             // (MaybeUninit<ibv_wc> has ibv_wc's layout).
             let n = unsafe {
@@ -444,11 +448,13 @@ impl VerbsCq {
                     raw.as_mut_ptr().cast::<sys::ibv_wc>(),
                 )
             };
-            if n < 0 {
-                if self.0.overrun.load(Ordering::Acquire) {
-                    return Err(Error::CqOverrun);
-                }
-                return Err(errno_error("ibv_poll_cq", -n));
+            if n <= 0 {
+                // Empty, the usual answer of a spinning poll: nothing more.
+                return if n == 0 {
+                    Ok(done)
+                } else {
+                    Err(self.poll_error(n))
+                };
             }
             for (slot, w) in out[done..].iter_mut().zip(&raw[..n as usize]) {
                 // SAFETY: ibv_poll_cq wrote the first `n` entries.
@@ -456,10 +462,18 @@ impl VerbsCq {
             }
             done += n as usize;
             if (n as usize) < want {
-                break;
+                return Ok(done);
             }
         }
-        Ok(done)
+    }
+
+    /// The error of an `ibv_poll_cq` that answered `n` < 0.
+    #[cold]
+    fn poll_error(&self, n: i32) -> Error {
+        if self.0.overrun.load(Ordering::Acquire) {
+            return Error::CqOverrun;
+        }
+        errno_error("ibv_poll_cq", -n)
     }
 }
 

@@ -537,4 +537,56 @@ mod tests {
         assert_eq!(eps.add(5), 3, "made afresh");
         assert_eq!(eps.len(), 2);
     }
+
+    fn msg(seq: u32) -> Item {
+        Item {
+            order: u64::from(seq),
+            tries: 0,
+            work: Work::Msg(Msg {
+                seq,
+                kind: Kind::Eager,
+                tag: 0,
+                len: 0,
+                store: Store::Heap(Vec::new()),
+            }),
+        }
+    }
+
+    fn seq(item: Option<Item>) -> Option<u32> {
+        item.map(|i| match i.work {
+            Work::Msg(m) => m.seq,
+            Work::Rdma(_) => unreachable!(),
+        })
+    }
+
+    /// Arrivals let kept messages go in their order, pass over the places
+    /// of credit-only messages, and count those that come before their
+    /// completions, which then are not kept at all.
+    #[test]
+    fn arrivals_let_kept_messages_go_in_order() {
+        let mut kept = Vec::new();
+        let k = Kept::of(&mut kept, 7);
+        assert!(k.completed(Some(msg(1))).is_none());
+        assert!(k.completed(None).is_none());
+        assert!(k.completed(Some(msg(2))).is_none());
+        let mut n = 2;
+        assert_eq!(seq(k.next_arrived(&mut n)), Some(1));
+        assert_eq!(n, 1);
+        assert_eq!(seq(k.next_arrived(&mut n)), None, "a credit-only place");
+        assert_eq!(n, 0);
+        let mut n = 3;
+        assert_eq!(seq(k.next_arrived(&mut n)), Some(2));
+        assert_eq!(seq(k.next_arrived(&mut n)), None);
+        assert_eq!((n, k.ahead), (0, 2), "two arrived before they completed");
+        assert_eq!(seq(k.completed(Some(msg(3)))), Some(3), "arrived already");
+        assert!(k.completed(None).is_none());
+        assert!(k.completed(Some(msg(4))).is_none(), "kept");
+        assert_eq!(k.ahead, 0);
+        assert!(std::ptr::eq(Kept::of(&mut kept, 7), &kept[0]));
+        Kept::of(&mut kept, 8);
+        assert_eq!(kept.len(), 2, "another connection, another record");
+        assert_eq!(kept[1].qpn, 8);
+        let mut n = 1;
+        assert_eq!(seq(Kept::of(&mut kept, 7).next_arrived(&mut n)), Some(4));
+    }
 }

@@ -394,7 +394,7 @@ impl<C: Context> Core<C> {
     /// with a path and nothing queued, is numbered, gathered and posted
     /// here at once, without the general path's steps for bounce slots,
     /// queued work and rendezvous control ([`Core::post`] does the same
-    /// for it, slower). Returns `false`, having changed nothing, when
+    /// for it, slower). Returns `None`, having changed nothing, when
     /// anything stands in the way (no path, work on an older path or
     /// queued, a full send queue or CQ budget, no credits, too long): the
     /// caller then takes the general path, which decides what waits.

@@ -66,19 +66,27 @@ pub(crate) enum Store {
     },
 }
 
+/// `parts` gathered into the body of a [`Store::Small`], if they fit
+/// (an empty part costs no copy).
+pub(crate) fn small_body(parts: [&[u8]; 2]) -> Option<[u8; SMALL_BODY]> {
+    if parts[0].len() + parts[1].len() > SMALL_BODY {
+        return None;
+    }
+    let mut bytes = [0u8; SMALL_BODY];
+    for (at, part) in [(0, parts[0]), (parts[0].len(), parts[1])] {
+        if !part.is_empty() {
+            bytes[at..at + part.len()].copy_from_slice(part);
+        }
+    }
+    Some(bytes)
+}
+
 impl Store {
     /// A short body copied from `parts`, if it fits.
     pub fn small(parts: [&[u8]; 2]) -> Option<Store> {
-        let len = parts[0].len() + parts[1].len();
-        if len > SMALL_BODY {
-            return None;
-        }
-        let mut bytes = [0u8; SMALL_BODY];
-        bytes[..parts[0].len()].copy_from_slice(parts[0]);
-        bytes[parts[0].len()..len].copy_from_slice(parts[1]);
         Some(Store::Small {
-            len: len as u8,
-            bytes,
+            bytes: small_body(parts)?,
+            len: (parts[0].len() + parts[1].len()) as u8,
         })
     }
 

@@ -26,7 +26,7 @@ use xrcbtl_fabric::{Context, Error, Payload, Qp, QpCaps, SendOp, SendWr, Sge};
 
 use crate::core::Core;
 use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
-use crate::ep::{Item, Msg, Store, Work, SMALL_BODY};
+use crate::ep::{small_body, Item, Msg, Store, Work, SMALL_BODY};
 use crate::iface::Slots;
 use crate::proto::rndv::RESUME;
 use crate::proto::{Owner, Rdma, RdmaOp};
@@ -345,17 +345,22 @@ impl<C: Context> Core<C> {
                 }
                 Ok(())
             }
-            Err(e) => {
-                let p = self.slab.remove(wr_id).expect("just inserted");
-                self.stats.no_resource += 1;
-                if !matches!(e, Error::NoResource(_)) {
-                    // The QP is unusable: let the manager rebuild the path.
-                    let now = self.cfg.clock.now();
-                    self.drv.handle_send_failure(now, slot);
-                }
-                Err(p.item)
-            }
+            Err(e) => Err(self.refused(wr_id, slot, e)),
         }
+    }
+
+    /// The QP in `slot` refused request `wr_id` with `e`: its record is
+    /// taken back out of the slab and its work returned; a QP that refused
+    /// for any reason but a full queue is unusable, and the manager
+    /// rebuilds the path.
+    fn refused(&mut self, wr_id: u64, slot: u32, e: Error) -> Item {
+        let p = self.slab.remove(wr_id).expect("just inserted");
+        self.stats.no_resource += 1;
+        if !matches!(e, Error::NoResource(_)) {
+            let now = self.cfg.clock.now();
+            self.drv.handle_send_failure(now, slot);
+        }
+        p.item
     }
 
     /// Whether an inline message posted now on QP slot `slot` may go
@@ -410,9 +415,6 @@ impl<C: Context> Core<C> {
     ) -> Option<bool> {
         let len = parts[0].len() + parts[1].len();
         let total = HEADER + len;
-        if len > SMALL_BODY || total > INLINE_MAX {
-            return None;
-        }
         let ep = self.eps.get_mut(ei);
         let path = ep.path.as_ref()?;
         let (slot, qpn) = (path.slot, path.qpn);
@@ -426,6 +428,9 @@ impl<C: Context> Core<C> {
         {
             return None;
         }
+        // The body gathered once: the copy kept for a resend, and what goes
+        // inline (copied from it at a fixed length, without a call).
+        let bytes = small_body(parts)?;
         // Spent now, taken back if the QP refuses the message.
         let mut returned = 0;
         if self.fc {
@@ -444,14 +449,6 @@ impl<C: Context> Core<C> {
             len: len as u32,
         }
         .encode(&mut self.inline[..HEADER]);
-        // The body is gathered once, into the copy kept for a resend, and
-        // goes inline from there (a copy of fixed length: no call).
-        let mut bytes = [0u8; SMALL_BODY];
-        for (at, part) in [(0, parts[0]), (parts[0].len(), parts[1])] {
-            if !part.is_empty() {
-                bytes[at..at + part.len()].copy_from_slice(part);
-            }
-        }
         self.inline[HEADER..HEADER + SMALL_BODY].copy_from_slice(&bytes);
         let signalled = !self.may_skip_signal(slot, caps);
         let no = self.sq[slot as usize].posts;
@@ -492,17 +489,12 @@ impl<C: Context> Core<C> {
                     let cr = self.eps.get_mut(ei).credits.of(qpn, self.cfg.credits);
                     cr.unspend(returned);
                 }
-                let p = self.slab.remove(wr_id).expect("just inserted");
-                self.stats.no_resource += 1;
-                if !matches!(e, Error::NoResource(_)) {
-                    let now = self.cfg.clock.now();
-                    self.drv.handle_send_failure(now, slot);
-                }
+                let item = self.refused(wr_id, slot, e);
                 if now_only {
                     return Some(false);
                 }
                 // It waits in its queue, as one the general path refused.
-                self.eps.requeue(ei, p.item);
+                self.eps.requeue(ei, item);
             }
         }
         self.eps.get_mut(ei).tx.take();

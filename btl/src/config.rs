@@ -3,10 +3,10 @@
 //!
 //! | Variable | Default | Meaning |
 //! |---|---|---|
-//! | `XRCBTL_EAGER_LIMIT` | 8192 | Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous. |
+//! | `XRCBTL_EAGER_LIMIT` | `auto` | Largest payload sent eagerly (copied through a bounce buffer, or sent from the caller's buffer, into the peer's receive buffer, whose size it sets); larger ones are split or use rendezvous. A number of bytes, or `auto`: 64 KiB on iWARP, whose rendezvous takes four legs (RTS, RTR, write, FIN), 8 KiB elsewhere ([`EagerLimit::Auto`]). |
 //! | `XRCBTL_ZCOPY_MIN` | 4096 | Smallest eager payload `send_bytes` sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer. |
 //! | `XRCBTL_MAX_INLINE` | 128 | Largest message (header included) posted inline, when the device allows that much. |
-//! | `XRCBTL_SPLIT_LIMIT` | `auto` | Largest payload `send_bytes` sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or `auto`: 32 KiB on iWARP, whose rendezvous takes four legs (RTS, RTR, write, FIN), 16 KiB elsewhere: up to four parts on iWARP and two elsewhere, where splitting beat the handshake (measured on siw and rxe under TCG; not on hardware). |
+//! | `XRCBTL_SPLIT_LIMIT` | `auto` | Largest payload `send_bytes` sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or `auto`: 16 KiB, two parts of the 8 KiB eager limit, where splitting beat the handshake; nothing where the eager limit is that or more, as iWARP's `auto` is (measured on siw and rxe under TCG; not on hardware). |
 //! | `XRCBTL_RNDV_PROTOCOL` | `auto` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS), `put` (RTS, RTR, the sender RDMA-writes, FIN), or `auto`: put on iWARP, get elsewhere (measured: scripts/perf-compare). |
 //! | `XRCBTL_RNDV_FRAG_SIZE` | 524288 | Bytes per RDMA fragment of a rendezvous. |
 //! | `XRCBTL_RNDV_PIPELINE` | 4 | Fragments of one rendezvous in flight at once (reads: at most the device's `max_qp_rd_atom`). |
@@ -27,7 +27,7 @@
 //! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
 //! | `XRCBTL_AF_IB` | 1 | 1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only. |
 //! | `XRCBTL_PLACE` | `auto` | `auto`: registered buffers on the NUMA node of the device and the progress thread on its CPUs (of those the process may use), from this machine's hardware topology (hwloc); `off`: neither. |
-//! | `XRCBTL_IDLE_YIELD` | `auto` | After how many progress calls in a row that found nothing the calling thread yields its CPU (`sched_yield`): a number, `off`, or `auto`: after every one on a device the host's kernel emulates in threads of its own (Soft-RoCE, whose work a spinning rank holds up when the CPUs are all busy), never elsewhere (hardware, and soft-iWARP, which works in the sender's system call and the receiving softirq; measured: scripts/perf-compare). |
+//! | `XRCBTL_IDLE_YIELD` | `auto` | After how many progress calls in a row that found nothing the calling thread yields its CPU (`sched_yield`): a number, `off`, or `auto`: after every one on a device the host's kernel emulates in threads of its own (Soft-RoCE, soft-iWARP: their work a spinning rank holds up when the CPUs are all busy), never on hardware ([`IdleYield::Auto`]). |
 //! | `XRCBTL_XRCD_DIR` | (empty) | Absolute directory of the XRC domain key file, the same for every rank of a node (empty: `/tmp/xrcbtl-<uid>`). Read by the C ABI and the benchmarks, which make the key. |
 
 use std::net::SocketAddr;
@@ -53,10 +53,10 @@ pub struct Setting {
 /// Every setting [`BtlConfig::with_vars`] reads, in the order of the table
 /// above.
 pub const SETTINGS: &[Setting] = &[
-    Setting { name: "XRCBTL_EAGER_LIMIT", default: "8192", help: "Largest payload sent eagerly (copied through a bounce buffer into the peer's receive buffer); larger ones use rendezvous." },
+    Setting { name: "XRCBTL_EAGER_LIMIT", default: "auto", help: "Largest payload sent eagerly (into the peer's receive buffer, whose size it sets); larger ones are split or use rendezvous. A number of bytes, or auto: 64 KiB on iWARP, 8 KiB elsewhere." },
     Setting { name: "XRCBTL_ZCOPY_MIN", default: "4096", help: "Smallest eager payload send_bytes sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer." },
     Setting { name: "XRCBTL_MAX_INLINE", default: "128", help: "Largest message (header included) posted inline, when the device allows that much." },
-    Setting { name: "XRCBTL_SPLIT_LIMIT", default: "auto", help: "Largest payload send_bytes sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or auto: 32 KiB on iWARP, 16 KiB elsewhere." },
+    Setting { name: "XRCBTL_SPLIT_LIMIT", default: "auto", help: "Largest payload send_bytes sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or auto: 16 KiB (nothing, where the eager limit is that or more: iWARP's auto)." },
     Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "auto", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS), put (RTS, RTR, the sender RDMA-writes, FIN), or auto: put on iWARP, get elsewhere." },
     Setting { name: "XRCBTL_RNDV_FRAG_SIZE", default: "524288", help: "Bytes per RDMA fragment of a rendezvous." },
     Setting { name: "XRCBTL_RNDV_PIPELINE", default: "4", help: "Fragments of one rendezvous in flight at once (reads: at most the device's max_qp_rd_atom)." },
@@ -77,7 +77,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },
     Setting { name: "XRCBTL_AF_IB", default: "1", help: "1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only." },
     Setting { name: "XRCBTL_PLACE", default: "auto", help: "auto: registered buffers on the NUMA node of the device and the progress thread on its CPUs (of those the process may use), from this machine's hardware topology (hwloc); off: neither." },
-    Setting { name: "XRCBTL_IDLE_YIELD", default: "auto", help: "After how many progress calls in a row that found nothing the calling thread yields its CPU (sched_yield): a number, off, or auto: after every one on a device the host's kernel emulates in threads of its own (Soft-RoCE), never elsewhere (hardware, soft-iWARP)." },
+    Setting { name: "XRCBTL_IDLE_YIELD", default: "auto", help: "After how many progress calls in a row that found nothing the calling thread yields its CPU (sched_yield): a number, off, or auto: after every one on a device the host's kernel emulates in threads of its own (Soft-RoCE, soft-iWARP), never on hardware." },
     Setting { name: "XRCBTL_XRCD_DIR", default: "", help: "Absolute directory of the XRC domain key file, the same for every rank of a node (empty: /tmp/xrcbtl-<uid>). Read by the C ABI and the benchmarks, which make the key." },
 ];
 
@@ -120,27 +120,56 @@ impl RndvProtocol {
 /// parts longer than this is refused as malformed.
 pub const MAX_SPLIT: usize = 4 << 20;
 
+/// Which payloads go eagerly: sent in one message into a receive buffer
+/// the peer posted in advance, which is this large (plus the header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EagerLimit {
+    /// 64 KiB on iWARP, 8 KiB elsewhere. An iWARP rendezvous takes four
+    /// legs (RTS, RTR, the write, FIN) where a single send does the work,
+    /// and the receive buffers cost what Open MPI's openib spent on iWARP
+    /// (64 KiB each, there per peer). Measured on siw under TCG,
+    /// alternating in one boot: osu_latency at 64 KiB 254-310 us eagerly
+    /// against 457-705 us by rendezvous (ib_send_lat's typical 189-207),
+    /// and at 16 KiB 53-89 us against 105-145 us in two eager parts. An
+    /// iWARP rank then posts 64 KiB receive buffers
+    /// ([`BtlConfig::srq_depth`] of them at start, 16 MiB by default) and
+    /// has [`BtlConfig::send_slots`] bounce buffers of that size.
+    Auto,
+    /// This many bytes (1 to 1 MiB).
+    Bytes(usize),
+}
+
+impl EagerLimit {
+    /// The limit on a device with `caps`.
+    pub fn bytes(self, caps: &xrcbtl_fabric::DeviceCaps) -> usize {
+        match self {
+            EagerLimit::Auto if caps.transport == xrcbtl_fabric::Transport::Iwarp => 64 * 1024,
+            EagerLimit::Auto => 8 * 1024,
+            EagerLimit::Bytes(n) => n,
+        }
+    }
+}
+
 /// Which payloads `send_bytes` splits into eager parts instead of sending
 /// them by rendezvous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SplitLimit {
-    /// 32 KiB on iWARP (a rendezvous there takes four legs: RTS, RTR,
-    /// write, FIN), 16 KiB elsewhere: two to four parts, where each part
-    /// costs about what one leg of the handshake does. Measured on siw and
-    /// rxe under TCG, alternating in one boot per device: at 16 KiB
-    /// splitting took osu_latency from 188-192 to 99-121 us on siw and
+    /// 16 KiB: two parts of the 8 KiB eager limit, where each part costs
+    /// about what one leg of the rendezvous handshake does. Measured on
+    /// siw and rxe under TCG, alternating in one boot per device: at 16
+    /// KiB splitting took osu_latency from 188-192 to 99-121 us on siw and
     /// from 716-851 to 459-811 us on rxe; at 64 KiB (eight parts) it lost
-    /// on both. Not measured on hardware.
+    /// on both. Where the eager limit is 16 KiB or more (iWARP's
+    /// [`EagerLimit::Auto`]), nothing is split. Not measured on hardware.
     Auto,
     /// Up to this many bytes (0: never).
     Bytes(usize),
 }
 
 impl SplitLimit {
-    /// The limit on a device with `caps` (0: never split).
-    pub fn bytes(self, caps: &xrcbtl_fabric::DeviceCaps) -> usize {
+    /// The limit (0: never split).
+    pub fn bytes(self) -> usize {
         match self {
-            SplitLimit::Auto if caps.transport == xrcbtl_fabric::Transport::Iwarp => 32 * 1024,
             SplitLimit::Auto => 16 * 1024,
             SplitLimit::Bytes(n) => n,
         }
@@ -150,9 +179,17 @@ impl SplitLimit {
 /// When a progress loop that finds nothing gives its CPU away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdleYield {
-    /// After every empty progress call on a Soft-RoCE device, whose
-    /// protocol work runs in kernel threads that a spinning rank keeps off
-    /// the CPUs; never elsewhere.
+    /// After every empty progress call on a device the host's kernel
+    /// emulates (Soft-RoCE, soft-iWARP), whose protocol work runs on the
+    /// application's CPUs in kernel threads that spinning ranks keep off
+    /// them; never on hardware. Soft-RoCE does all its work in threads;
+    /// soft-iWARP sends in the poster's system call, but a request posted
+    /// while the QP is still sending waits for its transmit thread, so
+    /// fragments, parts and windows of sends did. Measured on siw under
+    /// TCG, alternating in one boot: osu_bw at 1 MiB 316-386 MB/s
+    /// yielding against 240-276 spinning, at 64 KiB 160-203 against
+    /// 91-183, osu_latency at 8 B unchanged within the noise (37-58 us
+    /// against 41-63).
     Auto,
     /// Never.
     Off,
@@ -165,9 +202,7 @@ impl IdleYield {
     /// yields (0: never).
     pub fn after(self, caps: &xrcbtl_fabric::DeviceCaps) -> u32 {
         match self {
-            IdleYield::Auto => {
-                u32::from(caps.host_emulated && caps.transport != xrcbtl_fabric::Transport::Iwarp)
-            }
+            IdleYield::Auto => u32::from(caps.host_emulated),
             IdleYield::Off => 0,
             IdleYield::After(n) => n,
         }
@@ -217,7 +252,7 @@ pub struct BtlConfig {
     /// Where to listen for connections (port 0: any).
     pub listen: SocketAddr,
     /// Largest eager payload.
-    pub eager_limit: usize,
+    pub eager_limit: EagerLimit,
     /// Smallest eager payload `send_bytes` sends without a copy.
     pub zcopy_min: usize,
     /// Largest inline message, header included.
@@ -281,7 +316,7 @@ impl BtlConfig {
             job,
             xrcd_key,
             listen,
-            eager_limit: 8192,
+            eager_limit: EagerLimit::Auto,
             zcopy_min: 4096,
             max_inline: 128,
             split_limit: SplitLimit::Auto,
@@ -339,7 +374,16 @@ impl BtlConfig {
             Ok(())
         }
         let g: &dyn Fn(&str) -> Option<String> = &get;
-        num(g, "XRCBTL_EAGER_LIMIT", &mut self.eager_limit)?;
+        if let Some(s) = g("XRCBTL_EAGER_LIMIT") {
+            self.eager_limit = match s.trim() {
+                "auto" => EagerLimit::Auto,
+                n => EagerLimit::Bytes(n.parse().map_err(|_| {
+                    Error::invalid(format!(
+                        "XRCBTL_EAGER_LIMIT={s:?}: expected auto or a number of bytes"
+                    ))
+                })?),
+            };
+        }
         num(g, "XRCBTL_ZCOPY_MIN", &mut self.zcopy_min)?;
         num(g, "XRCBTL_MAX_INLINE", &mut self.max_inline)?;
         num(g, "XRCBTL_RNDV_FRAG_SIZE", &mut self.rndv_frag_size)?;
@@ -444,13 +488,6 @@ impl BtlConfig {
         let size = |v: usize| v as u64;
         let small_min = crate::wire::HEADER as u64 + 1;
         let mut checks: Vec<(&str, u64, u64, u64, &str)> = vec![
-            (
-                "XRCBTL_EAGER_LIMIT",
-                size(self.eager_limit),
-                1,
-                1 << 20,
-                "bytes",
-            ),
             (
                 "XRCBTL_ZCOPY_MIN",
                 size(self.zcopy_min),
@@ -577,6 +614,9 @@ impl BtlConfig {
                 1 << 20,
                 "bytes, more than the header, or 0 for one class",
             ));
+        }
+        if let EagerLimit::Bytes(n) = self.eager_limit {
+            checks.push(("XRCBTL_EAGER_LIMIT", size(n), 1, 1 << 20, "bytes, or auto"));
         }
         if let SplitLimit::Bytes(n) = self.split_limit {
             checks.push((

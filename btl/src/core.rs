@@ -342,7 +342,7 @@ impl<C: Context> Core<C> {
         } else {
             cfg.rndv_pipeline.min(iface.caps.max_qp_rd_atom.max(1))
         };
-        let split_limit = cfg.split_limit.bytes(&iface.caps);
+        let split_limit = cfg.split_limit.bytes();
         let rndv = Rndv::new(RndvConfig {
             put,
             frag: cfg.rndv_frag_size as u64,

@@ -68,6 +68,7 @@ pub(crate) enum Store {
 
 /// `parts` gathered into the body of a [`Store::Small`], if they fit
 /// (an empty part costs no copy).
+#[inline]
 pub(crate) fn small_body(parts: [&[u8]; 2]) -> Option<[u8; SMALL_BODY]> {
     if parts[0].len() + parts[1].len() > SMALL_BODY {
         return None;

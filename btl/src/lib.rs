@@ -42,7 +42,7 @@ mod wr_id;
 
 pub use crate::btl::Btl;
 pub use crate::config::{
-    BtlConfig, Clock, IdleYield, RndvProtocol, Setting, SplitLimit, MAX_SPLIT, SETTINGS,
+    BtlConfig, Clock, EagerLimit, IdleYield, RndvProtocol, Setting, SplitLimit, MAX_SPLIT, SETTINGS,
 };
 pub use crate::proto::MAX_RMA;
 pub use crate::threaded::Threaded;

@@ -353,6 +353,7 @@ impl<C: Context> Core<C> {
     /// taken back out of the slab and its work returned; a QP that refused
     /// for any reason but a full queue is unusable, and the manager
     /// rebuilds the path.
+    #[cold]
     fn refused(&mut self, wr_id: u64, slot: u32, e: Error) -> Item {
         let p = self.slab.remove(wr_id).expect("just inserted");
         self.stats.no_resource += 1;

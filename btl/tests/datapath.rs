@@ -9,7 +9,9 @@ mod btlsim;
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, Got, TAG};
-use xrcbtl_btl::{BtlConfig, BtlError, Bytes, Mode, OpStatus, RemoteMem, RndvProtocol, SplitLimit};
+use xrcbtl_btl::{
+    BtlConfig, BtlError, Bytes, EagerLimit, Mode, OpStatus, RemoteMem, RndvProtocol, SplitLimit,
+};
 use xrcbtl_fabric::sim::SimDevice;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -609,7 +611,7 @@ fn configuration_comes_from_the_environment_and_bad_values_are_refused() {
             ("XRCBTL_SQ_MAX", "32"),
         ]))
         .unwrap();
-    assert_eq!(cfg.eager_limit, 4096);
+    assert_eq!(cfg.eager_limit, EagerLimit::Bytes(4096));
     assert_eq!(cfg.rndv_protocol, RndvProtocol::Put);
     assert!(RndvProtocol::Auto.is_put(xrcbtl_fabric::Transport::Iwarp));
     assert!(!RndvProtocol::Auto.is_put(xrcbtl_fabric::Transport::Roce));

@@ -1,7 +1,7 @@
 //! Yielding the CPU when idle: a progress loop that keeps finding nothing
 //! yields after the configured number of empty calls in a row (counted in
 //! `BtlStats::idle_yields`), starts counting again after a call that found
-//! work, and by default yields only on a Soft-RoCE device.
+//! work, and by default yields only on a device the host's kernel emulates.
 
 use xrcbtl_btl::sim::SimJob;
 use xrcbtl_btl::{BtlConfig, IdleYield};
@@ -41,7 +41,7 @@ fn an_idle_loop_yields_after_the_set_number_of_empty_calls() {
 }
 
 #[test]
-fn by_default_only_a_soft_roce_device_yields() {
+fn by_default_only_a_device_the_kernel_emulates_yields() {
     let mut job = job(IdleYield::Auto);
     let btl = job.btl(0).clone();
     for _ in 0..100 {
@@ -59,9 +59,11 @@ fn by_default_only_a_soft_roce_device_yields() {
     caps.transport = Transport::Iwarp;
     assert_eq!(
         IdleYield::Auto.after(&caps),
-        0,
-        "soft-iWARP works in the system call and the softirq"
+        1,
+        "soft-iWARP: requests posted while the QP sends wait for its thread"
     );
+    caps.host_emulated = false;
+    assert_eq!(IdleYield::Auto.after(&caps), 0, "hardware iWARP");
     assert_eq!(IdleYield::Off.after(&caps), 0);
     assert_eq!(IdleYield::After(4).after(&caps), 4);
 }

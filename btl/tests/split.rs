@@ -9,7 +9,7 @@ mod btlsim;
 use std::time::Duration;
 
 use btlsim::{pattern, Cluster, Got, TAG};
-use xrcbtl_btl::{BtlConfig, Bytes, Mode, OpStatus, SplitLimit, MAX_SPLIT};
+use xrcbtl_btl::{BtlConfig, Bytes, EagerLimit, Mode, OpStatus, SplitLimit, MAX_SPLIT};
 use xrcbtl_fabric::sim::SimDevice;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -95,12 +95,12 @@ fn every_size_arrives_whole_in_parts_over_iwarp() {
     every_size_split(SimDevice::iwarp("sim0"), false, Mode::Rc { p2p: true });
 }
 
-/// `auto` splits up to 32 KiB on iWARP and up to 16 KiB elsewhere; 0
-/// never.
+/// `auto` splits up to 16 KiB past an 8 KiB eager limit, and nothing on
+/// iWARP, whose auto eager limit (64 KiB) covers it; 0 never.
 #[test]
-fn the_default_splits_up_to_32_kib_on_iwarp_and_16_kib_elsewhere() {
+fn the_default_splits_up_to_16_kib_and_nothing_on_iwarp() {
     for (device, limit, split) in [
-        (SimDevice::iwarp("sim0"), SplitLimit::Auto, 32 * 1024),
+        (SimDevice::iwarp("sim0"), SplitLimit::Auto, 0),
         (SimDevice::roce("sim0"), SplitLimit::Auto, 16 * 1024),
         (SimDevice::ib("sim0"), SplitLimit::Auto, 16 * 1024),
         (SimDevice::iwarp("sim0"), SplitLimit::Bytes(0), 0),
@@ -125,10 +125,12 @@ fn the_default_splits_up_to_32_kib_on_iwarp_and_16_kib_elsewhere() {
         c.settle(LIMIT);
         assert!(c.got(1).iter().all(|g| g.data == pattern(3, g.data.len())));
         let s = c.btl(0).stats();
-        let n = lens.iter().filter(|&&l| l <= split).count() as u64;
+        let past = |l: usize| l > max_send;
+        let n_split = lens.iter().filter(|&&l| past(l) && l <= split).count() as u64;
+        let n_rndv = lens.iter().filter(|&&l| past(l) && l > split).count() as u64;
         assert_eq!(
             (s.split_sent, s.rndv_sent),
-            (n, lens.len() as u64 - n),
+            (n_split, n_rndv),
             "{device:?} {limit:?}"
         );
         c.shutdown(LIMIT);
@@ -224,11 +226,14 @@ fn parts_resent_after_a_partition_are_dropped_as_duplicates() {
 }
 
 /// On iWARP every part spends a credit: a window of 64 messages of 32 KiB
-/// (four parts each, split by default) waits for credits, and arrives
-/// whole.
+/// (four parts each past an 8 KiB eager limit) waits for credits, and
+/// arrives whole.
 #[test]
 fn a_window_of_split_messages_waits_for_credits_on_iwarp() {
-    let mut c = Cluster::new(45, 2, 1, SimDevice::iwarp("sim0"));
+    let mut c = Cluster::with(45, 2, 1, SimDevice::iwarp("sim0"), |cfg: &mut BtlConfig| {
+        cfg.eager_limit = EagerLimit::Bytes(8192);
+        cfg.split_limit = SplitLimit::Bytes(32 * 1024);
+    });
     const N: u32 = 64;
     for i in 0..N {
         c.btl(0)

@@ -47,8 +47,8 @@ use std::time::Duration;
 
 use btlsim::{pattern, Cluster, TAG};
 use xrcbtl_btl::{
-    Access, BtlConfig, Bytes, MappedBuf, MemReg, OpId, OpStatus, RemoteMem, RndvProtocol,
-    SplitLimit,
+    Access, BtlConfig, Bytes, EagerLimit, MappedBuf, MemReg, OpId, OpStatus, RemoteMem,
+    RndvProtocol, SplitLimit,
 };
 use xrcbtl_fabric::sim::{CmAction, CmFault, SimDevice, SimProcess};
 use xrcbtl_fabric::Error;
@@ -171,6 +171,9 @@ impl Run {
         let c = Cluster::with(seed, nodes, per_node, device, move |cfg: &mut BtlConfig| {
             cfg.force_rc = force_rc;
             cfg.split_limit = SplitLimit::Bytes(split);
+            // The eager limit every seed was drawn with (iWARP's auto is
+            // 64 KiB, past every split limit drawn here).
+            cfg.eager_limit = EagerLimit::Bytes(8192);
             cfg.rndv_protocol = if put {
                 RndvProtocol::Put
             } else {

@@ -19,7 +19,7 @@ fn storm_32x16() {
     let wall = Instant::now();
     // Small receive and bounce pools: 512 BTLs share this machine.
     let mut c = Cluster::with(2026, NODES, PER_NODE, SimDevice::ib("sim0"), |cfg| {
-        cfg.eager_limit = 1024;
+        cfg.eager_limit = xrcbtl_btl::EagerLimit::Bytes(1024);
         cfg.srq_depth = 16;
         cfg.srq_max_depth = 64;
         cfg.send_slots = 16;

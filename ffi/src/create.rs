@@ -262,7 +262,11 @@ mod tests {
         let env =
             |k: &str| (k == "XRCBTL_EAGER_LIMIT" || k == "XRCBTL_CREDITS").then(|| "8".to_string());
         let c = s.apply(cfg, env).unwrap();
-        assert_eq!(c.eager_limit, 4096, "the setting wins");
+        assert_eq!(
+            c.eager_limit,
+            xrcbtl_btl::EagerLimit::Bytes(4096),
+            "the setting wins"
+        );
         assert_eq!(c.credits, 8, "the environment fills in");
         assert_eq!(c.rndv_protocol, xrcbtl_btl::RndvProtocol::Put);
 

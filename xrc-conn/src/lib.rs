@@ -112,7 +112,11 @@ pub struct Config {
     /// cannot grow a connected QP's send queue), and asks to grow when more
     /// endpoints join than were known.
     pub sq_per_endpoint: u32,
-    /// Fewest send-queue entries a QP is created with.
+    /// Fewest send-queue entries a QP is created with: 256, room for a
+    /// window of 64 messages in flight to one peer (osu_bw's) with what
+    /// they bring along (RTS, rendezvous writes and FINs or reads, credit
+    /// messages, unsignalled requests not yet known complete); 64 made
+    /// such a window wait for the send queue.
     pub sq_initial: u32,
     /// Largest send queue the device allows.
     pub sq_max: u32,
@@ -136,7 +140,7 @@ impl Config {
             mode,
             srqns,
             sq_per_endpoint: 16,
-            sq_initial: 64,
+            sq_initial: 256,
             sq_max: 16_384,
             max_retries: 5,
             backoff_base: Duration::from_millis(2),

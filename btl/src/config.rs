@@ -3,10 +3,10 @@
 //!
 //! | Variable | Default | Meaning |
 //! |---|---|---|
-//! | `XRCBTL_EAGER_LIMIT` | `auto` | Largest payload sent eagerly (copied through a bounce buffer, or sent from the caller's buffer, into the peer's receive buffer, whose size it sets); larger ones are split or use rendezvous. A number of bytes, or `auto`: 64 KiB on iWARP, whose rendezvous takes four legs (RTS, RTR, write, FIN), 8 KiB elsewhere ([`EagerLimit::Auto`]). |
+//! | `XRCBTL_EAGER_LIMIT` | `auto` | Largest payload sent eagerly (copied through a bounce buffer, or sent from the caller's buffer, into the peer's receive buffer, whose size it sets); larger ones are split or use rendezvous. A number of bytes, or `auto`: 64 KiB with RC + SRQ (iWARP, devices without XRC), where one send beat the rendezvous's three or four legs, 8 KiB under XRC ([`EagerLimit::Auto`]). |
 //! | `XRCBTL_ZCOPY_MIN` | 4096 | Smallest eager payload `send_bytes` sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer. |
 //! | `XRCBTL_MAX_INLINE` | 128 | Largest message (header included) posted inline, when the device allows that much. |
-//! | `XRCBTL_SPLIT_LIMIT` | `auto` | Largest payload `send_bytes` sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or `auto`: 16 KiB, two parts of the 8 KiB eager limit, where splitting beat the handshake; nothing where the eager limit is that or more, as iWARP's `auto` is (measured on siw and rxe under TCG; not on hardware). |
+//! | `XRCBTL_SPLIT_LIMIT` | `auto` | Largest payload `send_bytes` sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or `auto`: 16 KiB, two parts of the 8 KiB eager limit, where splitting beat the handshake; nothing where the eager limit is that or more, as it is by default with RC + SRQ (measured on siw and rxe under TCG; not on hardware). |
 //! | `XRCBTL_RNDV_PROTOCOL` | `auto` | Rendezvous: `get` (RTS, the receiver RDMA-reads, ATS), `put` (RTS, RTR, the sender RDMA-writes, FIN), or `auto`: put on iWARP, get elsewhere (measured: scripts/perf-compare). |
 //! | `XRCBTL_RNDV_FRAG_SIZE` | 524288 | Bytes per RDMA fragment of a rendezvous. |
 //! | `XRCBTL_RNDV_PIPELINE` | 4 | Fragments of one rendezvous in flight at once (reads: at most the device's `max_qp_rd_atom`). |
@@ -53,10 +53,10 @@ pub struct Setting {
 /// Every setting [`BtlConfig::with_vars`] reads, in the order of the table
 /// above.
 pub const SETTINGS: &[Setting] = &[
-    Setting { name: "XRCBTL_EAGER_LIMIT", default: "auto", help: "Largest payload sent eagerly (into the peer's receive buffer, whose size it sets); larger ones are split or use rendezvous. A number of bytes, or auto: 64 KiB on iWARP, 8 KiB elsewhere." },
+    Setting { name: "XRCBTL_EAGER_LIMIT", default: "auto", help: "Largest payload sent eagerly (into the peer's receive buffer, whose size it sets); larger ones are split or use rendezvous. A number of bytes, or auto: 64 KiB with RC + SRQ (iWARP, devices without XRC), 8 KiB under XRC." },
     Setting { name: "XRCBTL_ZCOPY_MIN", default: "4096", help: "Smallest eager payload send_bytes sends from the caller's own buffer (registered through the cache, no copy) instead of copying it into a bounce buffer." },
     Setting { name: "XRCBTL_MAX_INLINE", default: "128", help: "Largest message (header included) posted inline, when the device allows that much." },
-    Setting { name: "XRCBTL_SPLIT_LIMIT", default: "auto", help: "Largest payload send_bytes sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or auto: 16 KiB (nothing, where the eager limit is that or more: iWARP's auto)." },
+    Setting { name: "XRCBTL_SPLIT_LIMIT", default: "auto", help: "Largest payload send_bytes sends as several eager messages back to back (cut at the eager limit, joined by the receiver: no rendezvous handshake, one copy on arrival); larger ones use rendezvous. A number of bytes (at most 4 MiB; 0: never), or auto: 16 KiB (nothing, where the eager limit is that or more, as by default with RC + SRQ)." },
     Setting { name: "XRCBTL_RNDV_PROTOCOL", default: "auto", help: "Rendezvous: get (RTS, the receiver RDMA-reads, ATS), put (RTS, RTR, the sender RDMA-writes, FIN), or auto: put on iWARP, get elsewhere." },
     Setting { name: "XRCBTL_RNDV_FRAG_SIZE", default: "524288", help: "Bytes per RDMA fragment of a rendezvous." },
     Setting { name: "XRCBTL_RNDV_PIPELINE", default: "4", help: "Fragments of one rendezvous in flight at once (reads: at most the device's max_qp_rd_atom)." },
@@ -124,28 +124,33 @@ pub const MAX_SPLIT: usize = 4 << 20;
 /// the peer posted in advance, which is this large (plus the header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EagerLimit {
-    /// 64 KiB on iWARP, 8 KiB elsewhere. An iWARP rendezvous takes four
-    /// legs (RTS, RTR, the write, FIN) where a single send does the work,
-    /// and the receive buffers cost what Open MPI's openib spent on iWARP
-    /// (64 KiB each, there per peer). Measured on siw under TCG,
-    /// alternating in one boot: osu_latency at 64 KiB 254-310 us eagerly
-    /// against 457-705 us by rendezvous (ib_send_lat's typical 189-207),
-    /// and at 16 KiB 53-89 us against 105-145 us in two eager parts. An
-    /// iWARP rank then posts 64 KiB receive buffers
-    /// ([`BtlConfig::srq_depth`] of them at start, 16 MiB by default) and
-    /// has [`BtlConfig::send_slots`] bounce buffers of that size.
+    /// 64 KiB where the BTL runs RC + SRQ (iWARP, and devices without XRC
+    /// such as Soft-RoCE), 8 KiB under XRC. A rendezvous takes three legs
+    /// (RTS, the reads, ATS) or on iWARP four (RTS, RTR, the writes, FIN)
+    /// where one send does the work. Measured under TCG, alternating in
+    /// one boot per device, osu_latency at 64 KiB: on siw 254-310 us
+    /// eagerly against 457-705 by rendezvous (ib_send_lat's typical
+    /// 189-207), on rxe 1208-1558 against 1462-2276 (ib_send_lat
+    /// 1207-1788); at 16 KiB on siw 53-89 us against 105-145 in two eager
+    /// parts, on rxe even. The price is memory: such a rank posts 64 KiB
+    /// receive buffers ([`BtlConfig::srq_depth`] of them at start, 16 MiB
+    /// by default) and has [`BtlConfig::send_slots`] bounce buffers of that
+    /// size, as Open MPI's openib spent on iWARP (64 KiB buffers, there per
+    /// peer). XRC, which exists to keep a rank's footprint small when a
+    /// node runs many, keeps the 8 KiB limit: no XRC device was at hand to
+    /// measure the trade.
     Auto,
     /// This many bytes (1 to 1 MiB).
     Bytes(usize),
 }
 
 impl EagerLimit {
-    /// The limit on a device with `caps`.
-    pub fn bytes(self, caps: &xrcbtl_fabric::DeviceCaps) -> usize {
-        match self {
-            EagerLimit::Auto if caps.transport == xrcbtl_fabric::Transport::Iwarp => 64 * 1024,
-            EagerLimit::Auto => 8 * 1024,
-            EagerLimit::Bytes(n) => n,
+    /// The limit of a BTL running in `mode`.
+    pub fn bytes(self, mode: xrcbtl_xrc_conn::Mode) -> usize {
+        match (self, mode) {
+            (EagerLimit::Auto, xrcbtl_xrc_conn::Mode::Rc { .. }) => 64 * 1024,
+            (EagerLimit::Auto, xrcbtl_xrc_conn::Mode::Xrc) => 8 * 1024,
+            (EagerLimit::Bytes(n), _) => n,
         }
     }
 }
@@ -159,8 +164,9 @@ pub enum SplitLimit {
     /// siw and rxe under TCG, alternating in one boot per device: at 16
     /// KiB splitting took osu_latency from 188-192 to 99-121 us on siw and
     /// from 716-851 to 459-811 us on rxe; at 64 KiB (eight parts) it lost
-    /// on both. Where the eager limit is 16 KiB or more (iWARP's
-    /// [`EagerLimit::Auto`]), nothing is split. Not measured on hardware.
+    /// on both. Where the eager limit is 16 KiB or more
+    /// ([`EagerLimit::Auto`] with RC + SRQ), nothing is split. Not measured
+    /// on hardware.
     Auto,
     /// Up to this many bytes (0: never).
     Bytes(usize),

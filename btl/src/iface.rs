@@ -207,7 +207,7 @@ impl<C: Context> Iface<C> {
         // The large class holds a full eager message; a small class, if
         // asked for, holds short ones without wasting large buffers. An RC
         // QP draws from one SRQ: RC keeps the large class only.
-        let large = (cfg.eager_limit.bytes(&caps) + HEADER).next_multiple_of(64) as u32;
+        let large = (cfg.eager_limit.bytes(mode) + HEADER).next_multiple_of(64) as u32;
         let mut sizes = Vec::new();
         if mode == Mode::Xrc && cfg.small_size != 0 && cfg.small_size < large {
             sizes.push(cfg.small_size);

@@ -95,13 +95,14 @@ fn every_size_arrives_whole_in_parts_over_iwarp() {
     every_size_split(SimDevice::iwarp("sim0"), false, Mode::Rc { p2p: true });
 }
 
-/// `auto` splits up to 16 KiB past an 8 KiB eager limit, and nothing on
-/// iWARP, whose auto eager limit (64 KiB) covers it; 0 never.
+/// `auto` splits up to 16 KiB past XRC's 8 KiB eager limit, and nothing
+/// with RC + SRQ (iWARP, RoCE without XRC), whose auto eager limit (64
+/// KiB) covers it; 0 never.
 #[test]
-fn the_default_splits_up_to_16_kib_and_nothing_on_iwarp() {
+fn the_default_splits_up_to_16_kib_under_xrc_and_nothing_with_rc() {
     for (device, limit, split) in [
         (SimDevice::iwarp("sim0"), SplitLimit::Auto, 0),
-        (SimDevice::roce("sim0"), SplitLimit::Auto, 16 * 1024),
+        (SimDevice::roce("sim0"), SplitLimit::Auto, 0),
         (SimDevice::ib("sim0"), SplitLimit::Auto, 16 * 1024),
         (SimDevice::iwarp("sim0"), SplitLimit::Bytes(0), 0),
     ] {

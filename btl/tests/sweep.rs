@@ -171,8 +171,8 @@ impl Run {
         let c = Cluster::with(seed, nodes, per_node, device, move |cfg: &mut BtlConfig| {
             cfg.force_rc = force_rc;
             cfg.split_limit = SplitLimit::Bytes(split);
-            // The eager limit every seed was drawn with (iWARP's auto is
-            // 64 KiB, past every split limit drawn here).
+            // The eager limit every seed was drawn with (auto is 64 KiB
+            // with RC + SRQ, past every split limit drawn here).
             cfg.eager_limit = EagerLimit::Bytes(8192);
             cfg.rndv_protocol = if put {
                 RndvProtocol::Put

@@ -1,7 +1,8 @@
 //! An allocator for tests: counts, per thread, the heap allocations made
 //! outside the simulated device, so that a test can show that the code
 //! above the fabric allocates nothing on a path (what the simulated device
-//! allocates to carry a message stands for a device's own work).
+//! allocates to carry a message stands for a device's own work), and the
+//! bytes they keep, so that a test can measure what a structure costs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -9,6 +10,7 @@ use std::cell::Cell;
 thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };
     static COUNT: Cell<u64> = const { Cell::new(0) };
+    static BYTES: Cell<i64> = const { Cell::new(0) };
 }
 
 /// The system allocator, counting. Install it with `#[global_allocator]`
@@ -28,11 +30,30 @@ impl CountingAlloc {
         (r, COUNT.with(|c| c.get()))
     }
 
+    /// Runs `f` and returns its result with the heap bytes this thread
+    /// allocated meanwhile outside the simulated device, less those it
+    /// freed (of any age): what `f` left on the heap. Allocation sizes are
+    /// those asked for, without the allocator's own overhead.
+    pub fn bytes<R>(f: impl FnOnce() -> R) -> (R, i64) {
+        BYTES.with(|c| c.set(0));
+        let (r, _) = Self::count(f);
+        (r, BYTES.with(|c| c.get()))
+    }
+
     fn note() {
         // `try_with`: the thread may be tearing its locals down.
-        let on = COUNTING.try_with(|c| c.get()).unwrap_or(false);
-        if on && !super::inside() {
+        if Self::on() {
             let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        }
+    }
+
+    fn on() -> bool {
+        COUNTING.try_with(|c| c.get()).unwrap_or(false) && !super::inside()
+    }
+
+    fn note_bytes(delta: i64) {
+        if delta != 0 && Self::on() {
+            let _ = BYTES.try_with(|c| c.set(c.get() + delta));
         }
     }
 }
@@ -42,23 +63,27 @@ impl CountingAlloc {
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         Self::note();
+        Self::note_bytes(layout.size() as i64);
         // SAFETY: the caller's contract is System's.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         Self::note();
+        Self::note_bytes(layout.size() as i64);
         // SAFETY: as above.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         Self::note();
+        Self::note_bytes(new_size as i64 - layout.size() as i64);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        Self::note_bytes(-(layout.size() as i64));
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) }
     }

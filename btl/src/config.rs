@@ -379,16 +379,19 @@ impl BtlConfig {
             }
             Ok(())
         }
+        // `auto`, or a number of bytes (`None` for auto).
+        fn auto_bytes(k: &str, s: &str) -> Result<Option<usize>> {
+            match s.trim() {
+                "auto" => Ok(None),
+                n => n.parse().map(Some).map_err(|_| {
+                    Error::invalid(format!("{k}={s:?}: expected auto or a number of bytes"))
+                }),
+            }
+        }
         let g: &dyn Fn(&str) -> Option<String> = &get;
         if let Some(s) = g("XRCBTL_EAGER_LIMIT") {
-            self.eager_limit = match s.trim() {
-                "auto" => EagerLimit::Auto,
-                n => EagerLimit::Bytes(n.parse().map_err(|_| {
-                    Error::invalid(format!(
-                        "XRCBTL_EAGER_LIMIT={s:?}: expected auto or a number of bytes"
-                    ))
-                })?),
-            };
+            self.eager_limit =
+                auto_bytes("XRCBTL_EAGER_LIMIT", &s)?.map_or(EagerLimit::Auto, EagerLimit::Bytes);
         }
         num(g, "XRCBTL_ZCOPY_MIN", &mut self.zcopy_min)?;
         num(g, "XRCBTL_MAX_INLINE", &mut self.max_inline)?;
@@ -439,14 +442,8 @@ impl BtlConfig {
             };
         }
         if let Some(s) = g("XRCBTL_SPLIT_LIMIT") {
-            self.split_limit = match s.trim() {
-                "auto" => SplitLimit::Auto,
-                n => SplitLimit::Bytes(n.parse().map_err(|_| {
-                    Error::invalid(format!(
-                        "XRCBTL_SPLIT_LIMIT={s:?}: expected auto or a number of bytes"
-                    ))
-                })?),
-            };
+            self.split_limit =
+                auto_bytes("XRCBTL_SPLIT_LIMIT", &s)?.map_or(SplitLimit::Auto, SplitLimit::Bytes);
         }
         if let Some(s) = g("XRCBTL_PLACE") {
             self.place = match s.trim() {

@@ -40,19 +40,14 @@ impl CountingAlloc {
         (r, BYTES.with(|c| c.get()))
     }
 
-    fn note() {
+    /// Counts an allocation (`alloc`: a new one or a reallocation) that
+    /// changed the bytes held by `delta`, while counting is on.
+    fn note(alloc: bool, delta: i64) {
         // `try_with`: the thread may be tearing its locals down.
-        if Self::on() {
-            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-        }
-    }
-
-    fn on() -> bool {
-        COUNTING.try_with(|c| c.get()).unwrap_or(false) && !super::inside()
-    }
-
-    fn note_bytes(delta: i64) {
-        if delta != 0 && Self::on() {
+        if COUNTING.try_with(|c| c.get()).unwrap_or(false) && !super::inside() {
+            if alloc {
+                let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+            }
             let _ = BYTES.try_with(|c| c.set(c.get() + delta));
         }
     }
@@ -62,28 +57,25 @@ impl CountingAlloc {
 // counting touches only thread-locals initialised without allocating.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        Self::note();
-        Self::note_bytes(layout.size() as i64);
+        Self::note(true, layout.size() as i64);
         // SAFETY: the caller's contract is System's.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        Self::note();
-        Self::note_bytes(layout.size() as i64);
+        Self::note(true, layout.size() as i64);
         // SAFETY: as above.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        Self::note();
-        Self::note_bytes(new_size as i64 - layout.size() as i64);
+        Self::note(true, new_size as i64 - layout.size() as i64);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        Self::note_bytes(-(layout.size() as i64));
+        Self::note(false, -(layout.size() as i64));
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) }
     }

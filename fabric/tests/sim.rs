@@ -361,3 +361,33 @@ fn dma_buffers_are_placed_on_their_numa_node() {
     )
     .is_err());
 }
+
+/// A listener asking for any port never gets one bound on its address
+/// already, however many listeners the job has made since (the port
+/// counter, shared by every address, wraps after 45,536 ports).
+#[test]
+fn an_ephemeral_port_is_never_one_already_bound() {
+    let sim = SimFabric::new(SimConfig::new(1, 2)).unwrap();
+    let dev = sim.config().devices[0].name.clone();
+    let open = |node: usize| {
+        let ctx = sim.spawn(node).unwrap().open(&dev).unwrap();
+        let ch = ctx.create_cm_channel().unwrap();
+        (ctx, ch)
+    };
+    let listen = |ctx: &sim::SimContext, ch: &sim::SimCmChannel| {
+        let l = ch.create_id(PortSpace::Tcp).unwrap();
+        l.listen(std::net::SocketAddr::new(ctx.ip(), 0), 4).unwrap();
+        l
+    };
+    let (a, cha) = open(0);
+    let first = listen(&a, &cha);
+    let port = first.local_addr().unwrap().port();
+    // Every other ephemeral port goes to another node's listeners, so
+    // that the counter comes round to `port` again.
+    let (b, chb) = open(1);
+    let others: Vec<_> = (0..45_535).map(|_| listen(&b, &chb)).collect();
+    assert!(others.iter().any(|l| l.local_addr().unwrap().port() == port - 1));
+    let again = listen(&a, &cha);
+    let next = again.local_addr().unwrap().port();
+    assert_ne!(next, port, "a port bound on this address was handed out");
+}

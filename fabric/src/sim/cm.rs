@@ -435,7 +435,7 @@ impl World {
             )));
         }
         if a.port() == 0 {
-            a.set_port(self.ephemeral_port());
+            a.set_port(self.free_port(|p| SocketAddrV4::new(ip, p))?);
         }
         self.bind_listener(id, a, || a.to_string())
     }
@@ -482,7 +482,7 @@ impl World {
             )));
         }
         let port = if addr.port == 0 {
-            self.ephemeral_port()
+            self.free_port(|p| ib_key(dev, p))?
         } else {
             addr.port
         };
@@ -556,6 +556,20 @@ impl World {
     fn ephemeral_port(&mut self) -> u16 {
         self.next_port = self.next_port.wrapping_add(1).max(20000);
         self.next_port
+    }
+
+    /// An ephemeral port no listener holds at `key(port)`, as a kernel
+    /// picks one: the counter is shared by every address and wraps after
+    /// 45,536 ports, so in a job of more listeners than that it comes
+    /// round to ports already bound.
+    fn free_port(&mut self, key: impl Fn(u16) -> SocketAddrV4) -> Result<u16> {
+        for _ in 0..=u16::MAX {
+            let p = self.ephemeral_port();
+            if !self.listeners.contains_key(&key(p)) {
+                return Ok(p);
+            }
+        }
+        Err(Error::AddrInUse("every ephemeral port".into()))
     }
 
     /// The address a listener is bound to (an IP address: an `AF_IB` id

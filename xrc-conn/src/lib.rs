@@ -581,6 +581,15 @@ enum CmUse {
     Served { peer: Rank },
 }
 
+/// Whose retry a timer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    /// An INI's (by its key).
+    Ini(u64),
+    /// An endpoint's.
+    Ep(Rank),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Running,
@@ -624,10 +633,13 @@ pub struct ConnManager {
     actions: VecDeque<Action>,
     notices: VecDeque<Notice>,
     counters: Counters,
-    /// The earliest timer, as last computed; cleared by every input (only
-    /// inputs arm or disarm timers), so that a driver asking at every
-    /// progress does not scan every INI and endpoint each time.
-    next_timer: std::cell::Cell<Option<Option<Duration>>>,
+    /// Retry timers by when they are due: an INI's or an endpoint's
+    /// `retry_at` when it was armed. An entry whose owner has since been
+    /// disarmed, re-armed or removed is stale and skipped (dropped once its
+    /// time has passed), so that neither asking for the next timer nor
+    /// running the due ones scans every INI and endpoint: a rank with a
+    /// million endpoints asks at every progress.
+    timers: BTreeSet<(Duration, Timer)>,
 }
 
 impl ConnManager {
@@ -663,7 +675,7 @@ impl ConnManager {
             actions: VecDeque::new(),
             notices: VecDeque::new(),
             counters: Counters::default(),
-            next_timer: std::cell::Cell::new(None),
+            timers: BTreeSet::new(),
         }
     }
 
@@ -796,18 +808,41 @@ impl ConnManager {
 
     /// When [`ConnManager::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        if let Some(t) = self.next_timer.get() {
-            return t;
-        }
-        let inis = self.inis.values().filter_map(|i| i.retry_at);
-        let eps = self.eps.values().filter_map(|e| e.retry_at);
+        let retry = self
+            .timers
+            .iter()
+            .find(|(t, k)| self.armed(*t, *k))
+            .map(|(t, _)| *t);
         let leave = match self.phase {
             Phase::Leaving { deadline } => Some(deadline),
             _ => None,
         };
-        let t = inis.chain(eps).chain(leave).min();
-        self.next_timer.set(Some(t));
-        t
+        retry.into_iter().chain(leave).min()
+    }
+
+    /// Whether the timer entry `(t, k)` is still its owner's.
+    fn armed(&self, t: Duration, k: Timer) -> bool {
+        let at = match k {
+            Timer::Ini(k) => self.inis.get(&k).and_then(|i| i.retry_at),
+            Timer::Ep(r) => self.eps.get(&r).and_then(|e| e.retry_at),
+        };
+        at == Some(t)
+    }
+
+    /// Arms INI `k`'s retry at `at`.
+    fn arm_ini(&mut self, k: u64, at: Duration) {
+        if let Some(i) = self.inis.get_mut(&k) {
+            i.retry_at = Some(at);
+            self.timers.insert((at, Timer::Ini(k)));
+        }
+    }
+
+    /// Arms endpoint `rank`'s retry at `at`.
+    fn arm_ep(&mut self, rank: Rank, at: Duration) {
+        if let Some(e) = self.eps.get_mut(&rank) {
+            e.retry_at = Some(at);
+            self.timers.insert((at, Timer::Ep(rank)));
+        }
     }
 
     // ---- commands ----------------------------------------------------------
@@ -816,7 +851,6 @@ impl ConnManager {
     /// [`Notice::Ready`] follows (at once, if it already exists).
     pub fn connect(&mut self, now: Duration, rank: Rank) {
         self.now = now;
-        self.next_timer.set(None);
         if self.phase != Phase::Running {
             return;
         }
@@ -870,7 +904,6 @@ impl ConnManager {
     /// fails what waits on this rank instead of waiting forever.
     pub fn disown(&mut self, now: Duration, rank: Rank) {
         self.now = now;
-        self.next_timer.set(None);
         let failed = self
             .eps
             .get(&rank)
@@ -886,7 +919,6 @@ impl ConnManager {
     /// and every handle is released. [`Notice::Drained`] follows.
     pub fn shutdown(&mut self, now: Duration) {
         self.now = now;
-        self.next_timer.set(None);
         if self.phase != Phase::Running {
             return;
         }
@@ -926,7 +958,6 @@ impl ConnManager {
     /// Handles an event from the driver.
     pub fn handle(&mut self, now: Duration, ev: Event) {
         self.now = now;
-        self.next_timer.set(None);
         match ev {
             Event::QpCreateFailed { qp } => self.on_qp_create_failed(qp),
             Event::TgtCreated { tgt, qpn } => self.on_tgt_ready(tgt, Some(qpn)),
@@ -947,29 +978,33 @@ impl ConnManager {
     /// Runs the timers due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
         self.now = now;
-        self.next_timer.set(None);
-        let due_inis: Vec<u64> = self
-            .inis
-            .iter()
-            .filter(|(_, i)| i.retry_at.is_some_and(|t| t <= now))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in due_inis {
-            if let Some(i) = self.inis.get_mut(&k) {
-                i.retry_at = None;
-                self.start_anchor(k);
+        // INIs first, then endpoints, as they are due: an endpoint's retry
+        // may find its node's INI rebuilt by the same timeout.
+        let mut due = Vec::new();
+        while let Some(&(t, k)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            if self.armed(t, k) {
+                due.push(k);
             }
         }
-        let due_eps: Vec<Rank> = self
-            .eps
-            .iter()
-            .filter(|(_, e)| e.retry_at.is_some_and(|t| t <= now))
-            .map(|(r, _)| *r)
-            .collect();
-        for r in due_eps {
-            if let Some(e) = self.eps.get_mut(&r) {
-                e.retry_at = None;
-                self.start_reuse(r);
+        due.sort_by_key(|k| matches!(k, Timer::Ep(_)));
+        for k in due {
+            match k {
+                Timer::Ini(k) => {
+                    if let Some(i) = self.inis.get_mut(&k) {
+                        i.retry_at = None;
+                        self.start_anchor(k);
+                    }
+                }
+                Timer::Ep(r) => {
+                    if let Some(e) = self.eps.get_mut(&r) {
+                        e.retry_at = None;
+                        self.start_reuse(r);
+                    }
+                }
             }
         }
         if let Phase::Leaving { deadline } = self.phase {
@@ -1583,7 +1618,7 @@ impl ConnManager {
         i.users = users.clone();
         i.retries = retries;
         i.state = IniState::Backoff;
-        i.retry_at = Some(self.now + delay);
+        self.arm_ini(k, self.now + delay);
         for r in users {
             if let Some(e) = self.eps.get_mut(&r) {
                 e.ini = Some(k);
@@ -1745,7 +1780,7 @@ impl ConnManager {
         let at = self.now + delay;
         let e = self.eps.get_mut(&rank).expect("present");
         e.state = EpState::WaitIni;
-        e.retry_at = Some(at);
+        self.arm_ep(rank, at);
     }
 
     fn on_request(&mut self, cm: CmRef, data: &[u8]) {

@@ -21,6 +21,7 @@
 
 pub mod mesh;
 pub mod osu;
+pub mod scale;
 pub mod world;
 
 pub use osu::{Bench, Options};

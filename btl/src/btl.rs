@@ -198,6 +198,17 @@ impl<C: Context> Btl<C> {
         self.lock().iface.buffer_nodes()
     }
 
+    /// Bytes of receive buffers the rank's SRQs own (every size class, the
+    /// buffers added as an SRQ grew included).
+    pub fn receive_bytes(&self) -> u64 {
+        self.lock()
+            .iface
+            .classes
+            .iter()
+            .map(|c| u64::from(c.total) * u64::from(c.size))
+            .sum()
+    }
+
     /// What the BTL counted.
     pub fn stats(&self) -> BtlStats {
         let core = self.lock();

@@ -290,13 +290,47 @@ impl<C: Context> Drop for ConnDriver<C> {
     }
 }
 
+/// The rank's resources the driver makes its QPs on: the interface's
+/// ([`Iface::lend`]), or a bare set that receives nothing
+/// ([`crate::sim::Responder`]).
+pub(crate) struct Lent<'a, C: Context> {
+    pub ctx: &'a C,
+    pub mode: Mode,
+    pub pd: &'a C::Pd,
+    pub send_cq: &'a C::Cq,
+    pub recv_cq: &'a C::Cq,
+    /// The SRQ RC QPs draw from.
+    pub rc_srq: &'a C::Srq,
+    /// The node's XRC domain (XRC).
+    pub xrcd: Option<&'a C::Xrcd>,
+    /// The XRC SRQ numbers peers address, by class (empty with RC).
+    pub srqns: Vec<u32>,
+}
+
+impl<C: Context> Iface<C> {
+    /// What the connection driver makes its QPs on.
+    pub(crate) fn lend(&self) -> Lent<'_, C> {
+        Lent {
+            ctx: &self.ctx,
+            mode: self.mode,
+            pd: &self.pd,
+            send_cq: &self.send_cq,
+            recv_cq: &self.recv_cq,
+            rc_srq: self.rc_srq(),
+            xrcd: self.xrcd.as_ref(),
+            srqns: self.srq_nums(),
+        }
+    }
+}
+
 impl<C: Context> ConnDriver<C> {
-    /// Sets up the rank's connection side on the interface's resources:
-    /// the manager and the listener.
-    pub(crate) fn new(iface: &Iface<C>, cfg: &BtlConfig) -> Result<Self> {
-        let ctx = iface.ctx.clone();
-        let caps = &iface.caps;
-        let mode = iface.mode;
+    /// Sets up the rank's connection side on `res`: the manager and the
+    /// listener (its native InfiniBand one on `cfg.listen`'s port too, when
+    /// that is not 0).
+    pub(crate) fn new(res: Lent<'_, C>, cfg: &BtlConfig) -> Result<Self> {
+        let ctx = res.ctx.clone();
+        let caps = ctx.caps().clone();
+        let mode = res.mode;
         let ch = ctx.create_cm_channel()?;
         let listener = ch.create_id(port_space(mode))?;
         listener.listen(cfg.listen, 1024)?;
@@ -308,14 +342,13 @@ impl<C: Context> ConnDriver<C> {
             let at = IbAddr {
                 gid,
                 pkey: DEFAULT_PKEY,
-                port: 0,
+                port: cfg.listen.port(),
             };
             l.listen_ib(at, 1024).ok().map(|()| l)
         } else {
             None
         };
-        let mut cc =
-            xrcbtl_xrc_conn::Config::new(cfg.rank, cfg.node, cfg.job, mode, iface.srq_nums());
+        let mut cc = xrcbtl_xrc_conn::Config::new(cfg.rank, cfg.node, cfg.job, mode, res.srqns);
         cc.max_retries = cfg.retries;
         cc.sq_max = cfg
             .sq_max
@@ -350,11 +383,11 @@ impl<C: Context> ConnDriver<C> {
             qp_gen: 0,
             placeholders: Placeholders::new(),
             carriers: HashMap::new(),
-            pd: iface.pd.clone(),
-            send_cq: iface.send_cq.clone(),
-            recv_cq: iface.recv_cq.clone(),
-            rc_srq: iface.rc_srq().clone(),
-            xrcd: iface.xrcd.clone(),
+            pd: res.pd.clone(),
+            send_cq: res.send_cq.clone(),
+            recv_cq: res.recv_cq.clone(),
+            rc_srq: res.rc_srq.clone(),
+            xrcd: res.xrcd.cloned(),
             init_access,
             max_inline: cfg.max_inline.min(caps.max_inline),
             conn: ConnSettings {

@@ -326,7 +326,7 @@ impl<C: Context> Core<C> {
     /// Sets the rank up on its device.
     pub fn new(ctx: C, cfg: BtlConfig, queued: Arc<AtomicUsize>) -> Result<Self> {
         let iface = Iface::new(ctx.clone(), &cfg)?;
-        let drv = ConnDriver::new(&iface, &cfg)?;
+        let drv = ConnDriver::new(iface.lend(), &cfg)?;
         let fc = matches!(iface.mode, xrcbtl_xrc_conn::Mode::Rc { p2p: true });
         let control_every = if ctx.events_cost_syscalls() {
             CONTROL_EVERY

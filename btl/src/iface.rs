@@ -37,6 +37,33 @@ const ATOMIC_SLOTS: u32 = 256;
 /// for each other forever).
 pub(crate) const RESERVED_SLOTS: usize = 1;
 
+/// The transport a rank on a device with `caps` uses: XRC where the
+/// device has it (unless RC is forced), RC + SRQ elsewhere, with the
+/// initiator speaking first on iWARP.
+pub(crate) fn mode_of(caps: &DeviceCaps, cfg: &BtlConfig) -> Mode {
+    if caps.xrc && !cfg.force_rc {
+        Mode::Xrc
+    } else {
+        Mode::Rc {
+            p2p: caps.transport == Transport::Iwarp,
+        }
+    }
+}
+
+/// The buffer size of each receive class, smallest first. The large class
+/// holds a full eager message; a small class, if asked for, holds short
+/// ones without wasting large buffers. An RC QP draws from one SRQ: RC
+/// keeps the large class only.
+pub(crate) fn class_sizes(cfg: &BtlConfig, mode: Mode) -> Vec<u32> {
+    let large = (cfg.eager_limit.bytes(mode) + HEADER).next_multiple_of(64) as u32;
+    let mut sizes = Vec::new();
+    if mode == Mode::Xrc && cfg.small_size != 0 && cfg.small_size < large {
+        sizes.push(cfg.small_size);
+    }
+    sizes.push(large);
+    sizes
+}
+
 /// One receive size class.
 pub(crate) struct RecvClass<C: Context> {
     /// Its SRQ.
@@ -185,13 +212,7 @@ impl<C: Context> Iface<C> {
     /// receives and arms the SRQ limits.
     pub fn new(ctx: C, cfg: &BtlConfig) -> Result<Self> {
         let caps = ctx.caps().clone();
-        let mode = if caps.xrc && !cfg.force_rc {
-            Mode::Xrc
-        } else {
-            Mode::Rc {
-                p2p: caps.transport == Transport::Iwarp,
-            }
-        };
+        let mode = mode_of(&caps, cfg);
         if !caps.srq {
             return Err(Error::Unsupported("the BTL needs shared receive queues"));
         }
@@ -204,15 +225,8 @@ impl<C: Context> Iface<C> {
             Mode::Xrc => Some(ctx.open_xrcd(&cfg.xrcd_key)?),
             Mode::Rc { .. } => None,
         };
-        // The large class holds a full eager message; a small class, if
-        // asked for, holds short ones without wasting large buffers. An RC
-        // QP draws from one SRQ: RC keeps the large class only.
-        let large = (cfg.eager_limit.bytes(mode) + HEADER).next_multiple_of(64) as u32;
-        let mut sizes = Vec::new();
-        if mode == Mode::Xrc && cfg.small_size != 0 && cfg.small_size < large {
-            sizes.push(cfg.small_size);
-        }
-        sizes.push(large);
+        let sizes = class_sizes(cfg, mode);
+        let large = *sizes.last().expect("a class");
         let mut classes = Vec::new();
         for size in sizes {
             let capacity = cfg.srq_max_depth.min(caps.max_srq_wr);

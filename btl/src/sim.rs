@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
-use xrcbtl_fabric::{Fabric, Result, XrcdKey};
-use xrcbtl_xrc_conn::Rank;
+use xrcbtl_fabric::{Context, Fabric, Result, Srq as _, SrqAttr, XrcdKey};
+use xrcbtl_xrc_conn::{Mode, Notice, Rank};
 
 use crate::btl::Btl;
 use crate::config::{BtlConfig, Clock};
+use crate::conn::{ConnDriver, ConnEvent, Lent};
 use crate::types::Peer;
 
 /// The job id of simulated jobs.
@@ -403,5 +404,163 @@ impl SimJob {
             }
         }
         out
+    }
+}
+
+/// Tells a [`Responder`] how to reach a rank it does not know yet (as an
+/// MPI library's address exchange would), or `None`.
+pub type Directory = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
+
+/// The connection side of a rank without its data path: the real
+/// [`ConnDriver`] and [`xrcbtl_xrc_conn::ConnManager`] on a protection
+/// domain, one CQ and SRQs that hold no receive buffers, with its listener.
+/// It answers connection requests (creating or opening TGT QPs, accepting
+/// RC connections) and makes connections of its own, as a rank of the job
+/// does, in a few kilobytes: scale simulations stand one in for each rank
+/// outside the node they observe, made when the pattern first needs it.
+///
+/// No message may be sent to it (nothing is posted on its SRQs) and it
+/// sends none; the TGT QPs it holds are not swept for errors
+/// ([`Responder::next_timer`] leaves the sweep out).
+pub struct Responder {
+    proc: SimProcess,
+    driver: ConnDriver<SimContext>,
+    rank: Rank,
+    directory: Directory,
+    ready: usize,
+    // What the driver's QPs live on; dropped after it.
+    _srqs: Vec<<SimContext as Context>::Srq>,
+    _xrcd: Option<<SimContext as Context>::Xrcd>,
+    _cq: <SimContext as Context>::Cq,
+    _pd: <SimContext as Context>::Pd,
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Responder(rank {}, pid {})", self.rank, self.proc.pid())
+    }
+}
+
+impl Responder {
+    /// Starts rank `cfg.rank` of node `cfg.node` as a process of `sim`, on
+    /// the device named `device`, listening on `cfg.listen` (and on the
+    /// same port natively, on InfiniBand); `directory` answers for ranks
+    /// that ask for a connection while unknown.
+    pub fn new(sim: &SimFabric, device: &str, cfg: &BtlConfig, directory: Directory) -> Result<Self> {
+        let proc = sim.spawn(cfg.node as usize)?;
+        let ctx = proc.open(device)?;
+        let caps = ctx.caps().clone();
+        let mode = crate::iface::mode_of(&caps, cfg);
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(64.min(caps.max_cqe))?;
+        let xrcd = match mode {
+            Mode::Xrc => Some(ctx.open_xrcd(&cfg.xrcd_key)?),
+            Mode::Rc { .. } => None,
+        };
+        let attr = SrqAttr {
+            max_wr: 1,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        let srqs = match &xrcd {
+            Some(x) => crate::iface::class_sizes(cfg, mode)
+                .iter()
+                .map(|_| ctx.create_xrc_srq(&pd, x, &cq, attr))
+                .collect::<Result<Vec<_>>>()?,
+            None => vec![ctx.create_srq(&pd, attr)?],
+        };
+        let lent = Lent {
+            ctx: &ctx,
+            mode,
+            pd: &pd,
+            send_cq: &cq,
+            recv_cq: &cq,
+            rc_srq: srqs.last().expect("a class"),
+            xrcd: xrcd.as_ref(),
+            srqns: srqs.iter().filter_map(|s| s.srq_num()).collect(),
+        };
+        let driver = ConnDriver::new(lent, cfg)?;
+        Ok(Responder {
+            proc,
+            driver,
+            rank: cfg.rank,
+            directory,
+            ready: 0,
+            _srqs: srqs,
+            _xrcd: xrcd,
+            _cq: cq,
+            _pd: pd,
+        })
+    }
+
+    /// Its rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Its process.
+    pub fn proc(&self) -> &SimProcess {
+        &self.proc
+    }
+
+    /// What peers need to know of it.
+    pub fn peer(&self) -> Peer {
+        Peer {
+            rank: self.rank,
+            node: self.driver.manager().config().node,
+            addr: self.driver.listen_addr().expect("a listener"),
+            ib: self.driver.listen_ib_addr(),
+            receive: None,
+        }
+    }
+
+    /// Makes `peer` known.
+    pub fn add_peer(&mut self, peer: &Peer) {
+        self.driver
+            .add_peer(peer.rank, peer.node, peer.addr, peer.ib);
+    }
+
+    /// Asks for a connection to `rank` (which must be known).
+    pub fn connect(&mut self, now: Duration, rank: Rank) {
+        self.driver.connect(now, rank);
+    }
+
+    /// Does whatever is pending (CM and async events, due retries);
+    /// returns how much work it found.
+    pub fn progress(&mut self, now: Duration) -> usize {
+        let mut work = self.driver.progress(now);
+        while let Some(ev) = self.driver.poll_event() {
+            work += 1;
+            match ev {
+                ConnEvent::Ready { .. } => self.ready += 1,
+                ConnEvent::Notice(Notice::UnknownPeer { rank }) => match (self.directory)(rank) {
+                    Some(p) if p.rank == rank => {
+                        self.add_peer(&p);
+                        work += self.driver.progress(now);
+                    }
+                    _ => self.driver.unknown_peer(now, rank),
+                },
+                _ => {}
+            }
+        }
+        work
+    }
+
+    /// When the connection manager next needs [`Responder::progress`] for
+    /// a retry or a departure (the driver's sweep of held TGT QPs is left
+    /// out: nothing fails in a scale run, and a million responders each
+    /// waking every 50 ms would cost the simulation more than the job).
+    pub fn next_timer(&self) -> Option<Duration> {
+        self.driver.manager().poll_timeout()
+    }
+
+    /// Connections it made that became ready.
+    pub fn ready(&self) -> usize {
+        self.ready
+    }
+
+    /// Its connection manager (counters, state).
+    pub fn manager(&self) -> &xrcbtl_xrc_conn::ConnManager {
+        self.driver.manager()
     }
 }

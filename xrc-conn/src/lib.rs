@@ -432,6 +432,8 @@ pub enum Event {
 /// Counters users and tests can read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// Endpoints made ready (each time one is: a rebuilt one counts again).
+    pub ready: u64,
     /// INI (or RC) QPs created.
     pub qps_created: u64,
     /// INI (or RC) QPs destroyed.
@@ -1151,6 +1153,7 @@ impl ConnManager {
             return;
         }
         self.set_ep(rank, EpState::Ready);
+        self.counters.ready += 1;
         if let Some(path) = self.path(rank) {
             self.notices.push_back(Notice::Ready { rank, path });
         }

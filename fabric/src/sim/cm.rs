@@ -341,6 +341,7 @@ impl World {
             return;
         };
         self.stats.cm_messages += 1;
+        self.count_cm(from, |p| p.cm_sent += 1);
         if self.path_down(from_dev, to_dev) {
             self.stats.cm_dropped += 1;
             return;
@@ -1063,10 +1064,29 @@ impl World {
         }
     }
 
+    /// Counts a CM message at the process owning `id`.
+    fn count_cm(&mut self, id: Id<CmIdObj>, f: impl FnOnce(&mut super::world::Proc)) {
+        let proc = self
+            .cm_ids
+            .get(id)
+            .and_then(|c| self.ctxs.get(c.ctx))
+            .map(|c| c.proc);
+        if let Some(p) = proc.and_then(|p| self.procs.get_mut(p)) {
+            f(p);
+        }
+    }
+
     pub(crate) fn on_cm(&mut self, d: CmDelivery) {
         if self.path_down(d.from_dev, d.to_dev) {
             self.stats.cm_dropped += 1;
             return;
+        }
+        let to = match d.to {
+            CmDest::Listener(addr) => self.listeners.get(&addr).copied(),
+            CmDest::Id(id) => Some(id),
+        };
+        if let Some(to) = to {
+            self.count_cm(to, |p| p.cm_received += 1);
         }
         match d.to {
             CmDest::Listener(addr) => match d.msg {

@@ -353,6 +353,10 @@ pub struct ProcessView {
     pub xrcds: usize,
     /// RDMA CM ids.
     pub cm_ids: usize,
+    /// CM messages its ids sent (resends included).
+    pub cm_sent: u64,
+    /// CM messages that reached its ids and listeners.
+    pub cm_received: u64,
 }
 
 /// An XRC TGT QP and who holds it.
@@ -443,6 +447,20 @@ impl SimFabric {
     /// The configuration it was built with.
     pub fn config(&self) -> SimConfig {
         self.shared.lock().cfg.clone()
+    }
+
+    /// The IP address and GID of device `dev` (its index in the
+    /// configuration) of node `node`: where its listeners are reached, so
+    /// that a harness can tell ranks the address of a process it has not
+    /// started yet.
+    pub fn device_addr(&self, node: usize, dev: usize) -> Option<(std::net::Ipv4Addr, Gid)> {
+        let w = self.shared.lock();
+        let per_node = w.cfg.devices.len();
+        if dev >= per_node {
+            return None;
+        }
+        let d = w.devs.get(node.checked_mul(per_node)? + dev)?;
+        Some((d.ip, d.gid))
     }
 
     /// Starts a process on `node`.
@@ -659,6 +677,8 @@ impl SimFabric {
             pds: w.pds.iter().filter(|(_, x)| mine(&x.ctx)).count(),
             xrcds: w.xrcd_handles.iter().filter(|(_, x)| mine(&x.ctx)).count(),
             cm_ids: w.cm_ids.iter().filter(|(_, c)| mine(&c.ctx)).count(),
+            cm_sent: proc.map_or(0, |p| p.cm_sent),
+            cm_received: proc.map_or(0, |p| p.cm_received),
         }
     }
 

@@ -58,6 +58,10 @@ pub(crate) struct Proc {
     /// It took something from one of its queues and has not polled an
     /// empty one since: it is still reacting (the causal clock waits).
     pub busy: bool,
+    /// CM messages its ids sent (resends included).
+    pub cm_sent: u64,
+    /// CM messages that reached its ids and listeners.
+    pub cm_received: u64,
 }
 
 pub(crate) struct Ctx {
@@ -686,6 +690,8 @@ impl World {
             alive: true,
             activity: 0,
             busy: false,
+            cm_sent: 0,
+            cm_received: 0,
         }))
     }
 

@@ -1,0 +1,142 @@
+//! One row of the scale table: a simulated job of `--nodes` × `--per-node`
+//! ranks whose node 0 is whole, running `--pattern` under `--mode`, printed
+//! as a tab-separated line (`--header` prints the column names first).
+//! `scripts/scale` runs every row and writes docs/scale.md.
+
+use std::process::ExitCode;
+
+use xrcbtl_benches::scale::{self, Pattern, Row, Spec};
+use xrcbtl_fabric::sim::CountingAlloc;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+const USAGE: &str = "usage: scale --nodes N [--per-node 128] [--mode xrc|rc] \
+[--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] [--header]";
+
+/// The column names, in the order [`line`] prints them.
+const COLUMNS: &[&str] = &[
+    "pattern",
+    "mode",
+    "nodes",
+    "per_node",
+    "active",
+    "endpoints",
+    "qps_end",
+    "qps_peak",
+    "tgt_qps_node",
+    "tgt_handles",
+    "srq_bytes",
+    "state_bytes",
+    "cm_sent",
+    "cm_received",
+    "arp_node",
+    "path_node",
+    "cm_total",
+    "startup_ms",
+    "responders",
+    "wall_s",
+];
+
+fn line(r: &Row) -> String {
+    let s = &r.spec;
+    [
+        s.pattern.name().to_string(),
+        if s.xrc { "xrc" } else { "rc" }.into(),
+        s.nodes.to_string(),
+        s.per_node.to_string(),
+        s.active.to_string(),
+        r.endpoints.to_string(),
+        r.qps_end.to_string(),
+        r.qps_peak.to_string(),
+        r.tgt_qps.to_string(),
+        r.tgt_handles.to_string(),
+        r.srq_bytes.to_string(),
+        r.state_bytes.to_string(),
+        r.cm_sent.to_string(),
+        r.cm_received.to_string(),
+        r.arp.to_string(),
+        r.path.to_string(),
+        r.cm_total.to_string(),
+        format!("{:.3}", r.startup.as_secs_f64() * 1e3),
+        r.responders.to_string(),
+        format!("{:.1}", r.wall.as_secs_f64()),
+    ]
+    .join("\t")
+}
+
+fn parse(args: &[String]) -> Result<(Spec, bool), String> {
+    let mut spec = Spec {
+        nodes: 0,
+        per_node: 128,
+        xrc: true,
+        pattern: Pattern::AllToAll,
+        active: 0,
+        seed: 14,
+        max_qp: 1 << 24,
+    };
+    let mut header = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().ok_or(format!("{a} needs a value"));
+        let num = |v: &String| v.parse::<u64>().map_err(|_| format!("{a}: not a number: {v}"));
+        match a.as_str() {
+            "--nodes" => spec.nodes = num(val()?)? as usize,
+            "--per-node" => spec.per_node = num(val()?)? as usize,
+            "--active" => spec.active = num(val()?)? as usize,
+            "--seed" => spec.seed = num(val()?)?,
+            "--max-qp" => spec.max_qp = u32::try_from(num(val()?)?).map_err(|e| e.to_string())?,
+            "--mode" => {
+                spec.xrc = match val()?.as_str() {
+                    "xrc" => true,
+                    "rc" => false,
+                    m => return Err(format!("--mode: xrc or rc, not {m}")),
+                }
+            }
+            "--pattern" => {
+                spec.pattern = match val()?.as_str() {
+                    "all-to-all" => Pattern::AllToAll,
+                    "sparse" => Pattern::Sparse,
+                    p => return Err(format!("--pattern: all-to-all or sparse, not {p}")),
+                }
+            }
+            "--header" => header = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    if spec.nodes == 0 || spec.per_node == 0 {
+        return Err(USAGE.into());
+    }
+    if spec.active == 0 {
+        spec.active = match spec.pattern {
+            Pattern::AllToAll => 1,
+            Pattern::Sparse => spec.per_node,
+        };
+    }
+    Ok((spec, header))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (spec, header) = match parse(&args) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if header {
+        println!("{}", COLUMNS.join("\t"));
+    }
+    match scale::run(&spec) {
+        Ok(row) => {
+            println!("{}", line(&row));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("scale: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

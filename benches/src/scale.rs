@@ -1,0 +1,578 @@
+//! The scale harness: what xrcbtl costs a process and a node at 1,024 to
+//! 10,000 nodes of 128 ranks, on the simulated fabric, in virtual time.
+//!
+//! The observed node (node 0) is whole: each of its ranks is a real
+//! [`Btl`] with its receive buffers. Every other rank the traffic pattern
+//! involves is a [`Responder`]: the same connection driver and manager on
+//! a process of its own, with SRQs that hold no buffers, made when the
+//! pattern first needs it. Ranks the pattern does not involve are never
+//! made.
+//!
+//! The traffic is a set of *active* ranks of the observed node, each of
+//! which talks to its partners under a [`Pattern`], every partner talking
+//! back: a connection each way per pair (under XRC an INI QP's endpoint at
+//! each end; under RC one QP per pair, made by whichever side wins). Start-up
+//! is over when every such endpoint is ready.
+//!
+//! What a row reports is measured on the first active rank (its process)
+//! and on the observed node, after start-up; see [`Row`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xrcbtl_btl::config::Clock;
+use xrcbtl_btl::sim::{Directory, Responder, JOB};
+use xrcbtl_btl::{Btl, BtlConfig, EagerLimit, Peer};
+use xrcbtl_fabric::sim::{CountingAlloc, SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
+use xrcbtl_fabric::{Fabric, Gid, IbAddr, XrcdKey, DEFAULT_PKEY};
+
+/// A rank.
+pub type Rank = u32;
+
+/// The port every rank listens on: the base plus its index on its node.
+const PORT_BASE: u16 = 7000;
+
+/// Who talks to whom.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// Every rank of the job.
+    AllToAll,
+    /// The 6 neighbours of a periodic 3-D stencil over every rank, plus
+    /// the partners of recursive doubling (`r XOR 2^k`, for each `k` with
+    /// a partner in the job).
+    Sparse,
+}
+
+impl Pattern {
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::AllToAll => "all-to-all",
+            Pattern::Sparse => "sparse",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// Nodes of the job.
+    pub nodes: usize,
+    /// Ranks per node.
+    pub per_node: usize,
+    /// XRC (`true`) or RC + SRQ, the fallback, on the same device.
+    pub xrc: bool,
+    /// Who talks to whom.
+    pub pattern: Pattern,
+    /// Ranks of the observed node that take part (its first ones).
+    pub active: usize,
+    /// Seed of the fabric.
+    pub seed: u64,
+    /// The device's QP limit (a ConnectX-like 2^18 by default in the
+    /// simulator; scale runs give it more, to measure past it).
+    pub max_qp: u32,
+}
+
+impl Spec {
+    /// Ranks in the job.
+    pub fn ranks(&self) -> usize {
+        self.nodes * self.per_node
+    }
+}
+
+/// One measured row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// What ran.
+    pub spec: Spec,
+    /// Endpoints of the observed process made ready (its partners).
+    pub endpoints: u64,
+    /// Sending QPs of the observed process (INI, or RC) after start-up.
+    pub qps_end: usize,
+    /// The most it held at any time.
+    pub qps_peak: usize,
+    /// XRC TGT QPs living on the observed node.
+    pub tgt_qps: usize,
+    /// TGT QP handles the observed process holds.
+    pub tgt_handles: usize,
+    /// Bytes of receive buffers in the observed process's SRQs.
+    pub srq_bytes: u64,
+    /// Heap bytes the observed process's BTL kept from adding its peers
+    /// and connecting to them (endpoints, connection state, address book),
+    /// by the counting allocator; the simulated device's own objects (what
+    /// a kernel and an HCA would hold) are not in it.
+    pub state_bytes: i64,
+    /// CM messages the observed process sent.
+    pub cm_sent: u64,
+    /// CM messages that reached it.
+    pub cm_received: u64,
+    /// Address (ARP) queries the observed node sent.
+    pub arp: u64,
+    /// Path queries the observed node sent.
+    pub path: u64,
+    /// CM messages in the whole fabric.
+    pub cm_total: u64,
+    /// Virtual time until every endpoint of the pattern was ready.
+    pub startup: Duration,
+    /// Remote ranks made.
+    pub responders: usize,
+    /// Wall-clock time of the run.
+    pub wall: Duration,
+}
+
+/// `n` split into `k` factors as even as can be, largest first (as
+/// `MPI_Dims_create` does).
+pub fn dims(n: usize, k: usize) -> Vec<usize> {
+    let mut primes = Vec::new();
+    let (mut m, mut p) = (n, 2);
+    while m > 1 {
+        while m % p == 0 {
+            primes.push(p);
+            m /= p;
+        }
+        p += 1;
+        if p * p > m && m > 1 {
+            primes.push(m);
+            break;
+        }
+    }
+    let mut d = vec![1; k];
+    for p in primes.into_iter().rev() {
+        let i = (0..k).min_by_key(|&i| d[i]).expect("k > 0");
+        d[i] *= p;
+    }
+    d.sort_unstable_by(|a, b| b.cmp(a));
+    d
+}
+
+/// The partners of rank `r` in a job of `p` ranks, ascending, without `r`.
+pub fn partners(pattern: Pattern, p: usize, r: Rank) -> Vec<Rank> {
+    match pattern {
+        Pattern::AllToAll => (0..p as Rank).filter(|&x| x != r).collect(),
+        Pattern::Sparse => {
+            let mut out = BTreeSet::new();
+            let d = dims(p, 3);
+            let (z, y, x) = (d[0], d[1], d[2]);
+            let r0 = r as usize;
+            let c = [r0 / (y * x), (r0 / x) % y, r0 % x];
+            for (axis, len) in [z, y, x].into_iter().enumerate() {
+                for step in [1, len - 1] {
+                    let mut n = c;
+                    n[axis] = (n[axis] + step) % len;
+                    out.insert((n[0] * y * x + n[1] * x + n[2]) as Rank);
+                }
+            }
+            let mut bit = 1usize;
+            while bit < p {
+                let q = r0 ^ bit;
+                if q < p {
+                    out.insert(q as Rank);
+                }
+                bit <<= 1;
+            }
+            out.remove(&r);
+            out.into_iter().collect()
+        }
+    }
+}
+
+/// Where ranks listen: computed from the rank, so that a rank can be told
+/// a peer's address before that peer is made.
+#[derive(Clone)]
+struct Addresses {
+    per_node: usize,
+    nodes: Arc<Vec<(Ipv4Addr, Gid)>>,
+    ib: bool,
+}
+
+impl Addresses {
+    fn peer(&self, r: Rank) -> Option<Peer> {
+        let node = r as usize / self.per_node;
+        let (ip, gid) = *self.nodes.get(node)?;
+        let port = PORT_BASE + (r as usize % self.per_node) as u16;
+        Some(Peer {
+            rank: r,
+            node: node as u32,
+            addr: SocketAddr::from((ip, port)),
+            ib: self.ib.then_some(IbAddr {
+                gid,
+                pkey: DEFAULT_PKEY,
+                port,
+            }),
+            receive: None,
+        })
+    }
+}
+
+/// An observed rank.
+struct Local {
+    btl: Arc<Btl<SimContext>>,
+    proc: SimProcess,
+}
+
+/// The job: the observed node's BTLs and the responders made so far.
+struct Job {
+    spec: Spec,
+    sim: SimFabric,
+    addrs: Addresses,
+    device: String,
+    local: Vec<Local>,
+    remote: Vec<Option<Box<Responder>>>,
+    rank_of_pid: HashMap<u32, Rank>,
+    /// Endpoints each rank must make ready (by rank; 0 for ranks outside
+    /// the pattern).
+    wants: HashMap<Rank, u64>,
+    /// Ranks whose endpoints are not all ready yet.
+    unready: BTreeSet<Rank>,
+    dirty: BTreeSet<Rank>,
+    timers: BTreeSet<(Duration, Rank)>,
+    timer_of: HashMap<Rank, Duration>,
+    /// The observed process's sending QPs, at most.
+    peak: usize,
+    /// Heap bytes the observed process kept.
+    bytes: i64,
+}
+
+/// The configuration every rank of a run has.
+fn config(spec: &Spec, rank: Rank, ip: Ipv4Addr, sim: &SimFabric) -> BtlConfig {
+    let node = rank as usize / spec.per_node;
+    let port = PORT_BASE + (rank as usize % spec.per_node) as u16;
+    let mut cfg = BtlConfig::new(
+        rank,
+        node as u32,
+        JOB,
+        XrcdKey::new("xrcd-job"),
+        SocketAddr::from((ip, port)),
+    );
+    let s = sim.clone();
+    cfg.clock = Clock::from_fn(move || s.now());
+    cfg.force_rc = !spec.xrc;
+    // The same eager size (and so receive classes) in both modes.
+    cfg.eager_limit = EagerLimit::Bytes(8192);
+    cfg
+}
+
+impl Job {
+    fn new(spec: Spec) -> Result<Job, String> {
+        let mut dev = SimDevice::ib("sim0");
+        dev.caps.max_qp = spec.max_qp;
+        let device = dev.name.clone();
+        let sim = SimFabric::new(SimConfig::new(spec.seed, spec.nodes).with_devices(vec![dev]))
+            .map_err(|e| e.to_string())?;
+        sim.set_auto_advance(false);
+        let nodes = (0..spec.nodes)
+            .map(|n| sim.device_addr(n, 0).ok_or("no device"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let addrs = Addresses {
+            per_node: spec.per_node,
+            nodes: Arc::new(nodes),
+            ib: true,
+        };
+        let mut local = Vec::new();
+        let mut rank_of_pid = HashMap::new();
+        for i in 0..spec.per_node {
+            let rank = i as Rank;
+            let proc = sim.spawn(0).map_err(|e| e.to_string())?;
+            let ctx = proc.open(&device).map_err(|e| e.to_string())?;
+            let cfg = config(&spec, rank, addrs.nodes[0].0, &sim);
+            let btl = Arc::new(Btl::new(ctx, cfg).map_err(|e| e.to_string())?);
+            let a = addrs.clone();
+            btl.set_peer_resolver(move |r| a.peer(r));
+            rank_of_pid.insert(proc.pid(), rank);
+            local.push(Local { btl, proc });
+        }
+        let remote = (spec.per_node..spec.ranks()).map(|_| None).collect();
+        Ok(Job {
+            spec,
+            sim,
+            addrs,
+            device,
+            local,
+            remote,
+            rank_of_pid,
+            wants: HashMap::new(),
+            unready: BTreeSet::new(),
+            dirty: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            timer_of: HashMap::new(),
+            peak: 0,
+            bytes: 0,
+        })
+    }
+
+    fn is_local(&self, r: Rank) -> bool {
+        (r as usize) < self.spec.per_node
+    }
+
+    /// The responder of remote rank `r`, made if need be.
+    fn responder(&mut self, r: Rank) -> Result<&mut Responder, String> {
+        let i = r as usize - self.spec.per_node;
+        if self.remote[i].is_none() {
+            let peer = self.addrs.peer(r).ok_or("no such rank")?;
+            let ip = match peer.addr.ip() {
+                std::net::IpAddr::V4(ip) => ip,
+                std::net::IpAddr::V6(_) => return Err("IPv6".into()),
+            };
+            let cfg = config(&self.spec, r, ip, &self.sim);
+            let a = self.addrs.clone();
+            let dir: Directory = Arc::new(move |q| a.peer(q));
+            let resp = Responder::new(&self.sim, &self.device, &cfg, dir)
+                .map_err(|e| format!("rank {r}: {e}"))?;
+            self.rank_of_pid.insert(resp.proc().pid(), r);
+            self.remote[i] = Some(Box::new(resp));
+        }
+        Ok(self.remote[i].as_mut().expect("made"))
+    }
+
+    /// Rank `r` is to talk to `to`: it learns of it and connects.
+    fn talk(&mut self, r: Rank, to: &[Rank]) -> Result<(), String> {
+        *self.wants.entry(r).or_default() += to.len() as u64;
+        self.unready.insert(r);
+        self.dirty.insert(r);
+        let peers: Vec<Peer> = to.iter().filter_map(|&q| self.addrs.peer(q)).collect();
+        if self.is_local(r) {
+            let btl = self.local[r as usize].btl.clone();
+            let counted = r == 0;
+            let run = || -> Result<(), String> {
+                btl.add_procs(&peers).map_err(|e| e.to_string())?;
+                for q in to {
+                    btl.connect(*q).map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            };
+            if counted {
+                let (res, b) = CountingAlloc::bytes(run);
+                self.bytes += b;
+                res
+            } else {
+                run()
+            }
+        } else {
+            let now = self.sim.now();
+            let resp = self.responder(r)?;
+            for p in &peers {
+                resp.add_peer(p);
+            }
+            for q in to {
+                resp.connect(now, *q);
+            }
+            Ok(())
+        }
+    }
+
+    /// Endpoints rank `r` made ready so far.
+    fn ready(&self, r: Rank) -> u64 {
+        if self.is_local(r) {
+            self.local[r as usize]
+                .btl
+                .with_manager(|m| m.counters().ready)
+        } else {
+            self.remote[r as usize - self.spec.per_node]
+                .as_ref()
+                .map_or(0, |x| x.manager().counters().ready)
+        }
+    }
+
+    fn set_timer(&mut self, r: Rank, t: Option<Duration>) {
+        if let Some(old) = self.timer_of.remove(&r) {
+            self.timers.remove(&(old, r));
+        }
+        if let Some(t) = t {
+            self.timers.insert((t, r));
+            self.timer_of.insert(r, t);
+        }
+    }
+
+    /// Progresses rank `r`; how much work it found.
+    fn progress(&mut self, r: Rank) -> usize {
+        let now = self.sim.now();
+        let (work, timer) = if self.is_local(r) {
+            let btl = self.local[r as usize].btl.clone();
+            let work = if r == 0 {
+                let (w, b) = CountingAlloc::bytes(|| {
+                    let w = btl.progress();
+                    btl.take_notices();
+                    w
+                });
+                self.bytes += b;
+                self.peak = self.peak.max(btl.with_manager(|m| m.live_qps()));
+                w
+            } else {
+                let w = btl.progress();
+                btl.take_notices();
+                w
+            };
+            (work, btl.next_timeout())
+        } else {
+            let i = r as usize - self.spec.per_node;
+            let Some(resp) = self.remote[i].as_mut() else {
+                return 0;
+            };
+            (resp.progress(now), resp.next_timer())
+        };
+        self.set_timer(r, timer.map(|t| t.max(now)));
+        if work > 0 {
+            self.dirty.insert(r);
+        }
+        if self.unready.contains(&r) && self.ready(r) >= self.wants[&r] {
+            self.unready.remove(&r);
+        }
+        work
+    }
+
+    /// Runs until every endpoint of the pattern is ready; the virtual
+    /// time that took.
+    fn run(&mut self, limit: Duration) -> Result<Duration, String> {
+        let start = self.sim.now();
+        let mut last = start;
+        while !self.unready.is_empty() {
+            let now = self.sim.now();
+            if now - start > limit {
+                return Err(self.stuck(format!("not ready after {limit:?}")));
+            }
+            let mut todo: BTreeSet<Rank> = std::mem::take(&mut self.dirty);
+            for pid in self.sim.take_touched() {
+                if let Some(&r) = self.rank_of_pid.get(&pid) {
+                    todo.insert(r);
+                }
+            }
+            while let Some(&(t, r)) = self.timers.first() {
+                if t > now {
+                    break;
+                }
+                self.timers.pop_first();
+                self.timer_of.remove(&r);
+                todo.insert(r);
+            }
+            let mut work = 0;
+            for r in todo {
+                work += self.progress(r);
+            }
+            if work > 0 {
+                last = self.sim.now();
+                continue;
+            }
+            let timer = self.timers.first().map(|(t, _)| *t);
+            let next = match (self.sim.next_event_at(), timer) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match next {
+                Some(t) if t > now => self.sim.advance(t - now),
+                Some(_) => {
+                    self.sim.step();
+                }
+                None => return Err(self.stuck("nothing scheduled".into())),
+            }
+        }
+        Ok(last - start)
+    }
+
+    fn stuck(&self, why: String) -> String {
+        let some: Vec<String> = self
+            .unready
+            .iter()
+            .take(8)
+            .map(|&r| format!("rank {r}: {} of {} ready", self.ready(r), self.wants[&r]))
+            .collect();
+        format!(
+            "{why} at t={:?}: {} ranks not ready ({})",
+            self.sim.now(),
+            self.unready.len(),
+            some.join("; ")
+        )
+    }
+}
+
+/// Runs `spec` and measures it.
+pub fn run(spec: &Spec) -> Result<Row, String> {
+    if spec.active == 0 || spec.active > spec.per_node {
+        return Err(format!("active ranks: 1..={}", spec.per_node));
+    }
+    let wall = Instant::now();
+    let mut job = Job::new(spec.clone())?;
+    // Who talks to whom: each active rank to its partners, each partner
+    // back to it.
+    let mut back: HashMap<Rank, Vec<Rank>> = HashMap::new();
+    for o in 0..spec.active as Rank {
+        let to = partners(spec.pattern, spec.ranks(), o);
+        for &p in &to {
+            if (p as usize) >= spec.active {
+                back.entry(p).or_default().push(o);
+            }
+        }
+        job.talk(o, &to)?;
+    }
+    let mut back: Vec<(Rank, Vec<Rank>)> = back.into_iter().collect();
+    back.sort_unstable();
+    for (p, to) in back {
+        job.talk(p, &to)?;
+    }
+    let startup = job.run(Duration::from_secs(3600))?;
+    let me = &job.local[0];
+    let view = job.sim.process_view(&me.proc);
+    let node = job.sim.node_view(0);
+    let (mut arp, mut path) = (0, 0);
+    for to in 0..spec.nodes {
+        let q = job.sim.queries_between(0, to);
+        arp += q.arp;
+        path += q.path;
+    }
+    let (qps_end, endpoints) = me
+        .btl
+        .with_manager(|m| (m.live_qps(), m.counters().ready));
+    let row = Row {
+        spec: spec.clone(),
+        endpoints,
+        qps_end,
+        qps_peak: job.peak,
+        tgt_qps: node.tgt_qps.len(),
+        tgt_handles: view.tgt_handles,
+        srq_bytes: me.btl.receive_bytes(),
+        state_bytes: job.bytes,
+        cm_sent: view.cm_sent,
+        cm_received: view.cm_received,
+        arp,
+        path,
+        cm_total: job.sim.stats().cm_messages,
+        startup,
+        responders: job.remote.iter().filter(|r| r.is_some()).count(),
+        wall: wall.elapsed(),
+    };
+    // Not torn down: the simulator closes a process by looking through
+    // every object of the fabric, so that dropping a million of them one
+    // by one would take longer than the run. The process exits instead.
+    std::mem::forget(job);
+    Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dims_are_even_and_multiply_back() {
+        assert_eq!(dims(16_384, 3), vec![32, 32, 16]);
+        assert_eq!(dims(1_280_000, 3), vec![128, 100, 100]);
+        assert_eq!(dims(7, 3), vec![7, 1, 1]);
+    }
+
+    #[test]
+    fn sparse_partners_are_symmetric() {
+        for p in [16_384, 1_000] {
+            for r in [0, 1, 127, 128, 999] {
+                for q in partners(Pattern::Sparse, p, r) {
+                    assert!(
+                        partners(Pattern::Sparse, p, q).contains(&r),
+                        "{r} -> {q} in {p}"
+                    );
+                }
+            }
+        }
+        // 6 neighbours and log2(P) doubling partners, some shared.
+        let n = partners(Pattern::Sparse, 1 << 14, 0).len();
+        assert!((14..=20).contains(&n), "{n}");
+    }
+}

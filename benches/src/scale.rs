@@ -114,6 +114,8 @@ pub struct Row {
     pub path: u64,
     /// CM messages in the whole fabric.
     pub cm_total: u64,
+    /// The simulator's counters.
+    pub sim: xrcbtl_fabric::sim::SimStats,
     /// Virtual time until every endpoint of the pattern was ready.
     pub startup: Duration,
     /// Remote ranks made.
@@ -259,8 +261,15 @@ impl Job {
         let mut dev = SimDevice::ib("sim0");
         dev.caps.max_qp = spec.max_qp;
         let device = dev.name.clone();
-        let sim = SimFabric::new(SimConfig::new(spec.seed, spec.nodes).with_devices(vec![dev]))
-            .map_err(|e| e.to_string())?;
+        let mut cfg = SimConfig::new(spec.seed, spec.nodes).with_devices(vec![dev]);
+        // The RDMA CM's own patience, not the simulator's shortened one: a
+        // request waits 4,096 ms for its answer (CMA_CM_RESPONSE_TIMEOUT
+        // 20) and is sent 15 times (CMA_MAX_CM_RETRIES) before the CM gives
+        // up. A node's CM agent answering a start-up storm queues far past
+        // the simulator's 100 ms.
+        cfg.timing.cm_timeout_ns = 4_096_000_000;
+        cfg.timing.cm_max_retries = 15;
+        let sim = SimFabric::new(cfg).map_err(|e| e.to_string())?;
         sim.set_auto_advance(false);
         let nodes = (0..spec.nodes)
             .map(|n| sim.device_addr(n, 0).ok_or("no device"))
@@ -537,15 +546,23 @@ pub fn run(spec: &Spec) -> Result<Row, String> {
         arp,
         path,
         cm_total: job.sim.stats().cm_messages,
+        sim: job.sim.stats(),
         startup,
         responders: job.remote.iter().filter(|r| r.is_some()).count(),
         wall: wall.elapsed(),
     };
-    // Not torn down: the simulator closes a process by looking through
-    // every object of the fabric, so that dropping a million of them one
-    // by one would take longer than the run. The process exits instead.
-    std::mem::forget(job);
     Ok(row)
+}
+
+impl Drop for Job {
+    /// Leaves the ranks as they are: the simulator closes a process by
+    /// looking through every object of the fabric, so that closing a
+    /// million of them one by one would take longer than the run. The
+    /// process exits instead.
+    fn drop(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.local));
+        std::mem::forget(std::mem::take(&mut self.remote));
+    }
 }
 
 #[cfg(test)]

@@ -132,6 +132,7 @@ fn main() -> ExitCode {
     match scale::run(&spec) {
         Ok(row) => {
             println!("{}", line(&row));
+            eprintln!("{:?}", row.sim);
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -41,6 +41,8 @@ pub(crate) struct Dev {
     pub rkeys: HashMap<u32, Id<MrObj>>,
     pub qps: HashMap<u32, Id<QpObj>>,
     pub xrc_srqs: HashMap<u32, Id<SrqObj>>,
+    /// SRQs (plain and XRC) living on the device, against `max_srq`.
+    pub srq_count: u32,
     pub xrcds: BTreeMap<PathBuf, Id<XrcdObj>>,
     /// When the port's transmitter is free again: every packet the device
     /// sends (requests and read responses of all its QPs) shares the link.
@@ -422,6 +424,7 @@ impl World {
                     rkeys: HashMap::new(),
                     qps: HashMap::new(),
                     xrc_srqs: HashMap::new(),
+                    srq_count: 0,
                     xrcds: BTreeMap::new(),
                     tx_free_at: 0,
                 });
@@ -929,11 +932,7 @@ impl World {
                 attr.max_sge, caps.max_sge
             )));
         }
-        let live = self
-            .srqs
-            .iter()
-            .filter(|(_, s)| self.ctx_dev(s.ctx).ok() == Some(dev));
-        if live.count() as u32 >= caps.max_srq {
+        if self.devs[dev].srq_count >= caps.max_srq {
             return Err(Error::NoResource("device SRQ table full"));
         }
         let xrc = match xrc {
@@ -956,6 +955,7 @@ impl World {
             }
         };
         let srqn = xrc.as_ref().map(|x| x.srqn);
+        self.devs[dev].srq_count += 1;
         let id = self.srqs.insert(SrqObj {
             ctx,
             pd,
@@ -975,8 +975,12 @@ impl World {
         let Some(s) = self.srqs.remove(srq) else {
             return;
         };
-        if let (Some(x), Some(c)) = (s.xrc, self.ctxs.get(s.ctx)) {
-            self.devs[c.dev].xrc_srqs.remove(&x.srqn);
+        if let Some(c) = self.ctxs.get(s.ctx) {
+            let d = &mut self.devs[c.dev];
+            d.srq_count -= 1;
+            if let Some(x) = s.xrc {
+                d.xrc_srqs.remove(&x.srqn);
+            }
         }
     }
 
@@ -1491,6 +1495,17 @@ impl World {
                 if !self.srqs.contains(*s) {
                     return Err(format!("device {i}: SRQN {n:#x} names a dead SRQ"));
                 }
+            }
+            let srqs = self
+                .srqs
+                .iter()
+                .filter(|(_, s)| self.ctx_dev(s.ctx).ok() == Some(i))
+                .count();
+            if srqs != d.srq_count as usize {
+                return Err(format!(
+                    "device {i}: {srqs} SRQs live, {} counted against max_srq",
+                    d.srq_count
+                ));
             }
             for x in d.xrcds.values() {
                 if !self.xrcds.contains(*x) {

@@ -67,6 +67,46 @@ pub enum ConnEvent {
     },
 }
 
+/// Accepted ids waiting for their RTU, found by QP number (the QP heard
+/// the peer first) or by id (the RTU came, or the id went) without a
+/// search: a rank accepting a storm of connections holds many at once.
+#[derive(Default)]
+struct Accepting {
+    by_qpn: HashMap<u32, CmRef>,
+    by_cm: HashMap<CmRef, u32>,
+}
+
+impl Accepting {
+    fn insert(&mut self, qpn: u32, cm: CmRef) {
+        if let Some(old) = self.by_qpn.insert(qpn, cm) {
+            self.by_cm.remove(&old);
+        }
+        if let Some(old) = self.by_cm.insert(cm, qpn) {
+            if old != qpn {
+                self.by_qpn.remove(&old);
+            }
+        }
+    }
+
+    /// The id accepted with QP `qpn`, no longer waiting.
+    fn take_qpn(&mut self, qpn: u32) -> Option<CmRef> {
+        let cm = self.by_qpn.remove(&qpn)?;
+        self.by_cm.remove(&cm);
+        Some(cm)
+    }
+
+    /// `cm` waits no more.
+    fn forget(&mut self, cm: CmRef) {
+        if let Some(qpn) = self.by_cm.remove(&cm) {
+            self.by_qpn.remove(&qpn);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_qpn.is_empty()
+    }
+}
+
 /// What the driver counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DriverStats {
@@ -209,7 +249,7 @@ pub struct ConnDriver<C: Context> {
     cm_rank: HashMap<CmRef, Rank>,
     /// Accepted ids waiting for their RTU, by the number of the QP they
     /// accepted with: the QP's first packet establishes them.
-    accepting: HashMap<u32, CmRef>,
+    accepting: Accepting,
     /// RC QPs on the SRQ waiting to be destroyed, by number.
     draining: HashMap<u32, Draining<C>>,
     listener: CmIdOf<C>,
@@ -366,7 +406,7 @@ impl<C: Context> ConnDriver<C> {
             cms: HashMap::new(),
             cm_of_key: HashMap::new(),
             cm_rank: HashMap::new(),
-            accepting: HashMap::new(),
+            accepting: Accepting::default(),
             draining: HashMap::new(),
             listener,
             listener_ib,
@@ -825,7 +865,7 @@ impl<C: Context> ConnDriver<C> {
         }
         if let AsyncEvent::CommEstablished { qpn } = ev {
             // The RTU may have been lost: the peer is sending already.
-            if let Some(id) = self.accepting.remove(&qpn).and_then(|cm| self.cms.get(&cm)) {
+            if let Some(id) = self.accepting.take_qpn(qpn).and_then(|cm| self.cms.get(&cm)) {
                 self.stats.comm_est_notices += 1;
                 // An id the CM no longer thinks is accepting needs nothing.
                 let _ = id.notify_established();
@@ -916,7 +956,7 @@ impl<C: Context> ConnDriver<C> {
             }
             CmEventKind::AddrError | CmEventKind::RouteError => Event::ResolveFailed { cm },
             CmEventKind::Established => {
-                self.accepting.retain(|_, c| *c != cm);
+                self.accepting.forget(cm);
                 Event::Established {
                     cm,
                     data: ev.private_data,
@@ -1141,7 +1181,7 @@ impl<C: Context> ConnDriver<C> {
             Action::DestroyCm { cm } => {
                 if let Some(id) = self.cms.remove(&cm) {
                     self.cm_of_key.remove(&id.key());
-                    self.accepting.retain(|_, c| *c != cm);
+                    self.accepting.forget(cm);
                 }
                 self.cm_rank.remove(&cm);
                 self.placeholders.give_back(cm);

@@ -865,7 +865,11 @@ impl<C: Context> ConnDriver<C> {
         }
         if let AsyncEvent::CommEstablished { qpn } = ev {
             // The RTU may have been lost: the peer is sending already.
-            if let Some(id) = self.accepting.take_qpn(qpn).and_then(|cm| self.cms.get(&cm)) {
+            if let Some(id) = self
+                .accepting
+                .take_qpn(qpn)
+                .and_then(|cm| self.cms.get(&cm))
+            {
                 self.stats.comm_est_notices += 1;
                 // An id the CM no longer thinks is accepting needs nothing.
                 let _ = id.notify_established();

@@ -446,7 +446,12 @@ impl Responder {
     /// the device named `device`, listening on `cfg.listen` (and on the
     /// same port natively, on InfiniBand); `directory` answers for ranks
     /// that ask for a connection while unknown.
-    pub fn new(sim: &SimFabric, device: &str, cfg: &BtlConfig, directory: Directory) -> Result<Self> {
+    pub fn new(
+        sim: &SimFabric,
+        device: &str,
+        cfg: &BtlConfig,
+        directory: Directory,
+    ) -> Result<Self> {
         let proc = sim.spawn(cfg.node as usize)?;
         let ctx = proc.open(device)?;
         let caps = ctx.caps().clone();

@@ -386,7 +386,9 @@ fn an_ephemeral_port_is_never_one_already_bound() {
     // that the counter comes round to `port` again.
     let (b, chb) = open(1);
     let others: Vec<_> = (0..45_535).map(|_| listen(&b, &chb)).collect();
-    assert!(others.iter().any(|l| l.local_addr().unwrap().port() == port - 1));
+    assert!(others
+        .iter()
+        .any(|l| l.local_addr().unwrap().port() == port - 1));
     let again = listen(&a, &cha);
     let next = again.local_addr().unwrap().port();
     assert_ne!(next, port, "a port bound on this address was handed out");

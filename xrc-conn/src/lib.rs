@@ -609,10 +609,13 @@ pub struct ConnManager {
     /// Ranks known on each node (this one included), to size an INI QP for
     /// every endpoint it may carry when it is created.
     ranks_on: BTreeMap<Node, u32>,
-    inis: BTreeMap<u64, Ini>,
+    /// Boxed: most processes of a large job send to a few nodes, and a
+    /// B-tree leaf holds room for eleven entries however few it has.
+    inis: BTreeMap<u64, Box<Ini>>,
     /// XRC: the INI of each node.
     ini_of_node: BTreeMap<Node, u64>,
-    eps: BTreeMap<Rank, Endpoint>,
+    /// Boxed, as `inis`: a B-tree of small entries packs better.
+    eps: BTreeMap<Rank, Box<Endpoint>>,
     tgts: BTreeMap<TgtRef, Tgt>,
     pending: Vec<Pending>,
     /// Requests from ranks not known yet, waiting for `add_peer` or
@@ -881,7 +884,7 @@ impl ConnManager {
         }
         self.eps.insert(
             rank,
-            Endpoint {
+            Box::new(Endpoint {
                 state: EpState::WaitIni,
                 ini: None,
                 srqns: Vec::new(),
@@ -891,7 +894,7 @@ impl ConnManager {
                 initiator: true,
                 heard: false,
                 epoch: 0,
-            },
+            }),
         );
         match self.cfg.mode {
             Mode::Xrc => self.xrc_attach(rank, node),
@@ -1255,7 +1258,7 @@ impl ConnManager {
         let tag = self.fresh() as u32;
         self.inis.insert(
             k,
-            Ini {
+            Box::new(Ini {
                 node,
                 qp,
                 state: IniState::Resolving,
@@ -1267,7 +1270,7 @@ impl ConnManager {
                 sq_depth,
                 retries: 0,
                 retry_at: None,
-            },
+            }),
         );
         self.qp_owner.insert(qp, k);
         if self.cfg.mode == Mode::Xrc {
@@ -2143,7 +2146,7 @@ impl ConnManager {
         self.cms.insert(cm, CmUse::Served { peer });
         self.eps.insert(
             peer,
-            Endpoint {
+            Box::new(Endpoint {
                 state: EpState::Connecting,
                 ini: Some(k),
                 srqns: Vec::new(),
@@ -2153,7 +2156,7 @@ impl ConnManager {
                 initiator: false,
                 heard: false,
                 epoch: 0,
-            },
+            }),
         );
         let m = self.msg(Kind::Accept, peer, msg.tag);
         self.actions.push_back(Action::Accept {

@@ -12,7 +12,8 @@ use xrcbtl_fabric::sim::CountingAlloc;
 static ALLOC: CountingAlloc = CountingAlloc;
 
 const USAGE: &str = "usage: scale --nodes N [--per-node 128] [--mode xrc|rc] \
-[--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] [--header]";
+[--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] [--header]
+       scale --columns (the column names only)";
 
 /// The column names, in the order [`line`] prints them.
 const COLUMNS: &[&str] = &[
@@ -33,6 +34,7 @@ const COLUMNS: &[&str] = &[
     "arp_node",
     "path_node",
     "cm_total",
+    "cm_resends",
     "startup_ms",
     "responders",
     "wall_s",
@@ -58,6 +60,7 @@ fn line(r: &Row) -> String {
         r.arp.to_string(),
         r.path.to_string(),
         r.cm_total.to_string(),
+        r.sim.cm_retries.to_string(),
         format!("{:.3}", r.startup.as_secs_f64() * 1e3),
         r.responders.to_string(),
         format!("{:.1}", r.wall.as_secs_f64()),
@@ -79,7 +82,10 @@ fn parse(args: &[String]) -> Result<(Spec, bool), String> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().ok_or(format!("{a} needs a value"));
-        let num = |v: &String| v.parse::<u64>().map_err(|_| format!("{a}: not a number: {v}"));
+        let num = |v: &String| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{a}: not a number: {v}"))
+        };
         match a.as_str() {
             "--nodes" => spec.nodes = num(val()?)? as usize,
             "--per-node" => spec.per_node = num(val()?)? as usize,
@@ -101,6 +107,10 @@ fn parse(args: &[String]) -> Result<(Spec, bool), String> {
                 }
             }
             "--header" => header = true,
+            "--columns" => {
+                println!("{}", COLUMNS.join("\t"));
+                std::process::exit(0);
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -132,7 +142,6 @@ fn main() -> ExitCode {
     match scale::run(&spec) {
         Ok(row) => {
             println!("{}", line(&row));
-            eprintln!("{:?}", row.sim);
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -838,10 +838,17 @@ impl CmChannel for SimCmChannel {
         };
         w.polled(ctx, true);
         drop(w);
+        // The device made these bytes: it frees them, and the process gets
+        // a copy of its own, so that a counting allocator sees what the
+        // process keeps (and not a free of what it never allocated).
+        let private_data = ev.private_data.clone();
+        let inside = self.0.ctx.world();
+        drop(ev.private_data);
+        drop(inside);
         Some(CmEvent {
             id: ev.id.raw(),
             kind: ev.kind,
-            private_data: ev.private_data,
+            private_data,
             remote_qpn: ev.remote_qpn,
             peer: ev.peer.map(SocketAddr::V4),
             new_id: ev.new_id.map(|id| SimCmId {

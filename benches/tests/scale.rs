@@ -98,3 +98,236 @@ fn startup_grows_at_most_linearly_from_128_to_256_nodes() {
         }
     }
 }
+
+/// The same job as the harness's, with nothing but connection managers:
+/// every rank of the cluster a [`ConnManager`], the CM a queue that hands
+/// each request, reply and reject to its peer at once (counting them as
+/// the simulated CM does: REQ, then REP and RTU, or REJ), TGT QPs created
+/// and opened on demand. No fabric, no driver, no time.
+mod managers {
+    use std::collections::{HashMap, VecDeque};
+    use std::time::Duration;
+
+    use xrcbtl_benches::scale::{partners, Spec};
+    use xrcbtl_btl::sim::JOB;
+    use xrcbtl_xrc_conn::{
+        Action, CmFailure, CmRef, Config, ConnManager, Counters, Event, Mode, Node, Rank, RouteRef,
+    };
+
+    pub struct Net {
+        pub mgrs: Vec<ConnManager>,
+        per_node: usize,
+        /// The other end of each id, both ways.
+        peer: HashMap<(Rank, CmRef), (Rank, CmRef)>,
+        /// Whom each id resolves towards.
+        towards: HashMap<(Rank, CmRef), Rank>,
+        next: u64,
+        pub sent: Vec<u64>,
+        pub received: Vec<u64>,
+        /// TGT QPs created on each node.
+        pub tgts: Vec<u64>,
+        queue: VecDeque<(Rank, Event)>,
+    }
+
+    impl Net {
+        /// The harness's job, run to the end.
+        pub fn run(spec: &Spec) -> Net {
+            let p = spec.ranks();
+            let mode = if spec.xrc {
+                Mode::Xrc
+            } else {
+                Mode::Rc { p2p: false }
+            };
+            let srqns = if spec.xrc { vec![1, 2] } else { Vec::new() };
+            let node = |r: usize| (r / spec.per_node) as Node;
+            let mgrs = (0..p)
+                .map(|r| {
+                    let cfg = Config::new(r as Rank, node(r), JOB, mode, srqns.clone());
+                    ConnManager::new(cfg, [(r as Rank, node(r))])
+                })
+                .collect();
+            let mut net = Net {
+                mgrs,
+                per_node: spec.per_node,
+                peer: HashMap::new(),
+                towards: HashMap::new(),
+                next: 1 << 40,
+                sent: vec![0; p],
+                received: vec![0; p],
+                tgts: vec![0; spec.nodes],
+                queue: VecDeque::new(),
+            };
+            // As the harness: each active rank to its partners, then each
+            // partner back, in rank order.
+            let mut back: HashMap<Rank, Vec<Rank>> = HashMap::new();
+            for o in 0..spec.active as Rank {
+                let to = partners(spec.pattern, p, o);
+                for &q in &to {
+                    if q as usize >= spec.active {
+                        back.entry(q).or_default().push(o);
+                    }
+                }
+                net.talk(o, &to);
+            }
+            let mut back: Vec<_> = back.into_iter().collect();
+            back.sort_unstable();
+            for (q, to) in back {
+                net.talk(q, &to);
+            }
+            while let Some((r, ev)) = net.queue.pop_front() {
+                net.mgrs[r as usize].handle(Duration::ZERO, ev);
+                net.act(r);
+            }
+            net
+        }
+
+        fn talk(&mut self, r: Rank, to: &[Rank]) {
+            for &q in to {
+                self.mgrs[r as usize].add_peer(q, (q as usize / self.per_node) as Node);
+            }
+            for &q in to {
+                self.mgrs[r as usize].connect(Duration::ZERO, q);
+                self.act(r);
+            }
+        }
+
+        fn fresh(&mut self) -> u64 {
+            self.next += 1;
+            self.next
+        }
+
+        /// Carries out what rank `r`'s manager asks.
+        fn act(&mut self, r: Rank) {
+            while let Some(a) = self.mgrs[r as usize].poll_action() {
+                match a {
+                    Action::Resolve { cm, rank, .. } => {
+                        self.towards.insert((r, cm), rank);
+                        let node = rank as usize / self.per_node;
+                        let route = RouteRef(node as u64 + 1);
+                        self.queue.push_back((r, Event::Resolved { cm, route }));
+                    }
+                    Action::Connect { cm, data, .. } => {
+                        let to = self.towards[&(r, cm)];
+                        let theirs = CmRef(self.fresh());
+                        self.peer.insert((r, cm), (to, theirs));
+                        self.peer.insert((to, theirs), (r, cm));
+                        self.sent[r as usize] += 1;
+                        self.received[to as usize] += 1;
+                        self.queue
+                            .push_back((to, Event::Request { cm: theirs, data }));
+                    }
+                    Action::Accept { cm, data, .. } => {
+                        let (i, icm) = self.peer[&(r, cm)];
+                        // REP, then the initiator's RTU.
+                        self.sent[r as usize] += 1;
+                        self.received[i as usize] += 1;
+                        self.sent[i as usize] += 1;
+                        self.received[r as usize] += 1;
+                        self.queue
+                            .push_back((i, Event::Established { cm: icm, data }));
+                        self.queue.push_back((
+                            r,
+                            Event::Established {
+                                cm,
+                                data: Vec::new(),
+                            },
+                        ));
+                    }
+                    Action::Reject { cm, data } => {
+                        let (i, icm) = self.peer[&(r, cm)];
+                        self.sent[r as usize] += 1;
+                        self.received[i as usize] += 1;
+                        let how = CmFailure::Rejected;
+                        self.queue
+                            .push_back((i, Event::Failed { cm: icm, how, data }));
+                    }
+                    Action::CreateTgt { tgt } => {
+                        self.tgts[r as usize / self.per_node] += 1;
+                        let qpn = self.fresh() as u32;
+                        self.queue.push_back((r, Event::TgtCreated { tgt, qpn }));
+                    }
+                    Action::OpenTgt { tgt, .. } => {
+                        self.queue
+                            .push_back((r, Event::TgtOpened { tgt, ok: true }));
+                    }
+                    _ => {}
+                }
+            }
+            while self.mgrs[r as usize].poll_notice().is_some() {}
+        }
+
+        pub fn counters(&self, r: Rank) -> &Counters {
+            self.mgrs[r as usize].counters()
+        }
+    }
+
+    /// The harness's and the managers' counts of the observed process
+    /// (rank 0) and its node, side by side.
+    pub fn compare(a: &xrcbtl_benches::scale::Row, n: &Net) {
+        let what = format!(
+            "{} {} at {} x {}",
+            a.spec.pattern.name(),
+            if a.spec.xrc { "XRC" } else { "RC" },
+            a.spec.nodes,
+            a.spec.per_node
+        );
+        let m = &n.mgrs[0];
+        let k = n.counters(0);
+        let h = &a.counters;
+        assert_eq!(a.endpoints, k.ready, "{what}: endpoints ready");
+        assert_eq!(a.qps_end, m.live_qps(), "{what}: sending QPs");
+        assert_eq!(a.tgt_handles, m.tgt_handles(), "{what}: TGT handles");
+        assert_eq!(a.tgt_qps as u64, n.tgts[0], "{what}: TGT QPs on the node");
+        assert_eq!(
+            (
+                h.qps_created,
+                h.tgt_created,
+                h.tgt_opened,
+                h.resolves,
+                h.route_hits,
+                h.retries
+            ),
+            (
+                k.qps_created,
+                k.tgt_created,
+                k.tgt_opened,
+                k.resolves,
+                k.route_hits,
+                k.retries
+            ),
+            "{what}: (QPs, TGT QPs created, opened, resolutions, route cache hits, retries)"
+        );
+        assert_eq!(a.cm_sent, n.sent[0], "{what}: CM messages sent");
+        if a.spec.xrc {
+            assert_eq!(a.cm_received, n.received[0], "{what}: CM messages received");
+        } else {
+            // RC peers connect to each other at once and the lower rank's
+            // request wins. On the fabric the loser's own request is still
+            // in flight when the winner's connection comes up, and the
+            // loser withdraws it (a REJ the winner receives); between bare
+            // managers every answer comes before. At most one per peer.
+            let extra = a.cm_received - n.received[0];
+            assert!(
+                extra <= a.endpoints,
+                "{what}: {extra} more CM messages received"
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "heavy: run with --release")]
+fn the_harness_counts_what_a_cluster_of_bare_managers_counts() {
+    for pattern in [Pattern::AllToAll, Pattern::Sparse] {
+        for xrc in [true, false] {
+            let mut s = spec(8, xrc, pattern);
+            s.per_node = 16;
+            if pattern == Pattern::Sparse {
+                s.active = 16;
+            }
+            let row = run(&s).unwrap();
+            let net = managers::Net::run(&s);
+            managers::compare(&row, &net);
+        }
+    }
+}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use xrcbtl_btl::config::Clock;
-use xrcbtl_btl::sim::{Directory, Responder, JOB};
+use xrcbtl_btl::sim::{advance_idle, Directory, Responder, Timers, JOB};
 use xrcbtl_btl::{Btl, BtlConfig, EagerLimit, Peer};
 use xrcbtl_fabric::sim::{CountingAlloc, SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
 use xrcbtl_fabric::{Fabric, Gid, IbAddr, XrcdKey, DEFAULT_PKEY};
@@ -238,8 +238,7 @@ struct Job {
     /// Ranks whose endpoints are not all ready yet.
     unready: BTreeSet<Rank>,
     dirty: BTreeSet<Rank>,
-    timers: BTreeSet<(Duration, Rank)>,
-    timer_of: HashMap<Rank, Duration>,
+    timers: Timers,
     /// The observed process's sending QPs, at most.
     peak: usize,
     /// Heap bytes the observed process kept.
@@ -313,8 +312,7 @@ impl Job {
             wants: HashMap::new(),
             unready: BTreeSet::new(),
             dirty: BTreeSet::new(),
-            timers: BTreeSet::new(),
-            timer_of: HashMap::new(),
+            timers: Timers::default(),
             peak: 0,
             bytes: 0,
         })
@@ -393,16 +391,6 @@ impl Job {
         }
     }
 
-    fn set_timer(&mut self, r: Rank, t: Option<Duration>) {
-        if let Some(old) = self.timer_of.remove(&r) {
-            self.timers.remove(&(old, r));
-        }
-        if let Some(t) = t {
-            self.timers.insert((t, r));
-            self.timer_of.insert(r, t);
-        }
-    }
-
     /// Progresses rank `r`; how much work it found.
     fn progress(&mut self, r: Rank) -> usize {
         let now = self.sim.now();
@@ -430,7 +418,7 @@ impl Job {
             };
             (resp.progress(now), resp.next_timer())
         };
-        self.set_timer(r, timer.map(|t| t.max(now)));
+        self.timers.set(r, timer.map(|t| t.max(now)));
         if work > 0 {
             self.dirty.insert(r);
         }
@@ -456,14 +444,7 @@ impl Job {
                     todo.insert(r);
                 }
             }
-            while let Some(&(t, r)) = self.timers.first() {
-                if t > now {
-                    break;
-                }
-                self.timers.pop_first();
-                self.timer_of.remove(&r);
-                todo.insert(r);
-            }
+            todo.extend(self.timers.take_due(now));
             let mut work = 0;
             for r in todo {
                 work += self.progress(r);
@@ -472,17 +453,8 @@ impl Job {
                 last = self.sim.now();
                 continue;
             }
-            let timer = self.timers.first().map(|(t, _)| *t);
-            let next = match (self.sim.next_event_at(), timer) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            match next {
-                Some(t) if t > now => self.sim.advance(t - now),
-                Some(_) => {
-                    self.sim.step();
-                }
-                None => return Err(self.stuck("nothing scheduled".into())),
+            if !advance_idle(&self.sim, self.timers.first()) {
+                return Err(self.stuck("nothing scheduled".into()));
             }
         }
         Ok(last - start)

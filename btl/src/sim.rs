@@ -26,6 +26,64 @@ use crate::types::Peer;
 /// The job id of simulated jobs.
 pub const JOB: u32 = 0xb71;
 
+/// The ranks' next connection timers, by when they are due.
+#[derive(Debug, Default)]
+pub struct Timers {
+    due: BTreeSet<(Duration, Rank)>,
+    of: HashMap<Rank, Duration>,
+}
+
+impl Timers {
+    /// Sets (or, with `None`, clears) rank `r`'s timer.
+    pub fn set(&mut self, r: Rank, t: Option<Duration>) {
+        if let Some(old) = self.of.remove(&r) {
+            self.due.remove(&(old, r));
+        }
+        if let Some(t) = t {
+            self.due.insert((t, r));
+            self.of.insert(r, t);
+        }
+    }
+
+    /// The ranks whose timers are due at `now`, their timers cleared.
+    pub fn take_due(&mut self, now: Duration) -> Vec<Rank> {
+        let mut out = Vec::new();
+        while let Some(&(t, r)) = self.due.first() {
+            if t > now {
+                break;
+            }
+            self.due.pop_first();
+            self.of.remove(&r);
+            out.push(r);
+        }
+        out
+    }
+
+    /// The earliest timer.
+    pub fn first(&self) -> Option<Duration> {
+        self.due.first().map(|(t, _)| *t)
+    }
+}
+
+/// Everyone is idle: moves `sim`'s clock to its next event or to `timer`,
+/// whichever comes first. `false` when neither exists: nothing can happen
+/// any more.
+pub fn advance_idle(sim: &SimFabric, timer: Option<Duration>) -> bool {
+    let now = sim.now();
+    let next = match (sim.next_event_at(), timer) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    match next {
+        Some(t) if t > now => sim.advance(t - now),
+        Some(_) => {
+            sim.step();
+        }
+        None => return false,
+    }
+    true
+}
+
 /// One rank of a simulated job.
 pub struct JobRank {
     /// Its BTL.
@@ -57,8 +115,7 @@ pub struct SimJob {
     per_node: usize,
     dirty: Vec<bool>,
     rank_of_pid: HashMap<u32, Rank>,
-    timers: BTreeSet<(Duration, Rank)>,
-    timer_of: HashMap<Rank, Duration>,
+    timers: Timers,
     /// Most sending QPs any rank held at the end of a step.
     pub max_qps: usize,
     track_qps: bool,
@@ -141,8 +198,7 @@ impl SimJob {
             ranks,
             per_node,
             rank_of_pid,
-            timers: BTreeSet::new(),
-            timer_of: HashMap::new(),
+            timers: Timers::default(),
             max_qps: 0,
             track_qps: false,
         })
@@ -222,13 +278,7 @@ impl SimJob {
     }
 
     fn set_timer(&mut self, r: Rank, t: Option<Duration>) {
-        if let Some(old) = self.timer_of.remove(&r) {
-            self.timers.remove(&(old, r));
-        }
-        if let Some(t) = t {
-            self.timers.insert((t, r));
-            self.timer_of.insert(r, t);
-        }
+        self.timers.set(r, t);
     }
 
     /// One step: the ranks with something to do progress; if none found
@@ -246,14 +296,7 @@ impl SimJob {
                 todo.insert(r as Rank);
             }
         }
-        while let Some(&(t, r)) = self.timers.first() {
-            if t > now {
-                break;
-            }
-            self.timers.pop_first();
-            self.timer_of.remove(&r);
-            todo.insert(r);
-        }
+        todo.extend(self.timers.take_due(now));
         let mut work = 0;
         for r in todo {
             let Some(jr) = self.ranks[r as usize].as_ref() else {
@@ -287,20 +330,7 @@ impl SimJob {
     /// ranks themselves (and so must ask every rank for its timer first:
     /// [`SimJob::refresh_timers`]).
     pub fn idle_advance(&mut self) -> bool {
-        let now = self.sim.now();
-        let timer = self.timers.first().map(|(t, _)| *t);
-        let next = match (self.sim.next_event_at(), timer) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        match next {
-            Some(t) if t > now => self.sim.advance(t - now),
-            Some(_) => {
-                self.sim.step();
-            }
-            None => return false,
-        }
-        true
+        advance_idle(&self.sim, self.timers.first())
     }
 
     /// Asks every live rank for its next connection timer.

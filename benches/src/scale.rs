@@ -133,29 +133,29 @@ pub struct Row {
     pub wall: Duration,
 }
 
-/// `n` split into `k` factors as even as can be, largest first (as
-/// `MPI_Dims_create` does).
-pub fn dims(n: usize, k: usize) -> Vec<usize> {
-    let mut primes = Vec::new();
-    let (mut m, mut p) = (n, 2);
-    while m > 1 {
-        while m % p == 0 {
-            primes.push(p);
-            m /= p;
+/// `n` split into three factors as even as can be (the smallest spread
+/// between the largest and the smallest), largest first, as
+/// `MPI_Dims_create` does for a 3-D grid.
+pub fn dims(n: usize) -> [usize; 3] {
+    let mut best = [n, 1, 1];
+    let mut a = 1;
+    while a * a * a <= n {
+        if n % a == 0 {
+            let m = n / a;
+            let mut b = a;
+            while b * b <= m {
+                if m % b == 0 {
+                    let c = m / b;
+                    if c - a < best[0] - best[2] {
+                        best = [c, b, a];
+                    }
+                }
+                b += 1;
+            }
         }
-        p += 1;
-        if p * p > m && m > 1 {
-            primes.push(m);
-            break;
-        }
+        a += 1;
     }
-    let mut d = vec![1; k];
-    for p in primes.into_iter().rev() {
-        let i = (0..k).min_by_key(|&i| d[i]).expect("k > 0");
-        d[i] *= p;
-    }
-    d.sort_unstable_by(|a, b| b.cmp(a));
-    d
+    best
 }
 
 /// The partners of rank `r` in a job of `p` ranks, ascending, without `r`.
@@ -164,8 +164,7 @@ pub fn partners(pattern: Pattern, p: usize, r: Rank) -> Vec<Rank> {
         Pattern::AllToAll => (0..p as Rank).filter(|&x| x != r).collect(),
         Pattern::Sparse => {
             let mut out = BTreeSet::new();
-            let d = dims(p, 3);
-            let (z, y, x) = (d[0], d[1], d[2]);
+            let [z, y, x] = dims(p);
             let r0 = r as usize;
             let c = [r0 / (y * x), (r0 / x) % y, r0 % x];
             for (axis, len) in [z, y, x].into_iter().enumerate() {
@@ -551,9 +550,11 @@ mod tests {
 
     #[test]
     fn dims_are_even_and_multiply_back() {
-        assert_eq!(dims(16_384, 3), vec![32, 32, 16]);
-        assert_eq!(dims(1_280_000, 3), vec![128, 100, 100]);
-        assert_eq!(dims(7, 3), vec![7, 1, 1]);
+        assert_eq!(dims(16_384), [32, 32, 16]);
+        assert_eq!(dims(1_280_000), [128, 100, 100]);
+        assert_eq!(dims(524_288), [128, 64, 64]);
+        assert_eq!(dims(7), [7, 1, 1]);
+        assert_eq!(dims(1), [1, 1, 1]);
     }
 
     #[test]

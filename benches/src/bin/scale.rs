@@ -15,7 +15,7 @@ const USAGE: &str = "usage: scale --nodes N [--per-node 128] [--mode xrc|rc] \
 [--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] [--header]
        scale --columns (the column names only)";
 
-/// The column names, in the order [`line`] prints them.
+/// The column names, in the order [`line()`] prints them.
 const COLUMNS: &[&str] = &[
     "pattern",
     "mode",

@@ -1041,6 +1041,9 @@ impl World {
                 };
                 let dev = c.remote_dev.expect("connected ids know the peer device");
                 self.stats.cm_retries += 1;
+                if matches!(msg, CmWire::Req { .. }) {
+                    self.stats.cm_req_retries += 1;
+                }
                 self.send_cm(id, dev, to, msg);
                 let c = self.cm_ids.get_mut(id).expect("live");
                 c.timer_gen += 1;

@@ -276,6 +276,9 @@ pub struct SimStats {
     pub cm_duplicated: u64,
     /// CM messages resent after a timeout.
     pub cm_retries: u64,
+    /// Of which connect requests (the others: replies waiting for their
+    /// RTU).
+    pub cm_req_retries: u64,
     /// QPs handed to the CM already in INIT, moved there by the application
     /// with a port and P_Key of its own choosing instead of the route's.
     pub cm_qps_init_by_hand: u64,

@@ -446,8 +446,10 @@ pub type Directory = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
 /// domain, one CQ and SRQs that hold no receive buffers, with its listener.
 /// It answers connection requests (creating or opening TGT QPs, accepting
 /// RC connections) and makes connections of its own, as a rank of the job
-/// does, in a few kilobytes: scale simulations stand one in for each rank
-/// outside the node they observe, made when the pattern first needs it.
+/// does, in kilobytes instead of a rank's megabytes of buffers (about 16
+/// KB with what the simulated device holds for it, in the scale harness):
+/// scale simulations stand one in for each rank outside the node they
+/// observe, made when the pattern first needs it.
 ///
 /// No message may be sent to it (nothing is posted on its SRQs) and it
 /// sends none; the TGT QPs it holds are not swept for errors

@@ -148,6 +148,13 @@ fn run(a: &Args) -> Result<bool> {
         }
     };
     let refused = btl.with_manager(|m| m.counters().refused_sent.clone());
+    // The mesh is done once it has heard every peer's last message, but its
+    // own answers (the FIN to a peer's DONE) may still be queued, behind
+    // credits on iWARP: the clean exit starts only once they have left,
+    // or a peer would wait for its FIN in vain.
+    if let Err(e) = btl.flush(Duration::from_secs(10)) {
+        eprintln!("mesh: rank {}: before the clean exit: {e}", a.rank);
+    }
     btl.shutdown();
     let end = Instant::now() + Duration::from_secs(10);
     while !btl.is_drained() && Instant::now() < end {

@@ -17,7 +17,7 @@
 //! What a row reports is measured on the first active rank (its process)
 //! and on the observed node, after start-up; see [`Row`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -188,13 +188,31 @@ pub fn partners(pattern: Pattern, p: usize, r: Rank) -> Vec<Rank> {
     }
 }
 
+/// Who talks to whom under `spec`, in the order they start: each active
+/// rank to its partners, then each partner back to the active ranks it is
+/// a partner of, in rank order.
+pub fn plan(spec: &Spec) -> Vec<(Rank, Vec<Rank>)> {
+    let mut out = Vec::new();
+    let mut back: BTreeMap<Rank, Vec<Rank>> = BTreeMap::new();
+    for o in 0..spec.active as Rank {
+        let to = partners(spec.pattern, spec.ranks(), o);
+        for &p in &to {
+            if p as usize >= spec.active {
+                back.entry(p).or_default().push(o);
+            }
+        }
+        out.push((o, to));
+    }
+    out.extend(back);
+    out
+}
+
 /// Where ranks listen: computed from the rank, so that a rank can be told
 /// a peer's address before that peer is made.
 #[derive(Clone)]
 struct Addresses {
     per_node: usize,
     nodes: Arc<Vec<(Ipv4Addr, Gid)>>,
-    ib: bool,
 }
 
 impl Addresses {
@@ -206,7 +224,7 @@ impl Addresses {
             rank: r,
             node: node as u32,
             addr: SocketAddr::from((ip, port)),
-            ib: self.ib.then_some(IbAddr {
+            ib: Some(IbAddr {
                 gid,
                 pkey: DEFAULT_PKEY,
                 port,
@@ -284,7 +302,6 @@ impl Job {
         let addrs = Addresses {
             per_node: spec.per_node,
             nodes: Arc::new(nodes),
-            ib: true,
         };
         let mut local = Vec::new();
         let mut rank_of_pid = HashMap::new();
@@ -325,11 +342,7 @@ impl Job {
     fn responder(&mut self, r: Rank) -> Result<&mut Responder, String> {
         let i = r as usize - self.spec.per_node;
         if self.remote[i].is_none() {
-            let peer = self.addrs.peer(r).ok_or("no such rank")?;
-            let ip = match peer.addr.ip() {
-                std::net::IpAddr::V4(ip) => ip,
-                std::net::IpAddr::V6(_) => return Err("IPv6".into()),
-            };
+            let (ip, _) = self.addrs.nodes[r as usize / self.spec.per_node];
             let cfg = config(&self.spec, r, ip, &self.sim);
             let a = self.addrs.clone();
             let dir: Directory = Arc::new(move |q| a.peer(q));
@@ -349,21 +362,13 @@ impl Job {
         let peers: Vec<Peer> = to.iter().filter_map(|&q| self.addrs.peer(q)).collect();
         if self.is_local(r) {
             let btl = self.local[r as usize].btl.clone();
-            let counted = r == 0;
-            let run = || -> Result<(), String> {
+            self.observed(r, || {
                 btl.add_procs(&peers).map_err(|e| e.to_string())?;
                 for q in to {
                     btl.connect(*q).map_err(|e| e.to_string())?;
                 }
                 Ok(())
-            };
-            if counted {
-                let (res, b) = CountingAlloc::bytes(run);
-                self.bytes += b;
-                res
-            } else {
-                run()
-            }
+            })
         } else {
             let now = self.sim.now();
             let resp = self.responder(r)?;
@@ -375,6 +380,17 @@ impl Job {
             }
             Ok(())
         }
+    }
+
+    /// Runs `f`, a call into local rank `r`; on the observed process (rank
+    /// 0), counts the heap bytes it leaves.
+    fn observed<R>(&mut self, r: Rank, f: impl FnOnce() -> R) -> R {
+        if r != 0 {
+            return f();
+        }
+        let (res, b) = CountingAlloc::bytes(f);
+        self.bytes += b;
+        res
     }
 
     /// Endpoints rank `r` made ready so far.
@@ -395,20 +411,14 @@ impl Job {
         let now = self.sim.now();
         let (work, timer) = if self.is_local(r) {
             let btl = self.local[r as usize].btl.clone();
-            let work = if r == 0 {
-                let (w, b) = CountingAlloc::bytes(|| {
-                    let w = btl.progress();
-                    btl.take_notices();
-                    w
-                });
-                self.bytes += b;
-                self.peak = self.peak.max(btl.with_manager(|m| m.live_qps()));
-                w
-            } else {
+            let work = self.observed(r, || {
                 let w = btl.progress();
                 btl.take_notices();
                 w
-            };
+            });
+            if r == 0 {
+                self.peak = self.peak.max(btl.with_manager(|m| m.live_qps()));
+            }
             (work, btl.next_timeout())
         } else {
             let i = r as usize - self.spec.per_node;
@@ -484,20 +494,8 @@ pub fn run(spec: &Spec) -> Result<Row, String> {
     let mut job = Job::new(spec.clone())?;
     // Who talks to whom: each active rank to its partners, each partner
     // back to it.
-    let mut back: HashMap<Rank, Vec<Rank>> = HashMap::new();
-    for o in 0..spec.active as Rank {
-        let to = partners(spec.pattern, spec.ranks(), o);
-        for &p in &to {
-            if (p as usize) >= spec.active {
-                back.entry(p).or_default().push(o);
-            }
-        }
-        job.talk(o, &to)?;
-    }
-    let mut back: Vec<(Rank, Vec<Rank>)> = back.into_iter().collect();
-    back.sort_unstable();
-    for (p, to) in back {
-        job.talk(p, &to)?;
+    for (r, to) in plan(spec) {
+        job.talk(r, &to)?;
     }
     let startup = job.run(Duration::from_secs(3600))?;
     let me = &job.local[0];

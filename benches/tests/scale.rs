@@ -108,7 +108,7 @@ mod managers {
     use std::collections::{HashMap, VecDeque};
     use std::time::Duration;
 
-    use xrcbtl_benches::scale::{partners, Spec};
+    use xrcbtl_benches::scale::{plan, Spec};
     use xrcbtl_btl::sim::JOB;
     use xrcbtl_xrc_conn::{
         Action, CmFailure, CmRef, Config, ConnManager, Counters, Event, Mode, Node, Rank, RouteRef,
@@ -157,22 +157,9 @@ mod managers {
                 tgts: vec![0; spec.nodes],
                 queue: VecDeque::new(),
             };
-            // As the harness: each active rank to its partners, then each
-            // partner back, in rank order.
-            let mut back: HashMap<Rank, Vec<Rank>> = HashMap::new();
-            for o in 0..spec.active as Rank {
-                let to = partners(spec.pattern, p, o);
-                for &q in &to {
-                    if q as usize >= spec.active {
-                        back.entry(q).or_default().push(o);
-                    }
-                }
-                net.talk(o, &to);
-            }
-            let mut back: Vec<_> = back.into_iter().collect();
-            back.sort_unstable();
-            for (q, to) in back {
-                net.talk(q, &to);
+            // Who talks to whom, in the harness's order.
+            for (r, to) in plan(spec) {
+                net.talk(r, &to);
             }
             while let Some((r, ev)) = net.queue.pop_front() {
                 net.mgrs[r as usize].handle(Duration::ZERO, ev);

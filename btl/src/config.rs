@@ -255,7 +255,9 @@ pub struct BtlConfig {
     pub job: u32,
     /// The node's XRC domain key.
     pub xrcd_key: XrcdKey,
-    /// Where to listen for connections (port 0: any).
+    /// Where to listen for connections (port 0: any). The native
+    /// InfiniBand listener ([`BtlConfig::af_ib`]) takes the same port
+    /// number (or any, with 0).
     pub listen: SocketAddr,
     /// Largest eager payload.
     pub eager_limit: EagerLimit,

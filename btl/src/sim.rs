@@ -459,7 +459,6 @@ pub struct Responder {
     driver: ConnDriver<SimContext>,
     rank: Rank,
     directory: Directory,
-    ready: usize,
     // What the driver's QPs live on; dropped after it.
     _srqs: Vec<<SimContext as Context>::Srq>,
     _xrcd: Option<<SimContext as Context>::Xrcd>,
@@ -522,7 +521,6 @@ impl Responder {
             driver,
             rank: cfg.rank,
             directory,
-            ready: 0,
             _srqs: srqs,
             _xrcd: xrcd,
             _cq: cq,
@@ -568,16 +566,16 @@ impl Responder {
         let mut work = self.driver.progress(now);
         while let Some(ev) = self.driver.poll_event() {
             work += 1;
-            match ev {
-                ConnEvent::Ready { .. } => self.ready += 1,
-                ConnEvent::Notice(Notice::UnknownPeer { rank }) => match (self.directory)(rank) {
+            // Only a rank asking while unknown needs an answer; the rest
+            // (its own connections ready, peers gone) it has no use for.
+            if let ConnEvent::Notice(Notice::UnknownPeer { rank }) = ev {
+                match (self.directory)(rank) {
                     Some(p) if p.rank == rank => {
                         self.add_peer(&p);
                         work += self.driver.progress(now);
                     }
                     _ => self.driver.unknown_peer(now, rank),
-                },
-                _ => {}
+                }
             }
         }
         work
@@ -589,11 +587,6 @@ impl Responder {
     /// waking every 50 ms would cost the simulation more than the job).
     pub fn next_timer(&self) -> Option<Duration> {
         self.driver.manager().poll_timeout()
-    }
-
-    /// Connections it made that became ready.
-    pub fn ready(&self) -> usize {
-        self.ready
     }
 
     /// Its connection manager (counters, state).

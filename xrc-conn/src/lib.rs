@@ -834,19 +834,15 @@ impl ConnManager {
         at == Some(t)
     }
 
-    /// Arms INI `k`'s retry at `at`.
-    fn arm_ini(&mut self, k: u64, at: Duration) {
-        if let Some(i) = self.inis.get_mut(&k) {
-            i.retry_at = Some(at);
-            self.timers.insert((at, Timer::Ini(k)));
-        }
-    }
-
-    /// Arms endpoint `rank`'s retry at `at`.
-    fn arm_ep(&mut self, rank: Rank, at: Duration) {
-        if let Some(e) = self.eps.get_mut(&rank) {
-            e.retry_at = Some(at);
-            self.timers.insert((at, Timer::Ep(rank)));
+    /// Arms the retry of `k` (an INI or an endpoint) at `at`.
+    fn arm(&mut self, k: Timer, at: Duration) {
+        let slot = match k {
+            Timer::Ini(k) => self.inis.get_mut(&k).map(|i| &mut i.retry_at),
+            Timer::Ep(r) => self.eps.get_mut(&r).map(|e| &mut e.retry_at),
+        };
+        if let Some(slot) = slot {
+            *slot = Some(at);
+            self.timers.insert((at, k));
         }
     }
 
@@ -1624,7 +1620,7 @@ impl ConnManager {
         i.users = users.clone();
         i.retries = retries;
         i.state = IniState::Backoff;
-        self.arm_ini(k, self.now + delay);
+        self.arm(Timer::Ini(k), self.now + delay);
         for r in users {
             if let Some(e) = self.eps.get_mut(&r) {
                 e.ini = Some(k);
@@ -1786,7 +1782,7 @@ impl ConnManager {
         let at = self.now + delay;
         let e = self.eps.get_mut(&rank).expect("present");
         e.state = EpState::WaitIni;
-        self.arm_ep(rank, at);
+        self.arm(Timer::Ep(rank), at);
     }
 
     fn on_request(&mut self, cm: CmRef, data: &[u8]) {

@@ -23,6 +23,7 @@
 //! | `XRCBTL_RCACHE_MAX_REGIONS` | 4096 | Registrations the cache keeps. |
 //! | `XRCBTL_RCACHE_MAX_BYTES` | 4294967296 | Bytes the cache keeps registered (also bounded by `RLIMIT_MEMLOCK`, unless the process has `CAP_IPC_LOCK`). |
 //! | `XRCBTL_RETRIES` | 5 | Connection attempts before a peer is declared unreachable. |
+//! | `XRCBTL_CONNECT_WINDOW` | 64 | Connection requests (and the CM exchanges of reuse and leave) this rank has in flight at once; more wait their turn. 0: no limit. A rank that connects to many peers at once would otherwise queue their answers past the CM's timeout at its own node's CM agent, and every request would be sent again. |
 //! | `XRCBTL_MIN_RNR_TIMER` | 12 | RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms). |
 //! | `XRCBTL_ACK_TIMEOUT` | 14 | Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this. |
 //! | `XRCBTL_AF_IB` | 1 | 1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only. |
@@ -73,6 +74,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { name: "XRCBTL_RCACHE_MAX_REGIONS", default: "4096", help: "Registrations the cache keeps." },
     Setting { name: "XRCBTL_RCACHE_MAX_BYTES", default: "4294967296", help: "Bytes the cache keeps registered (also bounded by RLIMIT_MEMLOCK, unless the process has CAP_IPC_LOCK)." },
     Setting { name: "XRCBTL_RETRIES", default: "5", help: "Connection attempts before a peer is declared unreachable." },
+    Setting { name: "XRCBTL_CONNECT_WINDOW", default: "64", help: "Connection requests (and the CM exchanges of reuse and leave) this rank has in flight at once; more wait their turn. 0: no limit." },
     Setting { name: "XRCBTL_MIN_RNR_TIMER", default: "12", help: "RNR NAK timer of this rank's responder QPs (RC, XRC TGT), IB encoding 0..=31: how long a sender waits after finding no receive posted; 12 is 0.64 ms (the CM's own 0 means 655 ms)." },
     Setting { name: "XRCBTL_ACK_TIMEOUT", default: "14", help: "Local ACK timeout of this rank's sending QPs, IB encoding 1..=31 (4.096 us x 2^n; 14 is 67 ms): with 7 retries a dead peer is found in about 8 times this." },
     Setting { name: "XRCBTL_AF_IB", default: "1", help: "1: on InfiniBand, also listen at the port's GID (AF_IB) and reach peers that publish one by GID, with no ARP; 0: IP addresses only." },
@@ -297,6 +299,8 @@ pub struct BtlConfig {
     pub rcache: xrcbtl_fabric::rcache::Config,
     /// Connection attempts.
     pub retries: u32,
+    /// CM exchanges in flight at once (0: no limit).
+    pub connect_window: usize,
     /// RNR NAK timer of responder QPs (IB encoding).
     pub min_rnr_timer: u8,
     /// Local ACK timeout of sending QPs (IB encoding).
@@ -343,6 +347,7 @@ impl BtlConfig {
             force_rc: false,
             rcache: Default::default(),
             retries: 5,
+            connect_window: 64,
             min_rnr_timer: xrcbtl_fabric::DEFAULT_MIN_RNR_TIMER,
             ack_timeout: xrcbtl_fabric::DEFAULT_ACK_TIMEOUT,
             af_ib: true,
@@ -410,6 +415,7 @@ impl BtlConfig {
         num(g, "XRCBTL_RCACHE_MAX_REGIONS", &mut self.rcache.max_regions)?;
         num(g, "XRCBTL_RCACHE_MAX_BYTES", &mut self.rcache.max_bytes)?;
         num(g, "XRCBTL_RETRIES", &mut self.retries)?;
+        num(g, "XRCBTL_CONNECT_WINDOW", &mut self.connect_window)?;
         num(g, "XRCBTL_MIN_RNR_TIMER", &mut self.min_rnr_timer)?;
         num(g, "XRCBTL_ACK_TIMEOUT", &mut self.ack_timeout)?;
         if let Some(s) = g("XRCBTL_SQ_MAX") {
@@ -586,6 +592,13 @@ impl BtlConfig {
                 "bytes",
             ),
             ("XRCBTL_RETRIES", self.retries.into(), 1, 1000, "attempts"),
+            (
+                "XRCBTL_CONNECT_WINDOW",
+                size(self.connect_window),
+                0,
+                1 << 20,
+                "exchanges; 0 for no limit",
+            ),
             (
                 "XRCBTL_MIN_RNR_TIMER",
                 self.min_rnr_timer.into(),
@@ -767,6 +780,7 @@ mod tests {
             ("XRCBTL_SRQ_DEPTH", "2048"),
             ("XRCBTL_SRQ_MAX_DEPTH", "99999999"),
             ("XRCBTL_RETRIES", "0"),
+            ("XRCBTL_CONNECT_WINDOW", "2000000"),
             ("XRCBTL_RCACHE_MAX_REGIONS", "0"),
             ("XRCBTL_RCACHE_MAX_BYTES", "4096"),
             ("XRCBTL_SMALL_SIZE", "8"),

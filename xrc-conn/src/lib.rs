@@ -128,6 +128,17 @@ pub struct Config {
     pub backoff_max: Duration,
     /// How long a clean exit waits for the peers to acknowledge `Leave`.
     pub leave_timeout: Duration,
+    /// CM exchanges this process starts (connect, reuse and leave
+    /// requests) that may be in flight at once, from the address query to
+    /// the answer; the others wait their turn in order. 0: no limit.
+    ///
+    /// A process that connects to a million peers at once would otherwise
+    /// have a million answers queued at its own node's CM agent, behind
+    /// the requests of every other process: past the CM's timeout (4 s for
+    /// the RDMA CM) each request is sent again, and CM traffic grows
+    /// faster than the job. 64 exchanges in flight keep a CM agent that
+    /// takes microseconds per message busy over a round trip of hundreds.
+    pub connect_window: usize,
 }
 
 impl Config {
@@ -146,6 +157,7 @@ impl Config {
             backoff_base: Duration::from_millis(2),
             backoff_max: Duration::from_millis(200),
             leave_timeout: Duration::from_millis(500),
+            connect_window: 64,
         }
     }
 }
@@ -468,6 +480,11 @@ pub struct Counters {
     pub leaves_sent: u64,
     /// Leave messages received.
     pub leaves_received: u64,
+    /// CM exchanges that waited for room in the window
+    /// ([`Config::connect_window`]).
+    pub paced: u64,
+    /// The most CM exchanges of this process in flight at once.
+    pub peak_in_flight: u64,
     /// Refusals sent, by reason.
     pub refused_sent: BTreeMap<Reason, u64>,
     /// Refusals received, by reason.
@@ -645,6 +662,15 @@ pub struct ConnManager {
     /// running the due ones scans every INI and endpoint: a rank with a
     /// million endpoints asks at every progress.
     timers: BTreeSet<(Duration, Timer)>,
+    /// CM exchanges this process started that are in flight: from the
+    /// address query to the answer (or until the id is dropped).
+    in_flight: BTreeSet<CmRef>,
+    /// Exchanges waiting for room in the window, in the order they were
+    /// started: an entry whose id is no longer in `waiting_turn` was
+    /// dropped meanwhile and is skipped.
+    queued: VecDeque<(CmRef, Rank)>,
+    /// The ids of `queued` still waiting (never handed to the driver).
+    waiting_turn: BTreeSet<CmRef>,
 }
 
 impl ConnManager {
@@ -681,6 +707,9 @@ impl ConnManager {
             notices: VecDeque::new(),
             counters: Counters::default(),
             timers: BTreeSet::new(),
+            in_flight: BTreeSet::new(),
+            queued: VecDeque::new(),
+            waiting_turn: BTreeSet::new(),
         }
     }
 
@@ -792,6 +821,12 @@ impl ConnManager {
     /// it: every message arriving on it comes from that rank.
     pub fn tgt_sender(&self, tgt: TgtRef) -> Option<Rank> {
         self.tgts.get(&tgt).map(|t| t.sender)
+    }
+
+    /// CM exchanges this process started: in flight, and waiting for room
+    /// in the window ([`Config::connect_window`]).
+    pub fn exchanges(&self) -> (usize, usize) {
+        (self.in_flight.len(), self.waiting_turn.len())
     }
 
     /// Whether the clean exit has completed.
@@ -1035,7 +1070,30 @@ impl ConnManager {
         (self.cfg.backoff_base * factor).min(self.cfg.backoff_max)
     }
 
+    /// Starts the CM exchange of `cm` with `rank` (an address query, then
+    /// a request), or queues it if the window is full.
     fn resolve(&mut self, cm: CmRef, rank: Rank) {
+        if self.window_full() {
+            self.counters.paced += 1;
+            self.waiting_turn.insert(cm);
+            self.queued.push_back((cm, rank));
+            return;
+        }
+        self.launch(cm, rank);
+    }
+
+    /// Whether no more exchanges may start now.
+    fn window_full(&self) -> bool {
+        let w = self.cfg.connect_window;
+        w != 0 && self.in_flight.len() >= w
+    }
+
+    fn launch(&mut self, cm: CmRef, rank: Rank) {
+        self.in_flight.insert(cm);
+        self.counters.peak_in_flight = self
+            .counters
+            .peak_in_flight
+            .max(self.in_flight.len() as u64);
         let node = self.node_of[&rank];
         let route = self.routes.get(&node).copied();
         self.counters.resolves += 1;
@@ -1049,6 +1107,26 @@ impl ConnManager {
             self.resolving.insert(node, (cm, Vec::new()));
         }
         self.actions.push_back(Action::Resolve { cm, rank, route });
+    }
+
+    /// The exchange of `cm` is over (answered, failed, or its id dropped):
+    /// the next ones waiting start.
+    fn exchange_over(&mut self, cm: CmRef) {
+        if self.in_flight.remove(&cm) {
+            self.admit();
+        }
+    }
+
+    /// Starts waiting exchanges while the window has room.
+    fn admit(&mut self) {
+        while !self.window_full() {
+            let Some((cm, rank)) = self.queued.pop_front() else {
+                return;
+            };
+            if self.waiting_turn.remove(&cm) {
+                self.launch(cm, rank);
+            }
+        }
     }
 
     /// The resolution `cm` made for its node is over (resolved, failed or
@@ -1090,13 +1168,14 @@ impl ConnManager {
     }
 
     fn drop_cm(&mut self, cm: CmRef) {
-        // An id still waiting for its node's route was never handed to the
-        // driver: there is nothing to destroy.
-        let unborn = self.unwait(cm);
+        // An id still waiting for its turn or for its node's route was
+        // never handed to the driver: there is nothing to destroy.
+        let unborn = self.waiting_turn.remove(&cm) || self.unwait(cm);
         if self.cms.remove(&cm).is_some() && !unborn {
             self.actions.push_back(Action::DestroyCm { cm });
         }
         self.resolution_over(cm);
+        self.exchange_over(cm);
     }
 
     /// Takes `cm` off the ids waiting for a node's route; whether it was
@@ -1492,6 +1571,7 @@ impl ConnManager {
     }
 
     fn on_established(&mut self, cm: CmRef, data: &[u8]) {
+        self.exchange_over(cm);
         match self.cms.get(&cm).copied() {
             Some(CmUse::Anchor { ini }) => {
                 let reply = self.decode_reply(data);
@@ -1569,10 +1649,15 @@ impl ConnManager {
         };
         i.retries += 1;
         self.counters.retries += 1;
-        if let Some(cm) = i.cm.take() {
+        let old = i.cm.take();
+        if let Some(cm) = old {
             self.cms.remove(&cm);
             self.actions.push_back(Action::DestroyCm { cm });
+            self.exchange_over(cm);
         }
+        let Some(i) = self.inis.get(&ini) else {
+            return;
+        };
         if i.retries > max {
             // The anchor never answered: it is unreachable, not its node.
             let anchor = i.anchor;
@@ -1634,6 +1719,7 @@ impl ConnManager {
 
     fn on_cm_failed(&mut self, cm: CmRef, how: CmFailure, data: &[u8]) {
         self.resolution_over(cm);
+        self.exchange_over(cm);
         let Some(u) = self.cms.remove(&cm) else {
             return;
         };

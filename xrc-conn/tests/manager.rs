@@ -973,3 +973,76 @@ fn a_connection_that_comes_up_after_its_peer_left_readies_nothing() {
     m.connect(T0, 1);
     assert!(m.path(1).is_none());
 }
+
+/// Connection requests beyond the window wait their turn, in order: none
+/// is handed to the driver until an exchange in flight is over (answered,
+/// failed or given up), and one dropped while it waits is never handed to
+/// the driver at all.
+#[test]
+fn requests_beyond_the_window_wait_their_turn() {
+    let mut cfg = Config::new(0, 0, JOB, Mode::Rc { p2p: false }, vec![100]);
+    cfg.connect_window = 2;
+    let mut m = ConnManager::new(cfg, (0..6).map(|r| (r, r)));
+    for r in 1..6 {
+        m.connect(T0, r);
+    }
+    let a = drain(&mut m);
+    let resolving = |a: &[Action]| -> Vec<Rank> {
+        a.iter()
+            .filter_map(|x| match x {
+                Action::Resolve { rank, .. } => Some(*rank),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(resolving(&a), vec![1, 2], "{a:?}");
+    assert_eq!(m.counters().paced, 3);
+    assert_eq!(m.exchanges(), (2, 3));
+    // Rank 1 answers: rank 3's turn.
+    let (cm1, _, msg1) = resolved(&mut m, T0, resolve_of(&a, 1));
+    m.handle(
+        T0,
+        Event::Established {
+            cm: cm1,
+            data: accept(1, 0, msg1.tag, 0),
+        },
+    );
+    let b = drain(&mut m);
+    assert_eq!(resolving(&b), vec![3], "{b:?}");
+    // Rank 4, still waiting, fails for good: its id is never the driver's,
+    // and rank 5 does not start in its place while the window is full.
+    m.handle(T0, Event::QpCreateFailed { qp: qp_of(&a, 4) });
+    let c = drain(&mut m);
+    assert!(
+        !c.iter()
+            .any(|x| matches!(x, Action::Resolve { .. } | Action::DestroyCm { .. })),
+        "{c:?}"
+    );
+    // Rank 2's request fails (unreachable): a retry is armed, and rank 5
+    // starts.
+    let cm2 = resolve_of(&a, 2);
+    m.handle(
+        T0,
+        Event::Failed {
+            cm: cm2,
+            how: CmFailure::Unreachable,
+            data: Vec::new(),
+        },
+    );
+    let d = drain(&mut m);
+    assert_eq!(resolving(&d), vec![5], "{d:?}");
+    assert_eq!(m.exchanges(), (2, 0));
+    assert_eq!(m.counters().peak_in_flight, 2);
+}
+
+/// The QP created for `rank` (RC: one per peer, in order of `connect`).
+fn qp_of(actions: &[Action], rank: Rank) -> QpRef {
+    let creates: Vec<QpRef> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateQp { qp, .. } => Some(*qp),
+            _ => None,
+        })
+        .collect();
+    creates[rank as usize - 1]
+}

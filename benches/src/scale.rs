@@ -80,9 +80,36 @@ pub struct Spec {
     /// The device's QP limit (a ConnectX-like 2^18 by default in the
     /// simulator; scale runs give it more, to measure past it).
     pub max_qp: u32,
+    /// How long the CM waits for an answer before it sends again.
+    pub cm_timeout: Duration,
+    /// The BTL's window of CM exchanges in flight per process
+    /// (`BtlConfig::connect_window`; 0: no limit).
+    pub connect_window: usize,
 }
 
 impl Spec {
+    /// A job of `nodes` nodes of 128 ranks: one active rank for the
+    /// all-to-all, all of node 0's for the sparse pattern; a device with
+    /// 2^24 QPs; the RDMA CM's own timeout (4,096 ms: `CMA_CM_RESPONSE_TIMEOUT`
+    /// 20); the BTL's default window.
+    pub fn new(nodes: usize, xrc: bool, pattern: Pattern) -> Spec {
+        let per_node = 128;
+        Spec {
+            nodes,
+            per_node,
+            xrc,
+            pattern,
+            active: match pattern {
+                Pattern::AllToAll => 1,
+                Pattern::Sparse => per_node,
+            },
+            seed: 14,
+            max_qp: 1 << 24,
+            cm_timeout: Duration::from_millis(4096),
+            connect_window: xrcbtl_xrc_conn::DEFAULT_CONNECT_WINDOW,
+        }
+    }
+
     /// Ranks in the job.
     pub fn ranks(&self) -> usize {
         self.nodes * self.per_node
@@ -276,6 +303,7 @@ fn config(spec: &Spec, rank: Rank, ip: Ipv4Addr, sim: &SimFabric) -> BtlConfig {
     let s = sim.clone();
     cfg.clock = Clock::from_fn(move || s.now());
     cfg.force_rc = !spec.xrc;
+    cfg.connect_window = spec.connect_window;
     // The same eager size (and so receive classes) in both modes.
     cfg.eager_limit = EagerLimit::Bytes(8192);
     cfg
@@ -289,10 +317,10 @@ impl Job {
         let mut cfg = SimConfig::new(spec.seed, spec.nodes).with_devices(vec![dev]);
         // The RDMA CM's own patience, not the simulator's shortened one: a
         // request waits 4,096 ms for its answer (CMA_CM_RESPONSE_TIMEOUT
-        // 20) and is sent 15 times (CMA_MAX_CM_RETRIES) before the CM gives
-        // up. A node's CM agent answering a start-up storm queues far past
-        // the simulator's 100 ms.
-        cfg.timing.cm_timeout_ns = 4_096_000_000;
+        // 20, `Spec::new`) and is sent 15 times (CMA_MAX_CM_RETRIES) before
+        // the CM gives up. A node's CM agent answering a start-up storm
+        // queues far past the simulator's 100 ms.
+        cfg.timing.cm_timeout_ns = spec.cm_timeout.as_nanos() as u64;
         cfg.timing.cm_max_retries = 15;
         let sim = SimFabric::new(cfg).map_err(|e| e.to_string())?;
         sim.set_auto_advance(false);

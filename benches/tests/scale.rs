@@ -11,27 +11,14 @@
 //! ignored in debug builds. The full table at 1,024 to 10,000 nodes is
 //! `scripts/scale` (docs/scale.md).
 
+use std::time::Duration;
+
 use xrcbtl_benches::scale::{run, Pattern, Row, Spec, BUDGET};
 use xrcbtl_fabric::sim::CountingAlloc;
 
 // The harness measures the observed process's state with it.
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
-
-fn spec(nodes: usize, xrc: bool, pattern: Pattern) -> Spec {
-    Spec {
-        nodes,
-        per_node: 128,
-        xrc,
-        pattern,
-        active: match pattern {
-            Pattern::AllToAll => 1,
-            Pattern::Sparse => 128,
-        },
-        seed: 14,
-        max_qp: 1 << 24,
-    }
-}
 
 fn check_shape(r: &Row) {
     let s = &r.spec;
@@ -66,8 +53,8 @@ fn check_shape(r: &Row) {
 fn startup_grows_at_most_linearly_from_128_to_256_nodes() {
     for pattern in [Pattern::AllToAll, Pattern::Sparse] {
         for xrc in [true, false] {
-            let a = run(&spec(128, xrc, pattern)).unwrap();
-            let b = run(&spec(256, xrc, pattern)).unwrap();
+            let a = run(&Spec::new(128, xrc, pattern)).unwrap();
+            let b = run(&Spec::new(256, xrc, pattern)).unwrap();
             check_shape(&a);
             check_shape(&b);
             let peers = b.endpoints as f64 / a.endpoints as f64;
@@ -97,6 +84,42 @@ fn startup_grows_at_most_linearly_from_128_to_256_nodes() {
             );
         }
     }
+}
+
+/// The 10,000-node XRC all-to-all, scaled down to 128 nodes with the CM's
+/// timeout scaled along (4,096 ms x 128 / 10,000): every remote process's
+/// request reaches node 0 at once and queues there for nearly the timeout.
+/// With the BTL's window, the observed process's own exchanges wait their
+/// turn instead of queueing behind that storm: no request is sent again,
+/// and the only answers sent again are node 0's own (a CM exchange between
+/// two ranks of one node queues at its agent both ways: at most one per
+/// rank of the node). Without the window, most requests are sent again.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "heavy: run with --release")]
+fn the_window_keeps_the_storm_within_the_cm_timeout() {
+    let mut s = Spec::new(128, true, Pattern::AllToAll);
+    s.cm_timeout = Duration::from_millis(4096) * 128 / 10_000;
+    let paced = run(&s).unwrap();
+    s.connect_window = 0;
+    let unpaced = run(&s).unwrap();
+    let show = |r: &Row| {
+        format!(
+            "window {}: {} resent ({} requests), {} CM messages",
+            r.spec.connect_window,
+            r.sim.cm_retries,
+            r.sim.cm_req_retries,
+            r.cm_sent + r.cm_received
+        )
+    };
+    println!("{}\n{}", show(&paced), show(&unpaced));
+    assert_eq!(paced.sim.cm_req_retries, 0, "{}", show(&paced));
+    assert!(paced.sim.cm_retries <= 128, "{}", show(&paced));
+    assert!(
+        unpaced.sim.cm_req_retries > s.ranks() as u64 / 2,
+        "{}",
+        show(&unpaced)
+    );
+    assert_eq!(paced.endpoints, unpaced.endpoints);
 }
 
 /// The same job as the harness's, with nothing but connection managers:
@@ -307,7 +330,7 @@ mod managers {
 fn the_harness_counts_what_a_cluster_of_bare_managers_counts() {
     for pattern in [Pattern::AllToAll, Pattern::Sparse] {
         for xrc in [true, false] {
-            let mut s = spec(8, xrc, pattern);
+            let mut s = Spec::new(8, xrc, pattern);
             s.per_node = 16;
             if pattern == Pattern::Sparse {
                 s.active = 16;

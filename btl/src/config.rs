@@ -347,7 +347,7 @@ impl BtlConfig {
             force_rc: false,
             rcache: Default::default(),
             retries: 5,
-            connect_window: 64,
+            connect_window: xrcbtl_xrc_conn::DEFAULT_CONNECT_WINDOW,
             min_rnr_timer: xrcbtl_fabric::DEFAULT_MIN_RNR_TIMER,
             ack_timeout: xrcbtl_fabric::DEFAULT_ACK_TIMEOUT,
             af_ib: true,

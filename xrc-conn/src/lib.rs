@@ -82,6 +82,10 @@ reference!(
     RouteRef
 );
 
+/// CM exchanges a process has in flight at once by default
+/// ([`Config::connect_window`]).
+pub const DEFAULT_CONNECT_WINDOW: usize = 64;
+
 /// Which transport the manager builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -157,7 +161,7 @@ impl Config {
             backoff_base: Duration::from_millis(2),
             backoff_max: Duration::from_millis(200),
             leave_timeout: Duration::from_millis(500),
-            connect_window: 64,
+            connect_window: DEFAULT_CONNECT_WINDOW,
         }
     }
 }

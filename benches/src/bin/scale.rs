@@ -4,6 +4,7 @@
 //! `scripts/scale` runs every row and writes docs/scale.md.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use xrcbtl_benches::scale::{self, Pattern, Row, Spec};
 use xrcbtl_fabric::sim::CountingAlloc;
@@ -12,7 +13,8 @@ use xrcbtl_fabric::sim::CountingAlloc;
 static ALLOC: CountingAlloc = CountingAlloc;
 
 const USAGE: &str = "usage: scale --nodes N [--per-node 128] [--mode xrc|rc] \
-[--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] [--header]
+[--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] \
+[--cm-timeout-ms 4096] [--connect-window 64] [--header]
        scale --columns (the column names only)";
 
 /// The column names, in the order [`line()`] prints them.
@@ -71,15 +73,8 @@ fn line(r: &Row) -> String {
 }
 
 fn parse(args: &[String]) -> Result<(Spec, bool), String> {
-    let mut spec = Spec {
-        nodes: 0,
-        per_node: 128,
-        xrc: true,
-        pattern: Pattern::AllToAll,
-        active: 0,
-        seed: 14,
-        max_qp: 1 << 24,
-    };
+    let mut spec = Spec::new(0, true, Pattern::AllToAll);
+    spec.active = 0;
     let mut header = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -94,6 +89,8 @@ fn parse(args: &[String]) -> Result<(Spec, bool), String> {
             "--active" => spec.active = num(val()?)? as usize,
             "--seed" => spec.seed = num(val()?)?,
             "--max-qp" => spec.max_qp = u32::try_from(num(val()?)?).map_err(|e| e.to_string())?,
+            "--cm-timeout-ms" => spec.cm_timeout = Duration::from_millis(num(val()?)?),
+            "--connect-window" => spec.connect_window = num(val()?)? as usize,
             "--mode" => {
                 spec.xrc = match val()?.as_str() {
                     "xrc" => true,

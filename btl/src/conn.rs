@@ -54,6 +54,8 @@ pub enum ConnEvent {
     /// wanted), a peer gone cleanly or unreachable, the clean exit done.
     Notice(Notice),
     /// The QP in `slot` is gone: work posted on it will never complete.
+    /// Reported for QPs handed to the CM (connected or accepted); one that
+    /// never was carried nothing and goes silently.
     Destroyed {
         /// Its slot (free for reuse from now on).
         slot: u32,
@@ -200,6 +202,10 @@ struct Slot<C: Context> {
     caps: QpCaps,
     /// The device reported the QP's last receive from the SRQ.
     last_wqe: bool,
+    /// Handed to the CM (to connect or accept): it may have carried
+    /// messages. One that never was carried nothing, and its end is news
+    /// to nobody (a request that waited its turn and was dropped unsent).
+    wired: bool,
 }
 
 /// An RC QP on the shared SRQ on its way out: in the error state, kept
@@ -1026,6 +1032,7 @@ impl<C: Context> ConnDriver<C> {
                             r: qp,
                             caps,
                             last_wqe: false,
+                            wired: false,
                         });
                         self.slot_of_ref.insert(qp, slot);
                         self.slot_of_num.insert(num, slot);
@@ -1051,7 +1058,12 @@ impl<C: Context> ConnDriver<C> {
                     self.slot_of_num.remove(&qpn);
                     self.qp_gen += 1;
                     self.free_slots.push(slot);
-                    self.events.push_back(ConnEvent::Destroyed { slot, qpn });
+                    // The core looks through its endpoints for what used
+                    // the QP: not for one that never carried anything (a
+                    // storm drops thousands).
+                    if s.wired {
+                        self.events.push_back(ConnEvent::Destroyed { slot, qpn });
+                    }
                     if s.qp.qp_type() == QpType::Rc {
                         // Drawing from the SRQ: stop it, and destroy it
                         // once its last receive is in the CQ and polled.
@@ -1146,7 +1158,11 @@ impl<C: Context> ConnDriver<C> {
                 }
                 let q = qp
                     .and_then(|q| self.slot_of_ref.get(&q))
-                    .and_then(|&s| self.slots[s as usize].as_ref());
+                    .and_then(|&s| self.slots[s as usize].as_mut());
+                let q = q.map(|s| {
+                    s.wired = true;
+                    &*s
+                });
                 let r = self
                     .cms
                     .get(&cm)
@@ -1165,8 +1181,11 @@ impl<C: Context> ConnDriver<C> {
             Action::Accept { cm, qp, tgt, data } => {
                 let q = qp
                     .and_then(|q| self.slot_of_ref.get(&q))
-                    .and_then(|&s| self.slots[s as usize].as_ref())
-                    .map(|s| &s.qp)
+                    .and_then(|&s| self.slots[s as usize].as_mut())
+                    .map(|s| {
+                        s.wired = true;
+                        &s.qp
+                    })
                     .or_else(|| tgt.and_then(|t| self.tgts.get(&t)));
                 let param = self.conn.param(&data);
                 if let Some(q) = q {

@@ -406,9 +406,25 @@ impl SimJob {
     }
 
     /// Settles, exits every live rank cleanly, and checks the fabric's
-    /// invariants.
+    /// invariants. Settled, no rank may have a CM exchange of its own in
+    /// flight or waiting for its turn: each ends, answered or failed, and
+    /// one left counted would shrink the rank's window for good.
     pub fn shutdown(&mut self, limit: Duration) -> std::result::Result<(), String> {
         self.settle(limit)?;
+        let open = |j: &SimJob| {
+            j.ranks
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| Some((i, r.as_ref()?.btl.with_manager(|m| m.exchanges()))))
+                .filter(|(_, x)| *x != (0, 0))
+                .collect::<Vec<_>>()
+        };
+        self.run_until(limit, |j| open(j).is_empty()).map_err(|e| {
+            format!(
+                "CM exchanges (rank, (in flight, waiting)) left: {:?}: {e}",
+                open(self)
+            )
+        })?;
         for r in self.live() {
             self.btl(r).shutdown();
         }

@@ -2186,9 +2186,16 @@ impl ConnManager {
         let peer = msg.src;
         if let Some(e) = self.eps.get(&peer) {
             match e.state {
-                // Both sides connect at once: the lower rank's request wins.
+                // Both sides connect at once: the lower rank's request wins,
+                // unless ours still waits for its turn in the window: then
+                // it has not left, and theirs is taken in its place.
                 EpState::Connecting | EpState::Resolving if e.initiator => {
-                    if self.cfg.rank < peer {
+                    let ours_waits = e
+                        .ini
+                        .and_then(|k| self.inis.get(&k))
+                        .and_then(|i| i.cm)
+                        .is_some_and(|c| self.waiting_turn.contains(&c));
+                    if self.cfg.rank < peer && !ours_waits {
                         return self.refuse(cm, peer, msg.tag, Reason::Collision);
                     }
                     // Theirs wins: drop our attempt.

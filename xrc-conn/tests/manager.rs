@@ -1046,3 +1046,72 @@ fn qp_of(actions: &[Action], rank: Rank) -> QpRef {
         .collect();
     creates[rank as usize - 1]
 }
+
+/// RC: a peer's request that crosses ours while ours still waits for its
+/// turn in the window is accepted, although this rank is the lower: ours
+/// has not left, so nothing crosses on the wire, and it is dropped unsent.
+#[test]
+fn rc_a_request_crossing_one_that_waits_its_turn_is_taken() {
+    let mut cfg = Config::new(0, 0, JOB, Mode::Rc { p2p: false }, vec![100]);
+    cfg.connect_window = 1;
+    let mut m = ConnManager::new(cfg, (0..3).map(|r| (r, r)));
+    m.connect(T0, 1);
+    m.connect(T0, 2);
+    let a = drain(&mut m);
+    let first = resolve_of(&a, 1);
+    assert_eq!(m.exchanges(), (1, 1));
+    // Rank 2's request arrives while ours to it waits.
+    let mut theirs = Msg::new(Kind::Connect, JOB, 2, 0, 8);
+    theirs.flags = wire::FLAG_RECIPROCAL;
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(900),
+            data: theirs.encode(),
+        },
+    );
+    let b = drain(&mut m);
+    assert!(rejected(&b).is_empty(), "{b:?}");
+    assert!(
+        b.iter().any(|x| matches!(
+            x,
+            Action::Accept {
+                cm: CmRef(900),
+                qp: Some(_),
+                ..
+            }
+        )),
+        "{b:?}"
+    );
+    assert!(
+        !b.iter().any(|x| matches!(x, Action::DestroyCm { .. })),
+        "our request was never the driver's: {b:?}"
+    );
+    assert_eq!(m.exchanges(), (1, 0));
+    m.handle(
+        T0,
+        Event::Established {
+            cm: CmRef(900),
+            data: Vec::new(),
+        },
+    );
+    assert!(
+        matches!(notices(&mut m)[..], [Notice::Ready { rank: 2, .. }]),
+        "rank 2 is ready through its own request"
+    );
+    // Our request to rank 1 ends: nothing is left to start.
+    m.handle(
+        T0,
+        Event::Failed {
+            cm: first,
+            how: CmFailure::Unreachable,
+            data: Vec::new(),
+        },
+    );
+    let c = drain(&mut m);
+    assert!(
+        !c.iter().any(|x| matches!(x, Action::Resolve { .. })),
+        "{c:?}"
+    );
+    assert_eq!(m.exchanges(), (0, 0));
+}

@@ -688,6 +688,21 @@ fn rc_mgr(rank: Rank) -> ConnManager {
     ConnManager::new(cfg, [(0, 0), (1, 1), (2, 2)])
 }
 
+/// RC: `from`'s connect request (tag `tag`, sent under its connection
+/// count `epoch`) reaches rank 0 on CM id `cm`.
+fn rc_request(m: &mut ConnManager, from: Rank, tag: u32, epoch: u32, cm: CmRef) {
+    let mut r = Msg::new(Kind::Connect, JOB, from, 0, tag);
+    r.flags = wire::FLAG_RECIPROCAL;
+    r.tgt = epoch;
+    m.handle(
+        T0,
+        Event::Request {
+            cm,
+            data: r.encode(),
+        },
+    );
+}
+
 /// RC: rank 1 and rank 0 connect at once. Rank 0's request wins at rank
 /// 1, which drops its own; but rank 1's request was on the wire already
 /// and reaches rank 0 only after rank 0's connection is up. That request
@@ -715,15 +730,7 @@ fn rc_a_crossing_request_that_arrives_late_does_not_undo_the_connection() {
         "{ready:?}"
     );
     // Rank 1's request from before (count 0) arrives now.
-    let mut late = Msg::new(Kind::Connect, JOB, 1, 0, 5);
-    late.flags = wire::FLAG_RECIPROCAL;
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(900),
-            data: late.encode(),
-        },
-    );
+    rc_request(&mut m, 1, 5, 0, CmRef(900));
     let acts = drain(&mut m);
     assert_eq!(rejected(&acts), vec![(CmRef(900), Some(Reason::Collision))]);
     assert!(
@@ -739,16 +746,7 @@ fn rc_a_crossing_request_that_arrives_late_does_not_undo_the_connection() {
         }]
     );
     // Rank 1 lost the connection and asks again, under count 1: it wins.
-    let mut again = Msg::new(Kind::Connect, JOB, 1, 0, 6);
-    again.flags = wire::FLAG_RECIPROCAL;
-    again.tgt = 1;
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(901),
-            data: again.encode(),
-        },
-    );
+    rc_request(&mut m, 1, 6, 1, CmRef(901));
     let acts = drain(&mut m);
     assert!(
         acts.iter()
@@ -1061,15 +1059,7 @@ fn rc_a_request_crossing_one_that_waits_its_turn_is_taken() {
     let first = resolve_of(&a, 1);
     assert_eq!(m.exchanges(), (1, 1));
     // Rank 2's request arrives while ours to it waits.
-    let mut theirs = Msg::new(Kind::Connect, JOB, 2, 0, 8);
-    theirs.flags = wire::FLAG_RECIPROCAL;
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(900),
-            data: theirs.encode(),
-        },
-    );
+    rc_request(&mut m, 2, 8, 0, CmRef(900));
     let b = drain(&mut m);
     assert!(rejected(&b).is_empty(), "{b:?}");
     assert!(

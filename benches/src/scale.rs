@@ -60,6 +60,16 @@ impl Pattern {
             Pattern::Sparse => "sparse",
         }
     }
+
+    /// The ranks of the observed node that take part by default, of
+    /// `per_node`: one for the all-to-all (all of them would be beyond
+    /// this machine at 10,000 nodes), every one for the sparse pattern.
+    pub fn default_active(self, per_node: usize) -> usize {
+        match self {
+            Pattern::AllToAll => 1,
+            Pattern::Sparse => per_node,
+        }
+    }
 }
 
 /// What to run.
@@ -99,10 +109,7 @@ impl Spec {
             per_node,
             xrc,
             pattern,
-            active: match pattern {
-                Pattern::AllToAll => 1,
-                Pattern::Sparse => per_node,
-            },
+            active: pattern.default_active(per_node),
             seed: 14,
             max_qp: 1 << 24,
             cm_timeout: Duration::from_millis(4096),

@@ -587,6 +587,14 @@ impl<C: Context> ConnDriver<C> {
         })
     }
 
+    /// Marks `qp`'s slot as handed to the CM ([`Slot::wired`]).
+    fn wire(&mut self, qp: Option<QpRef>) {
+        let slot = qp.and_then(|q| self.slot_of_ref.get(&q));
+        if let Some(s) = slot.and_then(|&s| self.slots[s as usize].as_mut()) {
+            s.wired = true;
+        }
+    }
+
     /// The loopback failed (an operation's error broke its QPs): its work
     /// is posted again on a fresh one.
     fn close_loopback(&mut self) {
@@ -1156,13 +1164,10 @@ impl<C: Context> ConnDriver<C> {
                 if qp.is_none() {
                     param.qp_num = self.lend_number(cm);
                 }
+                self.wire(qp);
                 let q = qp
                     .and_then(|q| self.slot_of_ref.get(&q))
-                    .and_then(|&s| self.slots[s as usize].as_mut());
-                let q = q.map(|s| {
-                    s.wired = true;
-                    &*s
-                });
+                    .and_then(|&s| self.slots[s as usize].as_ref());
                 let r = self
                     .cms
                     .get(&cm)
@@ -1179,13 +1184,11 @@ impl<C: Context> ConnDriver<C> {
                 }
             }
             Action::Accept { cm, qp, tgt, data } => {
+                self.wire(qp);
                 let q = qp
                     .and_then(|q| self.slot_of_ref.get(&q))
-                    .and_then(|&s| self.slots[s as usize].as_mut())
-                    .map(|s| {
-                        s.wired = true;
-                        &s.qp
-                    })
+                    .and_then(|&s| self.slots[s as usize].as_ref())
+                    .map(|s| &s.qp)
                     .or_else(|| tgt.and_then(|t| self.tgts.get(&t)));
                 let param = self.conn.param(&data);
                 if let Some(q) = q {

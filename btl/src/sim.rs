@@ -473,7 +473,6 @@ pub type Directory = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
 pub struct Responder {
     proc: SimProcess,
     driver: ConnDriver<SimContext>,
-    rank: Rank,
     directory: Directory,
     // What the driver's QPs live on; dropped after it.
     _srqs: Vec<<SimContext as Context>::Srq>,
@@ -484,7 +483,8 @@ pub struct Responder {
 
 impl std::fmt::Debug for Responder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Responder(rank {}, pid {})", self.rank, self.proc.pid())
+        let rank = self.driver.manager().config().rank;
+        write!(f, "Responder(rank {rank}, pid {})", self.proc.pid())
     }
 }
 
@@ -535,7 +535,6 @@ impl Responder {
         Ok(Responder {
             proc,
             driver,
-            rank: cfg.rank,
             directory,
             _srqs: srqs,
             _xrcd: xrcd,
@@ -544,25 +543,9 @@ impl Responder {
         })
     }
 
-    /// Its rank.
-    pub fn rank(&self) -> Rank {
-        self.rank
-    }
-
     /// Its process.
     pub fn proc(&self) -> &SimProcess {
         &self.proc
-    }
-
-    /// What peers need to know of it.
-    pub fn peer(&self) -> Peer {
-        Peer {
-            rank: self.rank,
-            node: self.driver.manager().config().node,
-            addr: self.driver.listen_addr().expect("a listener"),
-            ib: self.driver.listen_ib_addr(),
-            receive: None,
-        }
     }
 
     /// Makes `peer` known.

@@ -669,12 +669,10 @@ pub struct ConnManager {
     /// CM exchanges this process started that are in flight: from the
     /// address query to the answer (or until the id is dropped).
     in_flight: BTreeSet<CmRef>,
-    /// Exchanges waiting for room in the window, in the order they were
-    /// started: an entry whose id is no longer in `waiting_turn` was
-    /// dropped meanwhile and is skipped.
-    queued: VecDeque<(CmRef, Rank)>,
-    /// The ids of `queued` still waiting (never handed to the driver).
-    waiting_turn: BTreeSet<CmRef>,
+    /// Exchanges waiting for room in the window (never handed to the
+    /// driver), with whom: ids are made in increasing order just before
+    /// their exchange starts, so the first is the one waiting longest.
+    waiting: BTreeMap<CmRef, Rank>,
 }
 
 impl ConnManager {
@@ -712,8 +710,7 @@ impl ConnManager {
             counters: Counters::default(),
             timers: BTreeSet::new(),
             in_flight: BTreeSet::new(),
-            queued: VecDeque::new(),
-            waiting_turn: BTreeSet::new(),
+            waiting: BTreeMap::new(),
         }
     }
 
@@ -830,7 +827,7 @@ impl ConnManager {
     /// CM exchanges this process started: in flight, and waiting for room
     /// in the window ([`Config::connect_window`]).
     pub fn exchanges(&self) -> (usize, usize) {
-        (self.in_flight.len(), self.waiting_turn.len())
+        (self.in_flight.len(), self.waiting.len())
     }
 
     /// Whether the clean exit has completed.
@@ -1079,8 +1076,7 @@ impl ConnManager {
     fn resolve(&mut self, cm: CmRef, rank: Rank) {
         if self.window_full() {
             self.counters.paced += 1;
-            self.waiting_turn.insert(cm);
-            self.queued.push_back((cm, rank));
+            self.waiting.insert(cm, rank);
             return;
         }
         self.launch(cm, rank);
@@ -1124,12 +1120,10 @@ impl ConnManager {
     /// Starts waiting exchanges while the window has room.
     fn admit(&mut self) {
         while !self.window_full() {
-            let Some((cm, rank)) = self.queued.pop_front() else {
+            let Some((cm, rank)) = self.waiting.pop_first() else {
                 return;
             };
-            if self.waiting_turn.remove(&cm) {
-                self.launch(cm, rank);
-            }
+            self.launch(cm, rank);
         }
     }
 
@@ -1174,7 +1168,7 @@ impl ConnManager {
     fn drop_cm(&mut self, cm: CmRef) {
         // An id still waiting for its turn or for its node's route was
         // never handed to the driver: there is nothing to destroy.
-        let unborn = self.waiting_turn.remove(&cm) || self.unwait(cm);
+        let unborn = self.waiting.remove(&cm).is_some() || self.unwait(cm);
         if self.cms.remove(&cm).is_some() && !unborn {
             self.actions.push_back(Action::DestroyCm { cm });
         }
@@ -1653,11 +1647,8 @@ impl ConnManager {
         };
         i.retries += 1;
         self.counters.retries += 1;
-        let old = i.cm.take();
-        if let Some(cm) = old {
-            self.cms.remove(&cm);
-            self.actions.push_back(Action::DestroyCm { cm });
-            self.exchange_over(cm);
+        if let Some(cm) = i.cm.take() {
+            self.drop_cm(cm);
         }
         let Some(i) = self.inis.get(&ini) else {
             return;
@@ -2194,7 +2185,7 @@ impl ConnManager {
                         .ini
                         .and_then(|k| self.inis.get(&k))
                         .and_then(|i| i.cm)
-                        .is_some_and(|c| self.waiting_turn.contains(&c));
+                        .is_some_and(|c| self.waiting.contains_key(&c));
                     if self.cfg.rank < peer && !ours_waits {
                         return self.refuse(cm, peer, msg.tag, Reason::Collision);
                     }

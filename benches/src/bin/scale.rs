@@ -118,10 +118,7 @@ fn parse(args: &[String]) -> Result<(Spec, bool), String> {
         return Err(USAGE.into());
     }
     if spec.active == 0 {
-        spec.active = match spec.pattern {
-            Pattern::AllToAll => 1,
-            Pattern::Sparse => spec.per_node,
-        };
+        spec.active = spec.pattern.default_active(spec.per_node);
     }
     Ok((spec, header))
 }

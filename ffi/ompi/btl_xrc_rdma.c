@@ -3,6 +3,14 @@
  * operation whose completion calls the caller's callback from progress;
  * a refusal for lack of resources is OPAL_ERR_OUT_OF_RESOURCE, which ob1
  * and osc/rdma retry.
+ *
+ * A NULL remote handle: osc/rdma passes none for a window it reaches at
+ * remote_address in this process (its own window when every rank is on one
+ * node, or a window in shared memory). The work then goes through this
+ * rank's loopback on a registration of that address, so that it is atomic
+ * with the device's atomics from the other ranks. Refusing it would make
+ * osc/rdma fall back to a CPU compare-and-swap, which a peer's
+ * compare-and-swap through the device does not see: both could win.
  */
 #include "btl_xrc.h"
 
@@ -22,6 +30,11 @@ typedef struct xrc_rdma_ctx_t {
     /* Registered here for a caller that passed no local handle. */
     int own_registration;
     xrcbtl_mem_t reg;
+    /* Registered here for a caller that passed no remote handle, and the
+     * packed handle made of it. */
+    int own_remote;
+    xrcbtl_mem_t rreg;
+    uint8_t rbytes[XRCBTL_REMOTE_MEM_SIZE];
 } xrc_rdma_ctx_t;
 
 static xrc_rdma_ctx_t *ctx_new(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -41,6 +54,7 @@ static xrc_rdma_ctx_t *ctx_new(mca_btl_base_module_t *btl, mca_btl_base_endpoint
     c->cbdata = cbdata;
     c->fetch = 0;
     c->own_registration = 0;
+    c->own_remote = 0;
     return c;
 }
 
@@ -48,6 +62,9 @@ static void ctx_free(xrc_rdma_ctx_t *c)
 {
     if (c->own_registration) {
         (void) xrcbtl_deregister_mem(c->m->xrc, &c->reg);
+    }
+    if (c->own_remote) {
+        (void) xrcbtl_deregister_mem(c->m->xrc, &c->rreg);
     }
     free(c);
 }
@@ -81,6 +98,31 @@ static const xrcbtl_mem_t *local_reg(xrc_rdma_ctx_t *c, void *addr, size_t size)
     return &c->reg;
 }
 
+/* Sets the rank a transfer goes to and the packed handle of its target:
+ * the caller's, or, for a caller that passed none, a registration made now
+ * (through xrcbtl's cache) of `size` bytes at `addr` in this process,
+ * reached through this rank's loopback (see the top of this file). Returns
+ * an xrcbtl status. */
+static int remote_of(xrc_rdma_ctx_t *c, mca_btl_base_registration_handle_t *handle, uint64_t addr, size_t size,
+                     uint32_t access, uint32_t *dst, const uint8_t **remote)
+{
+    int rc;
+
+    if (NULL != handle) {
+        *dst = c->ep->rank;
+        *remote = handle->remote;
+        return XRCBTL_OK;
+    }
+    rc = xrcbtl_register_mem(c->m->xrc, (void *) (uintptr_t) addr, size, access, &c->rreg);
+    if (XRCBTL_OK != rc) {
+        return rc;
+    }
+    c->own_remote = 1;
+    *dst = c->m->info.rank;
+    *remote = c->rbytes;
+    return xrcbtl_mem_pack(&c->rreg, c->rbytes);
+}
+
 static int started(xrc_rdma_ctx_t *c, int status, volatile int64_t *counter)
 {
     if (XRCBTL_OK != status) {
@@ -98,6 +140,9 @@ int mca_btl_xrc_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
 {
     xrc_rdma_ctx_t *c = ctx_new(btl, ep, local_address, local_handle, cbfunc, cbcontext, cbdata);
     const xrcbtl_mem_t *reg;
+    const uint8_t *remote;
+    uint32_t dst;
+    int rc;
     (void) flags; (void) order;
 
     if (NULL == c) {
@@ -106,10 +151,11 @@ int mca_btl_xrc_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
     if (NULL == (reg = local_reg(c, local_address, size))) {
         return started(c, XRCBTL_ERR_AGAIN, NULL);
     }
-    return started(c,
-                   xrcbtl_put(c->m->xrc, ep->rank, reg, local_address, remote_handle->remote, remote_address, size,
-                              on_done, c, NULL),
-                   &c->m->counters.puts);
+    rc = remote_of(c, remote_handle, remote_address, size, XRCBTL_ACCESS_REMOTE_WRITE, &dst, &remote);
+    if (XRCBTL_OK == rc) {
+        rc = xrcbtl_put(c->m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
+    }
+    return started(c, rc, &c->m->counters.puts);
 }
 
 int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -119,6 +165,9 @@ int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
 {
     xrc_rdma_ctx_t *c = ctx_new(btl, ep, local_address, local_handle, cbfunc, cbcontext, cbdata);
     const xrcbtl_mem_t *reg;
+    const uint8_t *remote;
+    uint32_t dst;
+    int rc;
     (void) flags; (void) order;
 
     if (NULL == c) {
@@ -127,10 +176,11 @@ int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
     if (NULL == (reg = local_reg(c, local_address, size))) {
         return started(c, XRCBTL_ERR_AGAIN, NULL);
     }
-    return started(c,
-                   xrcbtl_get(c->m->xrc, ep->rank, reg, local_address, remote_handle->remote, remote_address, size,
-                              on_done, c, NULL),
-                   &c->m->counters.gets);
+    rc = remote_of(c, remote_handle, remote_address, size, XRCBTL_ACCESS_REMOTE_READ, &dst, &remote);
+    if (XRCBTL_OK == rc) {
+        rc = xrcbtl_get(c->m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
+    }
+    return started(c, rc, &c->m->counters.gets);
 }
 
 /* Only 64-bit add and compare-and-swap are advertised
@@ -148,6 +198,9 @@ int mca_btl_xrc_aop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, uin
 {
     mca_btl_xrc_module_t *m = (mca_btl_xrc_module_t *) btl;
     xrc_rdma_ctx_t *c;
+    const uint8_t *remote;
+    uint32_t dst;
+    int rc;
     (void) order;
 
     if (atomic_unsupported(m, op, flags)) {
@@ -156,9 +209,11 @@ int mca_btl_xrc_aop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, uin
     if (NULL == (c = ctx_new(btl, ep, NULL, NULL, cbfunc, cbcontext, cbdata))) {
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
-    return started(c, xrcbtl_atomic_add(m->xrc, ep->rank, remote_handle->remote, remote_address, operand, on_done, c,
-                                        NULL),
-                   &m->counters.atomics);
+    rc = remote_of(c, remote_handle, remote_address, 8, XRCBTL_ACCESS_REMOTE_ATOMIC, &dst, &remote);
+    if (XRCBTL_OK == rc) {
+        rc = xrcbtl_atomic_add(m->xrc, dst, remote, remote_address, operand, on_done, c, NULL);
+    }
+    return started(c, rc, &m->counters.atomics);
 }
 
 int mca_btl_xrc_afop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -169,6 +224,9 @@ int mca_btl_xrc_afop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, vo
 {
     mca_btl_xrc_module_t *m = (mca_btl_xrc_module_t *) btl;
     xrc_rdma_ctx_t *c;
+    const uint8_t *remote;
+    uint32_t dst;
+    int rc;
     (void) order;
 
     if (atomic_unsupported(m, op, flags)) {
@@ -178,9 +236,11 @@ int mca_btl_xrc_afop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, vo
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
     c->fetch = 1;
-    return started(c, xrcbtl_fetch_add(m->xrc, ep->rank, remote_handle->remote, remote_address, operand, on_done, c,
-                                       NULL),
-                   &m->counters.atomics);
+    rc = remote_of(c, remote_handle, remote_address, 8, XRCBTL_ACCESS_REMOTE_ATOMIC, &dst, &remote);
+    if (XRCBTL_OK == rc) {
+        rc = xrcbtl_fetch_add(m->xrc, dst, remote, remote_address, operand, on_done, c, NULL);
+    }
+    return started(c, rc, &m->counters.atomics);
 }
 
 int mca_btl_xrc_acswap(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -191,6 +251,9 @@ int mca_btl_xrc_acswap(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, 
 {
     mca_btl_xrc_module_t *m = (mca_btl_xrc_module_t *) btl;
     xrc_rdma_ctx_t *c;
+    const uint8_t *remote;
+    uint32_t dst;
+    int rc;
     (void) order;
 
     if (atomic_unsupported(m, MCA_BTL_ATOMIC_ADD, flags)) {
@@ -200,7 +263,9 @@ int mca_btl_xrc_acswap(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, 
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
     c->fetch = 1;
-    return started(c, xrcbtl_compare_swap(m->xrc, ep->rank, remote_handle->remote, remote_address, compare, value,
-                                          on_done, c, NULL),
-                   &m->counters.atomics);
+    rc = remote_of(c, remote_handle, remote_address, 8, XRCBTL_ACCESS_REMOTE_ATOMIC, &dst, &remote);
+    if (XRCBTL_OK == rc) {
+        rc = xrcbtl_compare_swap(m->xrc, dst, remote, remote_address, compare, value, on_done, c, NULL);
+    }
+    return started(c, rc, &m->counters.atomics);
 }

@@ -404,8 +404,9 @@ static void rma_on(MPI_Win win, long *base, const char *kind)
     MPI_Win_fence(0, win);
     if (0 == rank) CHECK(base[n] == 50L * size, "%s: counter %ld", kind, base[n]);
 
-    /* Compare_and_swap: exactly one rank wins each round. */
-    for (int round = 0; round < 3; round++) {
+    /* Compare_and_swap: exactly one rank wins each round (rounds enough
+     * for the ranks' swaps to meet). */
+    for (int round = 0; round < 20; round++) {
         if (0 == rank) base[n + 1] = -1;
         MPI_Win_fence(0, win);
         cmp = -1;

@@ -61,6 +61,10 @@ pub enum ConnEvent {
         slot: u32,
         /// Its number.
         qpn: u32,
+        /// The one rank that used it: an RC QP's peer, or this rank for the
+        /// loopback; `None` for an XRC INI QP, which serves every rank of
+        /// its node.
+        peer: Option<Rank>,
     },
     /// An SRQ fell below its armed limit.
     SrqLimit {
@@ -206,6 +210,9 @@ struct Slot<C: Context> {
     /// messages. One that never was carried nothing, and its end is news
     /// to nobody (a request that waited its turn and was dropped unsent).
     wired: bool,
+    /// The rank whose messages arrive on it (an RC QP's peer), learnt when
+    /// it was wired.
+    peer: Option<Rank>,
 }
 
 /// An RC QP on the shared SRQ on its way out: in the error state, kept
@@ -589,9 +596,12 @@ impl<C: Context> ConnDriver<C> {
 
     /// Marks `qp`'s slot as handed to the CM ([`Slot::wired`]).
     fn wire(&mut self, qp: Option<QpRef>) {
-        let slot = qp.and_then(|q| self.slot_of_ref.get(&q));
+        let Some(q) = qp else { return };
+        let peer = self.mgr.peer_of_qp(q);
+        let slot = self.slot_of_ref.get(&q);
         if let Some(s) = slot.and_then(|&s| self.slots[s as usize].as_mut()) {
             s.wired = true;
+            s.peer = peer;
         }
     }
 
@@ -603,6 +613,7 @@ impl<C: Context> ConnDriver<C> {
             self.events.push_back(ConnEvent::Destroyed {
                 slot: lb.slot,
                 qpn: lb.req.qp_num(),
+                peer: Some(self.me),
             });
         }
     }
@@ -1041,6 +1052,7 @@ impl<C: Context> ConnDriver<C> {
                             caps,
                             last_wqe: false,
                             wired: false,
+                            peer: None,
                         });
                         self.slot_of_ref.insert(qp, slot);
                         self.slot_of_num.insert(num, slot);
@@ -1066,11 +1078,15 @@ impl<C: Context> ConnDriver<C> {
                     self.slot_of_num.remove(&qpn);
                     self.qp_gen += 1;
                     self.free_slots.push(slot);
-                    // The core looks through its endpoints for what used
-                    // the QP: not for one that never carried anything (a
-                    // storm drops thousands).
+                    // The core clears what its endpoints kept of the QP:
+                    // nothing to clear for one that never carried anything
+                    // (a storm drops thousands).
                     if s.wired {
-                        self.events.push_back(ConnEvent::Destroyed { slot, qpn });
+                        self.events.push_back(ConnEvent::Destroyed {
+                            slot,
+                            qpn,
+                            peer: s.peer,
+                        });
                     }
                     if s.qp.qp_type() == QpType::Rc {
                         // Drawing from the SRQ: stop it, and destroy it

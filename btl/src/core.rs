@@ -17,7 +17,7 @@ use xrcbtl_fabric::{
     WorkCompletion, Xrcd, XrcdId,
 };
 use xrcbtl_progress::{Batch, WrSlab};
-use xrcbtl_xrc_conn::{Node, Notice, Rank};
+use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 
 use crate::config::BtlConfig;
 use crate::conn::{ConnDriver, ConnEvent};
@@ -166,6 +166,10 @@ pub(crate) struct Core<C: Context> {
     pub slab: WrSlab<PostedWr>,
     /// Send-queue state per QP slot of the driver.
     pub sq: Vec<SendQueue>,
+    /// The endpoints whose path an XRC INI QP was, by its slot: what its
+    /// destruction must clear (an RC QP's, and the loopback's, is the one
+    /// the driver names).
+    pub ini_users: HashMap<u32, Vec<u32>>,
     /// Signalled work requests posted and not completed: the send CQ is
     /// polled only while there are some (and on control ticks).
     pub signalled_out: usize,
@@ -358,6 +362,7 @@ impl<C: Context> Core<C> {
             eps: Endpoints::default(),
             slab: WrSlab::new(),
             sq: Vec::new(),
+            ini_users: HashMap::new(),
             signalled_out: 0,
             want_cover: false,
             rndv,
@@ -538,6 +543,12 @@ impl<C: Context> Core<C> {
                     ep.connecting = false;
                     ep.path = Some(Path { slot, qpn, srqns });
                     self.eps.mark_ready(ei);
+                    if self.iface.mode == Mode::Xrc && rank != self.cfg.rank {
+                        let users = self.ini_users.entry(slot).or_default();
+                        if !users.contains(&ei) {
+                            users.push(ei);
+                        }
+                    }
                 }
             }
             ConnEvent::Notice(Notice::Lost { rank }) => {
@@ -579,21 +590,40 @@ impl<C: Context> Core<C> {
                 }
             }
             ConnEvent::Notice(Notice::Ready { .. } | Notice::Refused { .. }) => {}
-            ConnEvent::Destroyed { slot, qpn } => {
+            ConnEvent::Destroyed { slot, qpn, peer } => {
                 if let Some(q) = self.sq.get_mut(slot as usize) {
                     q.used = 0;
                     q.unsignalled.clear();
                     q.cover_queued = false;
                 }
+                // Only the endpoints that used the QP hold anything of it:
+                // its peer's (RC, loopback), or those whose path it was
+                // (XRC INI). Not a look through every endpoint: a million
+                // RC QPs going at exit would make that quadratic.
+                let mut users = self.ini_users.remove(&slot).unwrap_or_default();
+                users.extend(peer.and_then(|r| self.eps.find(r)));
                 let mut left = Vec::new();
-                for (ei, ep) in self.eps.all_mut().enumerate() {
+                for &ei in &users {
+                    let ep = self.eps.get_mut(ei);
                     ep.credits.forget(qpn);
                     if ep.path.as_ref().is_some_and(|p| p.slot == slot) {
                         ep.path = None;
                     }
                     if let Some(i) = ep.kept.iter().position(|k| k.qpn == qpn) {
-                        left.push((ei as u32, ep.kept.swap_remove(i)));
+                        left.push((ei, ep.kept.swap_remove(i)));
                     }
+                }
+                #[cfg(debug_assertions)]
+                for (ei, ep) in self.eps.all() {
+                    let live = self.eps.find(ep.rank) == Some(ei);
+                    assert!(
+                        !live
+                            || ep.path.as_ref().is_none_or(|p| p.slot != slot)
+                                && ep.kept.iter().all(|k| k.qpn != qpn)
+                                && !ep.credits.has(qpn),
+                        "rank {}'s endpoint still uses destroyed QP {qpn} (slot {slot})",
+                        ep.rank
+                    );
                 }
                 // Messages that left on it and may not have arrived go
                 // again, first (they are older than what was in flight).

@@ -127,6 +127,13 @@ impl Credits {
         }
     }
 
+    /// Whether the connection on local QP `qpn` has credits here.
+    #[cfg(debug_assertions)]
+    pub fn has(&self, qpn: u32) -> bool {
+        self.cur.as_ref().is_some_and(|(q, _)| *q == qpn)
+            || self.older.iter().any(|(q, _)| *q == qpn)
+    }
+
     /// The QP is gone: its credits with it.
     pub fn forget(&mut self, qpn: u32) {
         if self.cur.as_ref().is_some_and(|(q, _)| *q == qpn) {

@@ -423,9 +423,11 @@ impl Endpoints {
         self.known
     }
 
-    /// Every endpoint ever made, mutably.
-    pub fn all_mut(&mut self) -> impl Iterator<Item = &mut Endpoint> {
-        self.list.iter_mut()
+    /// Every endpoint ever made, with its index (a deleted one's is no
+    /// longer [`Endpoints::find`]'s).
+    #[cfg(debug_assertions)]
+    pub fn all(&self) -> impl Iterator<Item = (u32, &Endpoint)> {
+        (0..).zip(self.list.iter())
     }
 
     /// Puts endpoint `i` in the ready ring if it has work and is not there.

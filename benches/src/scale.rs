@@ -95,6 +95,8 @@ pub struct Spec {
     /// The BTL's window of CM exchanges in flight per process
     /// (`BtlConfig::connect_window`; 0: no limit).
     pub connect_window: usize,
+    /// After start-up, the observed process leaves cleanly ([`Exit`]).
+    pub exit: bool,
 }
 
 impl Spec {
@@ -114,6 +116,7 @@ impl Spec {
             max_qp: 1 << 24,
             cm_timeout: Duration::from_millis(4096),
             connect_window: xrcbtl_xrc_conn::DEFAULT_CONNECT_WINDOW,
+            exit: false,
         }
     }
 
@@ -165,6 +168,28 @@ pub struct Row {
     pub responders: usize,
     /// Wall-clock time of the run.
     pub wall: Duration,
+    /// The observed process's clean exit, if the spec asked for it.
+    pub exit: Option<Exit>,
+}
+
+/// The observed process's clean exit after start-up ([`Btl::shutdown`]
+/// until [`Btl::is_drained`]), its peers staying.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exit {
+    /// Virtual time it took.
+    pub time: Duration,
+    /// Wall-clock time it took.
+    pub wall: Duration,
+    /// CM messages the process sent during it.
+    pub cm_sent: u64,
+    /// CM messages that reached the process during it.
+    pub cm_received: u64,
+    /// Sending QPs the process still held when it was over.
+    pub qps_left: usize,
+    /// `Leave` exchanges it started (one per peer sending to it).
+    pub leaves: u64,
+    /// Of those, the ones it gave up on, unanswered.
+    pub leaves_abandoned: u64,
 }
 
 /// `n` split into three factors as even as can be (the smallest spread
@@ -475,9 +500,18 @@ impl Job {
     /// Runs until every endpoint of the pattern is ready; the virtual
     /// time that took.
     fn run(&mut self, limit: Duration) -> Result<Duration, String> {
+        self.run_until(limit, |job| job.unready.is_empty())
+    }
+
+    /// Runs until `done`; the virtual time until the last work.
+    fn run_until(
+        &mut self,
+        limit: Duration,
+        done: impl Fn(&Job) -> bool,
+    ) -> Result<Duration, String> {
         let start = self.sim.now();
         let mut last = start;
-        while !self.unready.is_empty() {
+        while !done(self) {
             let now = self.sim.now();
             if now - start > limit {
                 return Err(self.stuck(format!("not ready after {limit:?}")));
@@ -543,7 +577,7 @@ pub fn run(spec: &Spec) -> Result<Row, String> {
         path += q.path;
     }
     let (qps_end, endpoints) = me.btl.with_manager(|m| (m.live_qps(), m.counters().ready));
-    let row = Row {
+    let mut row = Row {
         spec: spec.clone(),
         endpoints,
         qps_end,
@@ -562,8 +596,34 @@ pub fn run(spec: &Spec) -> Result<Row, String> {
         startup,
         responders: job.remote.iter().filter(|r| r.is_some()).count(),
         wall: wall.elapsed(),
+        exit: None,
     };
+    if spec.exit {
+        row.exit = Some(exit(&mut job)?);
+    }
     Ok(row)
+}
+
+/// The observed process (rank 0) leaves cleanly; what that cost it.
+fn exit(job: &mut Job) -> Result<Exit, String> {
+    let wall = Instant::now();
+    let before = job.sim.process_view(&job.local[0].proc);
+    let btl = job.local[0].btl.clone();
+    btl.shutdown();
+    job.dirty.insert(0);
+    let time = job
+        .run_until(Duration::from_secs(3600), |_| btl.is_drained())
+        .map_err(|e| format!("exit: {e}"))?;
+    let after = job.sim.process_view(&job.local[0].proc);
+    Ok(Exit {
+        time,
+        wall: wall.elapsed(),
+        cm_sent: after.cm_sent - before.cm_sent,
+        cm_received: after.cm_received - before.cm_received,
+        qps_left: btl.with_manager(|m| m.live_qps()),
+        leaves: btl.with_manager(|m| m.counters().leaves_sent),
+        leaves_abandoned: btl.with_manager(|m| m.counters().leaves_abandoned),
+    })
 }
 
 impl Drop for Job {

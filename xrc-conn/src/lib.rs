@@ -44,11 +44,13 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod tgts;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use tgts::{Tgt, Tgts};
 use wire::{Kind, Msg, Reason};
 
 /// A rank of the job.
@@ -130,7 +132,12 @@ pub struct Config {
     pub backoff_base: Duration,
     /// Largest back-off.
     pub backoff_max: Duration,
-    /// How long a clean exit waits for the peers to acknowledge `Leave`.
+    /// How long a clean exit waits for the next of its `Leave` exchanges
+    /// to end (acknowledged, or failed); each one that ends gives it that
+    /// long again. A process with a million peers takes longer to tell
+    /// them all than any fixed time (its `Leave`s go through the window of
+    /// [`Config::connect_window`]); one whose peers are silent gives up
+    /// after this long.
     pub leave_timeout: Duration,
     /// CM exchanges this process starts (connect, reuse and leave
     /// requests) that may be in flight at once, from the address query to
@@ -484,6 +491,8 @@ pub struct Counters {
     pub leaves_sent: u64,
     /// Leave messages received.
     pub leaves_received: u64,
+    /// Leave exchanges a clean exit gave up on ([`Config::leave_timeout`]).
+    pub leaves_abandoned: u64,
     /// CM exchanges that waited for room in the window
     /// ([`Config::connect_window`]).
     pub paced: u64,
@@ -570,18 +579,6 @@ struct Endpoint {
     epoch: u32,
 }
 
-/// A TGT QP handle this rank holds.
-#[derive(Debug)]
-struct Tgt {
-    qpn: u32,
-    /// The sending process.
-    sender: Rank,
-    /// The CM connection if this rank is the anchor.
-    anchor_cm: Option<CmRef>,
-    /// Created (or opened) and usable.
-    open: bool,
-}
-
 /// A request being served that waits for a TGT QP.
 #[derive(Debug)]
 struct Pending {
@@ -637,7 +634,7 @@ pub struct ConnManager {
     ini_of_node: BTreeMap<Node, u64>,
     /// Boxed, as `inis`: a B-tree of small entries packs better.
     eps: BTreeMap<Rank, Box<Endpoint>>,
-    tgts: BTreeMap<TgtRef, Tgt>,
+    tgts: Tgts,
     pending: Vec<Pending>,
     /// Requests from ranks not known yet, waiting for `add_peer` or
     /// `unknown_peer`: the CM id and the private data.
@@ -694,7 +691,7 @@ impl ConnManager {
             inis: BTreeMap::new(),
             ini_of_node: BTreeMap::new(),
             eps: BTreeMap::new(),
-            tgts: BTreeMap::new(),
+            tgts: Tgts::default(),
             pending: Vec::new(),
             parked: Vec::new(),
             cms: BTreeMap::new(),
@@ -821,7 +818,7 @@ impl ConnManager {
     /// The process that sends through TGT QP `tgt`, while this rank holds
     /// it: every message arriving on it comes from that rank.
     pub fn tgt_sender(&self, tgt: TgtRef) -> Option<Rank> {
-        self.tgts.get(&tgt).map(|t| t.sender)
+        self.tgts.get(tgt).map(|t| t.sender)
     }
 
     /// CM exchanges this process started: in flight, and waiting for room
@@ -1047,6 +1044,7 @@ impl ConnManager {
         if let Phase::Leaving { deadline } = self.phase {
             if now >= deadline {
                 for cm in std::mem::take(&mut self.leaves_outstanding) {
+                    self.counters.leaves_abandoned += 1;
                     self.drop_cm(cm);
                 }
                 self.finish_leave_if_done();
@@ -1833,6 +1831,9 @@ impl ConnManager {
             }
             CmUse::Leave { rank, tgt, attempt } => {
                 self.leaves_outstanding.remove(&cm);
+                if let Phase::Leaving { deadline } = &mut self.phase {
+                    *deadline = self.now + self.cfg.leave_timeout;
+                }
                 if how == CmFailure::Stale && attempt < self.cfg.max_retries {
                     // Turned away by the peer's CM before its application
                     // saw it: say it again.
@@ -1916,22 +1917,14 @@ impl ConnManager {
                 self.pending.push(Pending { cm, msg, tgt });
             }
             (Mode::Xrc, Kind::Reuse) => {
-                let held = self
-                    .tgts
-                    .iter()
-                    .find(|(_, t)| t.qpn == msg.tgt && t.open)
-                    .map(|(k, _)| *k);
-                match held {
-                    Some(_) => {
-                        self.senders.insert(msg.src);
-                        self.reply_reuse_ok(cm, &msg);
-                    }
-                    None => {
-                        let tgt = TgtRef(self.fresh());
-                        self.actions
-                            .push_back(Action::OpenTgt { tgt, qpn: msg.tgt });
-                        self.pending.push(Pending { cm, msg, tgt });
-                    }
+                if self.tgts.holds_qpn(msg.tgt) {
+                    self.senders.insert(msg.src);
+                    self.reply_reuse_ok(cm, &msg);
+                } else {
+                    let tgt = TgtRef(self.fresh());
+                    self.actions
+                        .push_back(Action::OpenTgt { tgt, qpn: msg.tgt });
+                    self.pending.push(Pending { cm, msg, tgt });
                 }
             }
             (Mode::Rc { .. }, Kind::Connect) => self.rc_accept(cm, msg),
@@ -1953,13 +1946,7 @@ impl ConnManager {
         self.counters.leaves_received += 1;
         if msg.tgt != 0 {
             // "The TGT QP is dead": break it so every holder lets go.
-            let held: Vec<TgtRef> = self
-                .tgts
-                .iter()
-                .filter(|(_, t)| t.qpn == msg.tgt)
-                .map(|(k, _)| *k)
-                .collect();
-            for t in held {
+            for t in self.tgts.with_qpn(msg.tgt) {
                 self.counters.tgt_broken += 1;
                 self.actions.push_back(Action::BreakTgt { tgt: t });
                 self.release_tgt(t);
@@ -2014,7 +2001,6 @@ impl ConnManager {
                 qpn,
                 sender: p.msg.src,
                 anchor_cm: Some(p.cm),
-                open: true,
             },
         );
         self.senders.insert(p.msg.src);
@@ -2052,7 +2038,6 @@ impl ConnManager {
                 qpn: p.msg.tgt,
                 sender: p.msg.src,
                 anchor_cm: None,
-                open: true,
             },
         );
         self.senders.insert(p.msg.src);
@@ -2061,7 +2046,7 @@ impl ConnManager {
 
     /// Lets go of a TGT handle (and the anchor connection that came with it).
     fn release_tgt(&mut self, tgt: TgtRef) {
-        let Some(t) = self.tgts.remove(&tgt) else {
+        let Some(t) = self.tgts.remove(tgt) else {
             return;
         };
         self.counters.tgt_closed += 1;
@@ -2069,13 +2054,13 @@ impl ConnManager {
         if let Some(cm) = t.anchor_cm {
             self.drop_cm(cm);
         }
-        if !self.tgts.values().any(|o| o.sender == t.sender) {
+        if !self.tgts.has_sender(t.sender) {
             self.senders.remove(&t.sender);
         }
     }
 
     fn on_tgt_failed(&mut self, tgt: TgtRef) {
-        if self.tgts.contains_key(&tgt) {
+        if self.tgts.contains(tgt) {
             self.release_tgt(tgt);
         }
     }
@@ -2114,16 +2099,7 @@ impl ConnManager {
     /// holder lets go; in RC mode, the peer's endpoint goes with it.
     fn served_gone(&mut self, cm: CmRef, peer: Rank) {
         self.parked.retain(|p| p.0 != cm);
-        let anchored: Vec<TgtRef> = self
-            .tgts
-            .iter()
-            .filter(|(_, t)| t.anchor_cm == Some(cm))
-            .map(|(k, _)| *k)
-            .collect();
-        for t in anchored {
-            if let Some(x) = self.tgts.get_mut(&t) {
-                x.anchor_cm = None;
-            }
+        if let Some(t) = self.tgts.unanchor(cm) {
             self.counters.tgt_broken += 1;
             self.actions.push_back(Action::BreakTgt { tgt: t });
             self.release_tgt(t);
@@ -2258,8 +2234,7 @@ impl ConnManager {
             return;
         }
         // Nobody sends to us any more: release everything.
-        let tgts: Vec<TgtRef> = self.tgts.keys().copied().collect();
-        for t in tgts {
+        for t in self.tgts.refs() {
             self.release_tgt(t);
         }
         let inis: Vec<u64> = self.inis.keys().copied().collect();

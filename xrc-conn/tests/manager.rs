@@ -523,6 +523,60 @@ fn clean_exit_gives_up_on_silent_peers() {
 }
 
 #[test]
+fn each_acknowledged_leave_gives_the_clean_exit_its_timeout_again() {
+    let mut m = mgr(1, 1);
+    serve_anchor(&mut m);
+    m.handle(
+        T0,
+        Event::Request {
+            cm: CmRef(501),
+            data: Msg::new(Kind::Connect, JOB, 3, 1, 43).encode(),
+        },
+    );
+    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
+        panic!("a TGT QP for rank 3")
+    };
+    m.handle(T0, Event::TgtCreated { tgt, qpn: 78 });
+    drain(&mut m);
+    m.shutdown(T0);
+    let a = drain(&mut m);
+    let to = m.config().leave_timeout;
+    let cm0 = resolve_of(&a, 0);
+    resolve_of(&a, 3); // both senders are told
+                       // Rank 0 acknowledges late, but within the timeout.
+    let t1 = T0 + to * 4 / 5;
+    m.handle(
+        t1,
+        Event::Resolved {
+            cm: cm0,
+            route: RouteRef(1),
+        },
+    );
+    let (_, _, msg) = connect_of(&drain(&mut m));
+    m.handle(
+        t1,
+        Event::Failed {
+            cm: cm0,
+            how: CmFailure::Rejected,
+            data: Msg::new(Kind::LeaveAck, JOB, 0, 1, msg.tag).encode(),
+        },
+    );
+    drain(&mut m);
+    assert_eq!(m.poll_timeout(), Some(t1 + to), "the wait starts again");
+    // The first deadline passes: rank 3 is still waited for.
+    m.handle_timeout(T0 + to);
+    drain(&mut m);
+    assert!(!m.is_drained() && notices(&mut m).is_empty());
+    // Silent for a whole timeout since: given up.
+    assert_eq!(m.counters().leaves_abandoned, 0);
+    m.handle_timeout(t1 + to);
+    drain(&mut m);
+    assert_eq!(notices(&mut m), vec![Notice::Drained]);
+    assert_eq!(m.counters().leaves_abandoned, 1);
+    assert!(m.is_drained());
+}
+
+#[test]
 fn a_leaving_receiver_closes_our_endpoint() {
     let mut m = mgr(0, 0);
     anchored(&mut m);

@@ -1,6 +1,8 @@
 //! One row of the scale table: a simulated job of `--nodes` × `--per-node`
 //! ranks whose node 0 is whole, running `--pattern` under `--mode`, printed
 //! as a tab-separated line (`--header` prints the column names first).
+//! With `--exit` the observed process then leaves cleanly, and the `exit_`
+//! columns say what that cost it (empty without).
 //! `scripts/scale` runs every row and writes docs/scale.md.
 
 use std::process::ExitCode;
@@ -14,7 +16,7 @@ static ALLOC: CountingAlloc = CountingAlloc;
 
 const USAGE: &str = "usage: scale --nodes N [--per-node 128] [--mode xrc|rc] \
 [--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] \
-[--cm-timeout-ms 4096] [--connect-window 64] [--header]
+[--cm-timeout-ms 4096] [--connect-window 64] [--exit] [--header]
        scale --columns (the column names only)";
 
 /// The column names, in the order [`line()`] prints them.
@@ -41,6 +43,13 @@ const COLUMNS: &[&str] = &[
     "startup_ms",
     "responders",
     "wall_s",
+    "exit_ms",
+    "exit_wall_s",
+    "exit_cm_sent",
+    "exit_cm_received",
+    "exit_qps_left",
+    "exit_leaves",
+    "exit_leaves_abandoned",
 ];
 
 fn line(r: &Row) -> String {
@@ -69,6 +78,20 @@ fn line(r: &Row) -> String {
         r.responders.to_string(),
         format!("{:.1}", r.wall.as_secs_f64()),
     ]
+    .into_iter()
+    .chain(match &r.exit {
+        Some(e) => [
+            format!("{:.3}", e.time.as_secs_f64() * 1e3),
+            format!("{:.1}", e.wall.as_secs_f64()),
+            e.cm_sent.to_string(),
+            e.cm_received.to_string(),
+            e.qps_left.to_string(),
+            e.leaves.to_string(),
+            e.leaves_abandoned.to_string(),
+        ],
+        None => Default::default(),
+    })
+    .collect::<Vec<_>>()
     .join("\t")
 }
 
@@ -105,6 +128,7 @@ fn parse(args: &[String]) -> Result<(Spec, bool), String> {
                     p => return Err(format!("--pattern: all-to-all or sparse, not {p}")),
                 }
             }
+            "--exit" => spec.exit = true,
             "--header" => header = true,
             "--columns" => {
                 println!("{}", COLUMNS.join("\t"));

@@ -175,7 +175,15 @@ impl World {
             }
         }
         if let Some(l) = c.listener.and_then(|l| self.cm_ids.get_mut(l)) {
-            l.children.retain(|_, child| *child != id);
+            // A child is filed under the id that asked (its peer): found
+            // at once, not by a look through every child (a listener has
+            // one per connection it accepted).
+            match c.peer_id {
+                Some(from) if l.children.get(&from) == Some(&id) => {
+                    l.children.remove(&from);
+                }
+                _ => l.children.retain(|_, child| *child != id),
+            }
         }
         if let Some(q) = c.qp.and_then(|q| self.qps.get_mut(q)) {
             q.cm_id = None;

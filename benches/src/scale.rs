@@ -97,6 +97,9 @@ pub struct Spec {
     pub connect_window: usize,
     /// After start-up, the observed process leaves cleanly ([`Exit`]).
     pub exit: bool,
+    /// How long its exit waits for the next peer's acknowledgement
+    /// (`BtlConfig::leave_timeout`).
+    pub leave_timeout: Duration,
 }
 
 impl Spec {
@@ -117,6 +120,7 @@ impl Spec {
             cm_timeout: Duration::from_millis(4096),
             connect_window: xrcbtl_xrc_conn::DEFAULT_CONNECT_WINDOW,
             exit: false,
+            leave_timeout: xrcbtl_xrc_conn::DEFAULT_LEAVE_TIMEOUT,
         }
     }
 
@@ -336,6 +340,7 @@ fn config(spec: &Spec, rank: Rank, ip: Ipv4Addr, sim: &SimFabric) -> BtlConfig {
     cfg.clock = Clock::from_fn(move || s.now());
     cfg.force_rc = !spec.xrc;
     cfg.connect_window = spec.connect_window;
+    cfg.leave_timeout = spec.leave_timeout;
     // The same eager size (and so receive classes) in both modes.
     cfg.eager_limit = EagerLimit::Bytes(8192);
     cfg

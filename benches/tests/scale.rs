@@ -5,7 +5,8 @@
 //! stencil and recursive-doubling partners, sparse), with 10% to spare;
 //! its connection state must stay within [`BUDGET`] bytes per peer; and
 //! the structure must be XRC's: one INI QP per node, one TGT QP on the
-//! node per sending process.
+//! node per sending process. Its clean exit tells every peer, and grows
+//! as the peers too.
 //!
 //! Heavy: it runs in release builds (scripts/test-all runs it) and is
 //! ignored in debug builds. The full table at 1,024 to 10,000 nodes is
@@ -83,6 +84,43 @@ fn startup_grows_at_most_linearly_from_128_to_256_nodes() {
                 pattern.name()
             );
         }
+    }
+}
+
+/// The observed process leaves cleanly after the all-to-all start-up at
+/// 128 and at 256 nodes: every peer that sends to it is told (no `Leave`
+/// given up on), it keeps no QP, and the exit's time and CM messages grow
+/// at most as the peers, with 10% to spare. The wait for acknowledgements
+/// is scaled down with the job (500 ms x nodes / 10,000), as the exit at
+/// 10,000 nodes takes seconds: a wait for them all rather than for the
+/// next one would give up on most peers.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "heavy: run with --release")]
+fn a_clean_exit_tells_every_peer_and_grows_at_most_linearly() {
+    for xrc in [true, false] {
+        let spec = |nodes| {
+            let mut s = Spec::new(nodes, xrc, Pattern::AllToAll);
+            s.exit = true;
+            s.leave_timeout = s.leave_timeout * nodes as u32 / 10_000;
+            s
+        };
+        let (a, b) = (run(&spec(128)).unwrap(), run(&spec(256)).unwrap());
+        let mode = if xrc { "XRC" } else { "RC" };
+        for r in [&a, &b] {
+            let e = r.exit.as_ref().expect("asked for");
+            println!(
+                "{mode} exit at {} nodes: {:?}, {} Leave sent, {} abandoned, CM messages {} / {}",
+                r.spec.nodes, e.time, e.leaves, e.leaves_abandoned, e.cm_sent, e.cm_received
+            );
+            assert_eq!(e.leaves, r.endpoints, "{mode}: one Leave per peer");
+            assert_eq!((e.leaves_abandoned, e.qps_left), (0, 0), "{mode}");
+        }
+        let (ea, eb) = (a.exit.unwrap(), b.exit.unwrap());
+        let peers = b.endpoints as f64 / a.endpoints as f64;
+        let time = eb.time.as_secs_f64() / ea.time.as_secs_f64();
+        let cm = (eb.cm_sent + eb.cm_received) as f64 / (ea.cm_sent + ea.cm_received) as f64;
+        assert!(time <= peers * 1.1, "{mode}: exit time grew x{time:.2}");
+        assert!(cm <= peers * 1.1, "{mode}: exit CM messages grew x{cm:.2}");
     }
 }
 

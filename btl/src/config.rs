@@ -301,6 +301,11 @@ pub struct BtlConfig {
     pub retries: u32,
     /// CM exchanges in flight at once (0: no limit).
     pub connect_window: usize,
+    /// How long a clean exit ([`crate::Btl::shutdown`]) waits for the next
+    /// of its peers to acknowledge it; each acknowledgement gives it this
+    /// long again. Not read from the environment: `xrcbtl_shutdown` bounds
+    /// the whole exit with a timeout of its own.
+    pub leave_timeout: Duration,
     /// RNR NAK timer of responder QPs (IB encoding).
     pub min_rnr_timer: u8,
     /// Local ACK timeout of sending QPs (IB encoding).
@@ -348,6 +353,7 @@ impl BtlConfig {
             rcache: Default::default(),
             retries: 5,
             connect_window: xrcbtl_xrc_conn::DEFAULT_CONNECT_WINDOW,
+            leave_timeout: xrcbtl_xrc_conn::DEFAULT_LEAVE_TIMEOUT,
             min_rnr_timer: xrcbtl_fabric::DEFAULT_MIN_RNR_TIMER,
             ack_timeout: xrcbtl_fabric::DEFAULT_ACK_TIMEOUT,
             af_ib: true,

@@ -404,6 +404,7 @@ impl<C: Context> ConnDriver<C> {
         let mut cc = xrcbtl_xrc_conn::Config::new(cfg.rank, cfg.node, cfg.job, mode, res.srqns);
         cc.max_retries = cfg.retries;
         cc.connect_window = cfg.connect_window;
+        cc.leave_timeout = cfg.leave_timeout;
         cc.sq_max = cfg
             .sq_max
             .map_or(caps.max_qp_wr, |m| m.clamp(1, caps.max_qp_wr));

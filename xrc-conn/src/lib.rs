@@ -88,6 +88,10 @@ reference!(
 /// ([`Config::connect_window`]).
 pub const DEFAULT_CONNECT_WINDOW: usize = 64;
 
+/// How long a clean exit waits by default for the next of its `Leave`
+/// exchanges to end ([`Config::leave_timeout`]).
+pub const DEFAULT_LEAVE_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Which transport the manager builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -167,7 +171,7 @@ impl Config {
             max_retries: 5,
             backoff_base: Duration::from_millis(2),
             backoff_max: Duration::from_millis(200),
-            leave_timeout: Duration::from_millis(500),
+            leave_timeout: DEFAULT_LEAVE_TIMEOUT,
             connect_window: DEFAULT_CONNECT_WINDOW,
         }
     }

@@ -116,17 +116,24 @@ fn anchored(m: &mut ConnManager) -> (QpRef, CmRef, u32) {
 }
 
 /// Rank 1 serves rank 0's connect request on CM id 500 with TGT QP 77.
-fn serve_anchor(m: &mut ConnManager) -> TgtRef {
+/// Rank `src` asks rank 1 to connect on CM id `cm`: the TGT QP that is to
+/// be made for it.
+fn requested_tgt(m: &mut ConnManager, cm: u64, src: Rank, tag: u32) -> TgtRef {
     m.handle(
         T0,
         Event::Request {
-            cm: CmRef(500),
-            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+            cm: CmRef(cm),
+            data: Msg::new(Kind::Connect, JOB, src, 1, tag).encode(),
         },
     );
     let Action::CreateTgt { tgt } = drain(m)[0] else {
         panic!("a TGT QP is created for a connect request")
     };
+    tgt
+}
+
+fn serve_anchor(m: &mut ConnManager) -> TgtRef {
+    let tgt = requested_tgt(m, 500, 0, 42);
     m.handle(T0, Event::TgtCreated { tgt, qpn: 77 });
     drain(m);
     tgt
@@ -526,16 +533,7 @@ fn clean_exit_gives_up_on_silent_peers() {
 fn each_acknowledged_leave_gives_the_clean_exit_its_timeout_again() {
     let mut m = mgr(1, 1);
     serve_anchor(&mut m);
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(501),
-            data: Msg::new(Kind::Connect, JOB, 3, 1, 43).encode(),
-        },
-    );
-    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
-        panic!("a TGT QP for rank 3")
-    };
+    let tgt = requested_tgt(&mut m, 501, 3, 43);
     m.handle(T0, Event::TgtCreated { tgt, qpn: 78 });
     drain(&mut m);
     m.shutdown(T0);
@@ -949,16 +947,7 @@ fn a_request_from_oneself_is_refused() {
 #[test]
 fn a_tgt_made_for_a_request_that_went_away_is_closed() {
     let mut m = mgr(1, 1);
-    m.handle(
-        T0,
-        Event::Request {
-            cm: CmRef(500),
-            data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
-        },
-    );
-    let Action::CreateTgt { tgt } = drain(&mut m)[0] else {
-        panic!("a TGT QP is created for a connect request")
-    };
+    let tgt = requested_tgt(&mut m, 500, 0, 42);
     m.handle(T0, Event::Disconnected { cm: CmRef(500) });
     let gone = drain(&mut m);
     assert!(

@@ -123,6 +123,10 @@ static int remote_of(xrc_rdma_ctx_t *c, mca_btl_base_registration_handle_t *hand
     return xrcbtl_mem_pack(&c->rreg, c->rbytes);
 }
 
+/* The end of a start: `c` is freed if the operation did not start. If it
+ * did, `c` is the completion's, which may already have run and freed it on
+ * another thread (MPI_THREAD_MULTIPLE): nothing here or after reads it, and
+ * `counter` was found without it. */
 static int started(xrc_rdma_ctx_t *c, int status, volatile int64_t *counter)
 {
     if (XRCBTL_OK != status) {
@@ -138,6 +142,7 @@ int mca_btl_xrc_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
                     mca_btl_base_registration_handle_t *remote_handle, size_t size, int flags, int order,
                     mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext, void *cbdata)
 {
+    mca_btl_xrc_module_t *m = (mca_btl_xrc_module_t *) btl;
     xrc_rdma_ctx_t *c = ctx_new(btl, ep, local_address, local_handle, cbfunc, cbcontext, cbdata);
     const xrcbtl_mem_t *reg;
     const uint8_t *remote;
@@ -153,9 +158,9 @@ int mca_btl_xrc_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
     }
     rc = remote_of(c, remote_handle, remote_address, size, XRCBTL_ACCESS_REMOTE_WRITE, &dst, &remote);
     if (XRCBTL_OK == rc) {
-        rc = xrcbtl_put(c->m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
+        rc = xrcbtl_put(m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
     }
-    return started(c, rc, &c->m->counters.puts);
+    return started(c, rc, &m->counters.puts);
 }
 
 int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -163,6 +168,7 @@ int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
                     mca_btl_base_registration_handle_t *remote_handle, size_t size, int flags, int order,
                     mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext, void *cbdata)
 {
+    mca_btl_xrc_module_t *m = (mca_btl_xrc_module_t *) btl;
     xrc_rdma_ctx_t *c = ctx_new(btl, ep, local_address, local_handle, cbfunc, cbcontext, cbdata);
     const xrcbtl_mem_t *reg;
     const uint8_t *remote;
@@ -178,9 +184,9 @@ int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
     }
     rc = remote_of(c, remote_handle, remote_address, size, XRCBTL_ACCESS_REMOTE_READ, &dst, &remote);
     if (XRCBTL_OK == rc) {
-        rc = xrcbtl_get(c->m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
+        rc = xrcbtl_get(m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
     }
-    return started(c, rc, &c->m->counters.gets);
+    return started(c, rc, &m->counters.gets);
 }
 
 /* Only 64-bit add and compare-and-swap are advertised

@@ -620,14 +620,18 @@ fn exit(job: &mut Job) -> Result<Exit, String> {
         .run_until(Duration::from_secs(3600), |_| btl.is_drained())
         .map_err(|e| format!("exit: {e}"))?;
     let after = job.sim.process_view(&job.local[0].proc);
+    let (qps_left, leaves, leaves_abandoned) = btl.with_manager(|m| {
+        let c = m.counters();
+        (m.live_qps(), c.leaves_sent, c.leaves_abandoned)
+    });
     Ok(Exit {
         time,
         wall: wall.elapsed(),
         cm_sent: after.cm_sent - before.cm_sent,
         cm_received: after.cm_received - before.cm_received,
-        qps_left: btl.with_manager(|m| m.live_qps()),
-        leaves: btl.with_manager(|m| m.counters().leaves_sent),
-        leaves_abandoned: btl.with_manager(|m| m.counters().leaves_abandoned),
+        qps_left,
+        leaves,
+        leaves_abandoned,
     })
 }
 

@@ -35,7 +35,8 @@ impl Tgts {
         self.by_qpn.insert((tgt.qpn, r));
         self.by_sender.insert((tgt.sender, r));
         if let Some(cm) = tgt.anchor_cm {
-            self.by_anchor.insert(cm, r);
+            let other = self.by_anchor.insert(cm, r);
+            debug_assert!(other.is_none(), "{cm:?} anchors two handles");
         }
         let old = self.all.insert(r, tgt);
         debug_assert!(old.is_none(), "{r:?} held twice");
@@ -74,26 +75,17 @@ impl Tgts {
 
     /// The handles on QP number `qpn`, in order.
     pub fn with_qpn(&self, qpn: u32) -> Vec<TgtRef> {
-        self.by_qpn
-            .range((qpn, TgtRef(0))..=(qpn, TgtRef(u64::MAX)))
-            .map(|&(_, r)| r)
-            .collect()
+        keyed(&self.by_qpn, qpn).collect()
     }
 
     /// Whether a handle on QP number `qpn` is held.
     pub fn holds_qpn(&self, qpn: u32) -> bool {
-        self.by_qpn
-            .range((qpn, TgtRef(0))..=(qpn, TgtRef(u64::MAX)))
-            .next()
-            .is_some()
+        keyed(&self.by_qpn, qpn).next().is_some()
     }
 
     /// Whether a handle on a QP `sender` sends through is held.
     pub fn has_sender(&self, sender: Rank) -> bool {
-        self.by_sender
-            .range((sender, TgtRef(0))..=(sender, TgtRef(u64::MAX)))
-            .next()
-            .is_some()
+        keyed(&self.by_sender, sender).next().is_some()
     }
 
     /// The handle the CM connection `cm` anchors, no longer anchored by it.
@@ -104,6 +96,13 @@ impl Tgts {
         }
         Some(r)
     }
+}
+
+/// The handles an index files under `key`, in order.
+fn keyed(index: &BTreeSet<(u32, TgtRef)>, key: u32) -> impl Iterator<Item = TgtRef> + '_ {
+    index
+        .range((key, TgtRef(0))..=(key, TgtRef(u64::MAX)))
+        .map(|&(_, r)| r)
 }
 
 #[cfg(test)]

@@ -11,6 +11,15 @@
 //! process), and ends with a [`MeshReport`] that [`MeshReport::check`]
 //! holds against what was done to the ranks.
 //!
+//! The traffic lasts until the driver ends it ([`Mesh::end_traffic`]), or
+//! at most [`MeshOptions::traffic`]: a harness that does something to the
+//! ranks ends the traffic only once it has seen the outcome it waits for,
+//! so its fault lands while the traffic flows however slowly the machine
+//! runs. Two lines on stderr tell it what it waits for: `heard from every
+//! live peer since the failure` once a payload from each live peer has
+//! arrived after the first failure this rank heard of, and `heard from
+//! every live peer since mark N` likewise after [`Mesh::mark`].
+//!
 //! The protocol, per ordered pair of ranks:
 //! - `DATA` messages numbered from 0, of the sizes of
 //!   [`MeshOptions::sizes`] in turn, each filled with a pattern of its
@@ -43,13 +52,20 @@ pub const DONE: Tag = 13;
 /// Tag of the answer to `DONE`.
 pub const FIN: Tag = 14;
 
-/// Bytes of a payload's own header: its number (u64) and source (u32).
+/// Bytes of a payload's own header: its number (u64) and source (u32,
+/// with [`AFTER_FAILURE`] set in a payload sent after its sender heard of
+/// a failure).
 const STAMP: usize = 12;
+
+/// The flag of the source word of a payload whose sender had heard of a
+/// failure when it sent it.
+const AFTER_FAILURE: u32 = 1 << 31;
 
 /// How a mesh rank runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeshOptions {
-    /// How long to send once every peer has been heard from (or failed).
+    /// How long to send at most once every peer has been heard from (or
+    /// failed); [`Mesh::end_traffic`] ends the traffic sooner.
     pub traffic: Duration,
     /// Most unacknowledged messages to one peer.
     pub window: u64,
@@ -60,6 +76,9 @@ pub struct MeshOptions {
     pub close_within: Duration,
     /// How long to wait for every peer to be heard from at the start.
     pub start_within: Duration,
+    /// Stop sending payloads at the first failure heard of: a broken rank,
+    /// for showing that [`MeshReport::check`] and a harness find it.
+    pub silent_after_failure: bool,
 }
 
 impl Default for MeshOptions {
@@ -70,6 +89,7 @@ impl Default for MeshOptions {
             sizes: vec![64, 4096, 200, 65536],
             close_within: Duration::from_secs(60),
             start_within: Duration::from_secs(60),
+            silent_after_failure: false,
         }
     }
 }
@@ -94,9 +114,12 @@ pub struct PeerLog {
     /// When the BTL reported it failed (the rank's clock, from the start
     /// of the run; the wall clock, seconds since the epoch), and why.
     pub failed: Option<(Duration, f64, String)>,
-    /// Payloads received from it after the first failure this rank heard
-    /// of (of any peer).
+    /// Payloads received from it that it sent after it heard of a failure
+    /// (of any peer), once this rank had heard of one too: not those
+    /// that were only in flight when the failure came.
     pub after_failure: u64,
+    /// Payloads received from it since the latest [`Mesh::mark`].
+    pub after_mark: u64,
     /// The first payload from it that was wrong.
     pub corrupt: Option<String>,
 }
@@ -119,6 +142,27 @@ struct State {
     sizes: Vec<usize>,
 }
 
+impl State {
+    /// Whether every live peer but `me` has sent a payload that `count`
+    /// counts.
+    fn heard_all(&self, me: Rank, count: impl Fn(&PeerLog) -> u64) -> bool {
+        self.peers
+            .iter()
+            .enumerate()
+            .all(|(r, p)| r as Rank == me || !p.live() || count(p) > 0)
+    }
+}
+
+/// A moment of the run that a harness waits on: the rank prints a line
+/// once it has heard from every live peer since then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Since {
+    /// The first failure this rank heard of.
+    Failure,
+    /// The `n`th [`Mesh::mark`].
+    Mark(u32),
+}
+
 /// One rank of the fault mesh.
 pub struct Mesh<C: Context> {
     btl: Arc<Btl<C>>,
@@ -128,7 +172,11 @@ pub struct Mesh<C: Context> {
     state: Arc<Mutex<State>>,
     start: Duration,
     traffic_until: Option<Duration>,
+    traffic_ended: bool,
     closing_since: Option<Duration>,
+    /// The moments whose line is still to be printed.
+    awaited: Vec<Since>,
+    marks: u32,
     report_every: Option<Duration>,
     next_report: Duration,
     next_refused_look: Duration,
@@ -139,11 +187,17 @@ fn pattern(src: Rank, seq: u64, i: usize) -> u8 {
     (seq as u8).wrapping_mul(31) ^ (src as u8).wrapping_mul(7) ^ (i as u8)
 }
 
-/// Payload `seq` from `src`, of `len` bytes.
-fn payload(src: Rank, seq: u64, len: usize) -> Bytes {
+/// Payload `seq` from `src`, of `len` bytes; `after_failure` if `src` had
+/// heard of a failure.
+fn payload(src: Rank, seq: u64, len: usize, after_failure: bool) -> Bytes {
     let mut v = vec![0u8; len.max(STAMP)];
     v[..8].copy_from_slice(&seq.to_le_bytes());
-    v[8..STAMP].copy_from_slice(&src.to_le_bytes());
+    let word = if after_failure {
+        src | AFTER_FAILURE
+    } else {
+        src
+    };
+    v[8..STAMP].copy_from_slice(&word.to_le_bytes());
     for (i, b) in v.iter_mut().enumerate().skip(STAMP) {
         *b = pattern(src, seq, i);
     }
@@ -164,7 +218,7 @@ fn check_payload(src: Rank, seq: u64, len: usize, data: &[u8]) -> Option<String>
         ));
     }
     let got = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
-    let from = u32::from_le_bytes(data[8..STAMP].try_into().expect("4 bytes"));
+    let from = u32::from_le_bytes(data[8..STAMP].try_into().expect("4 bytes")) & !AFTER_FAILURE;
     if got != seq || from != src {
         return Some(format!(
             "expected payload {seq} from rank {src}, got {got} stamped by rank {from}"
@@ -247,7 +301,10 @@ impl<C: Context> Mesh<C> {
             state,
             start,
             traffic_until: None,
+            traffic_ended: false,
             closing_since: None,
+            awaited: vec![Since::Failure],
+            marks: 0,
             report_every: None,
             next_report: start,
             next_refused_look: start,
@@ -291,9 +348,11 @@ impl<C: Context> Mesh<C> {
         while p.ahead.remove(&p.received) {
             p.received += 1;
         }
-        if failed_before {
+        let word = u32::from_le_bytes(m.data[8..STAMP].try_into().expect("checked"));
+        if failed_before && word & AFTER_FAILURE != 0 {
             p.after_failure += 1;
         }
+        p.after_mark += 1;
         p.arrived += 1;
         let n = p.arrived;
         drop(st);
@@ -307,6 +366,66 @@ impl<C: Context> Mesh<C> {
         lock(&self.state).peers.clone()
     }
 
+    /// Ends the traffic: the next [`Mesh::step`] starts the close (at
+    /// once, if the traffic has not started yet).
+    pub fn end_traffic(&mut self) {
+        self.traffic_ended = true;
+    }
+
+    /// Marks a moment of the run (the harness resumed a stopped rank, say):
+    /// once a payload from every live peer has arrived after it, the rank
+    /// prints `heard from every live peer since mark N`, N counting the
+    /// marks from 1. Returns N.
+    pub fn mark(&mut self) -> u32 {
+        self.marks += 1;
+        let mut st = lock(&self.state);
+        for p in &mut st.peers {
+            p.after_mark = 0;
+        }
+        self.awaited.retain(|s| !matches!(s, Since::Mark(_)));
+        self.awaited.push(Since::Mark(self.marks));
+        self.marks
+    }
+
+    /// Whether this rank has heard from every live peer since the first
+    /// failure it heard of (and printed so).
+    pub fn heard_since_failure(&self) -> bool {
+        !self.awaited.contains(&Since::Failure)
+    }
+
+    /// Whether this rank has heard from every live peer since its latest
+    /// mark (and printed so); false before the first mark.
+    pub fn heard_since_mark(&self) -> bool {
+        self.marks > 0 && !self.awaited.contains(&Since::Mark(self.marks))
+    }
+
+    /// How many marks there have been.
+    pub fn marks(&self) -> u32 {
+        self.marks
+    }
+
+    /// Prints the line of each awaited moment since which every live peer
+    /// has been heard from.
+    fn tell_heard_since(&mut self, st: &State) {
+        let me = self.me;
+        self.awaited.retain(|&since| {
+            let heard = match since {
+                Since::Failure => {
+                    st.first_failure.is_some() && st.heard_all(me, |p| p.after_failure)
+                }
+                Since::Mark(_) => st.heard_all(me, |p| p.after_mark),
+            };
+            if heard {
+                let what = match since {
+                    Since::Failure => "the failure".to_string(),
+                    Since::Mark(n) => format!("mark {n}"),
+                };
+                eprintln!("mesh: rank {me}: heard from every live peer since {what}");
+            }
+            !heard
+        });
+    }
+
     /// One turn: progress, then at most one payload to each peer whose
     /// window has room while the traffic lasts, then the close. `Some`
     /// once the close is over (or has given up): the rank may shut down.
@@ -314,8 +433,15 @@ impl<C: Context> Mesh<C> {
         self.btl.progress();
         let now = self.btl.config().clock.now();
         self.maybe_report(now);
-        let st = lock(&self.state);
+        let state = self.state.clone();
+        let st = lock(&state);
+        if self.closing_since.is_none() {
+            self.tell_heard_since(&st);
+        }
         let others = (0..self.size).filter(|&r| r != self.me);
+        if self.traffic_ended && self.traffic_until.is_none() {
+            self.traffic_until = Some(now);
+        }
         let Some(until) = self.traffic_until else {
             // Traffic starts with a payload to everyone; it is timed from
             // when every peer has been heard from.
@@ -336,7 +462,7 @@ impl<C: Context> Mesh<C> {
             self.send_round();
             return None;
         };
-        if now < until {
+        if now < until && !self.traffic_ended {
             drop(st);
             self.send_round();
             return None;
@@ -412,6 +538,10 @@ impl<C: Context> Mesh<C> {
     fn send_round(&mut self) {
         for r in (0..self.size).filter(|&r| r != self.me) {
             let mut st = lock(&self.state);
+            let after_failure = st.first_failure.is_some();
+            if self.opts.silent_after_failure && after_failure {
+                return;
+            }
             let p = &st.peers[r as usize];
             if !p.live() || p.sent - p.acked >= self.opts.window {
                 continue;
@@ -420,9 +550,9 @@ impl<C: Context> Mesh<C> {
             let len = self.opts.sizes[(seq % self.opts.sizes.len() as u64) as usize];
             st.peers[r as usize].sent += 1;
             drop(st);
-            if let Err(e) = self
-                .btl
-                .send_bytes(r, DATA, payload(self.me, seq, len), None)
+            if let Err(e) =
+                self.btl
+                    .send_bytes(r, DATA, payload(self.me, seq, len, after_failure), None)
             {
                 // The error callback names the failure; a send refused
                 // here before it ran is recorded alike.
@@ -497,7 +627,7 @@ impl MeshReport {
                 wrong.push(format!("no FIN from rank {r}"));
             }
             if !victims.is_empty() && p.after_failure == 0 {
-                wrong.push(format!("nothing from rank {r} after the failure"));
+                wrong.push(format!("nothing from rank {r} sent after the failure"));
             }
         }
         if wrong.is_empty() {
@@ -533,6 +663,18 @@ mod tests {
     use xrcbtl_btl::sim::SimJob;
     use xrcbtl_fabric::sim::SimDevice;
 
+    /// How a test run's traffic ends.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Steer {
+        /// After the options' traffic time.
+        Clock,
+        /// Told by the test, as a harness tells through the stop file:
+        /// with a crash, once every survivor has heard from every live
+        /// peer since the failure; without, once every rank has heard
+        /// from every peer since a mark made when all had started.
+        Told,
+    }
+
     /// Runs `ranks` mesh ranks on one simulated job of `nodes` nodes;
     /// `crash` crashes a rank once every rank has been heard from by rank
     /// 0 and `after` has passed. Returns the survivors' reports.
@@ -542,22 +684,40 @@ mod tests {
         per_node: usize,
         crash: Option<(Rank, Duration)>,
     ) -> Vec<MeshReport> {
+        run_steered(device, nodes, per_node, crash, Steer::Clock, false)
+    }
+
+    fn run_steered(
+        device: SimDevice,
+        nodes: usize,
+        per_node: usize,
+        crash: Option<(Rank, Duration)>,
+        steer: Steer,
+        silent_after_failure: bool,
+    ) -> Vec<MeshReport> {
         let mut job = SimJob::new(5, nodes, per_node, device).unwrap();
         let size = (nodes * per_node) as u32;
         let opts = MeshOptions {
-            traffic: Duration::from_millis(2),
+            traffic: if steer == Steer::Clock {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_secs(3600)
+            },
             window: 16,
             // The largest goes by registration from the test's heap,
             // which the userfaultfd monitor then watches.
             sizes: vec![12, 300, 20_000],
             close_within: Duration::from_secs(5),
             start_within: Duration::from_secs(5),
+            silent_after_failure,
         };
         let mut meshes: Vec<Option<Mesh<_>>> = (0..size)
             .map(|r| Some(Mesh::new(job.btl(r).clone(), size, opts.clone())))
             .collect();
         let mut reports = Vec::new();
         let mut crash_at = None;
+        let mut marked = false;
+        let mut told = false;
         let mut rounds = 0u64;
         while meshes.iter().any(Option::is_some) {
             rounds += 1;
@@ -578,6 +738,28 @@ mod tests {
                 if crash_at.is_some_and(|t| job.now() >= t) && meshes[victim as usize].is_some() {
                     meshes[victim as usize] = None;
                     job.crash(victim);
+                }
+            }
+            if steer == Steer::Told && !told {
+                let live = || meshes.iter().flatten();
+                let seen = match crash {
+                    Some(_) => crash_at.is_some() && live().all(Mesh::heard_since_failure),
+                    None if !marked => {
+                        if live().all(|m| m.traffic_until.is_some()) {
+                            meshes.iter_mut().flatten().for_each(|m| {
+                                m.mark();
+                            });
+                            marked = true;
+                        }
+                        false
+                    }
+                    None => live().all(Mesh::heard_since_mark),
+                };
+                // A run whose survivors never hear from each other again
+                // is told at last by the clock, as a harness's limit does.
+                if seen || job.now() > Duration::from_secs(60) {
+                    meshes.iter_mut().flatten().for_each(Mesh::end_traffic);
+                    told = true;
                 }
             }
             job.refresh_timers();
@@ -626,6 +808,56 @@ mod tests {
     }
 
     #[test]
+    fn a_run_told_to_stop_carries_traffic_after_the_failure_and_the_mark() {
+        let reports = run_steered(
+            SimDevice::ib("sim0"),
+            2,
+            2,
+            Some((3, Duration::from_micros(500))),
+            Steer::Told,
+            false,
+        );
+        assert_eq!(reports.len(), 3);
+        for r in &reports {
+            r.check(&[3])
+                .unwrap_or_else(|e| panic!("{}: {e}", r.summary()));
+            // Told, not timed out: well within the hour of traffic.
+            assert!(r.ran < Duration::from_secs(60), "{}", r.summary());
+        }
+        let reports = run_steered(SimDevice::roce("sim0"), 2, 2, None, Steer::Told, false);
+        assert_eq!(reports.len(), 4);
+        for r in &reports {
+            r.check(&[])
+                .unwrap_or_else(|e| panic!("{}: {e}", r.summary()));
+            assert!(r.ran < Duration::from_secs(60), "{}", r.summary());
+            for (peer, p) in r.peers.iter().enumerate() {
+                assert!(
+                    peer as Rank == r.rank || p.after_mark > 0,
+                    "{}",
+                    r.summary()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn survivors_that_fall_silent_at_the_failure_fail_the_check() {
+        let reports = run_steered(
+            SimDevice::ib("sim0"),
+            2,
+            2,
+            Some((3, Duration::from_micros(500))),
+            Steer::Told,
+            true,
+        );
+        assert_eq!(reports.len(), 3);
+        for r in &reports {
+            let why = r.check(&[3]).unwrap_err();
+            assert!(why.contains("after the failure"), "{why}");
+        }
+    }
+
+    #[test]
     fn the_checker_finds_loss_corruption_and_silence() {
         let good = PeerLog {
             sent: 5,
@@ -667,10 +899,11 @@ mod tests {
             .check(&[1])
             .unwrap_err()
             .contains("never reported failed"));
-        assert!(check_payload(1, 2, 100, &payload(1, 2, 100)).is_none());
-        assert!(check_payload(1, 3, 100, &payload(1, 2, 100)).is_some());
-        assert!(check_payload(2, 2, 100, &payload(1, 2, 100)).is_some());
-        let mut p = payload(1, 2, 100).to_vec();
+        assert!(check_payload(1, 2, 100, &payload(1, 2, 100, false)).is_none());
+        assert!(check_payload(1, 2, 100, &payload(1, 2, 100, true)).is_none());
+        assert!(check_payload(1, 3, 100, &payload(1, 2, 100, false)).is_some());
+        assert!(check_payload(2, 2, 100, &payload(1, 2, 100, false)).is_some());
+        let mut p = payload(1, 2, 100, false).to_vec();
         p[50] ^= 1;
         assert!(check_payload(1, 2, 100, &p).unwrap().contains("byte 50"));
     }

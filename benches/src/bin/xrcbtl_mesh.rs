@@ -8,8 +8,22 @@
 //!
 //! ```text
 //! xrcbtl_mesh --dir DIR --ranks N --rank R [--node K] [--device D] [--bind IP]
-//!             [--seconds S] [--window W] [--victim R]...
+//!             [--seconds S] [--until-stopped] [--window W] [--victim R]...
+//!             [--silent-after-failure]
 //! ```
+//!
+//! `--silent-after-failure` makes a broken rank that stops sending at the
+//! first failure it hears of: for showing that the survivors' check (and
+//! a harness waiting on them) finds it.
+//!
+//! The harness steers a run through files in DIR, which every rank looks
+//! for every 50 ms: with `--until-stopped`, the traffic goes on until
+//! `DIR/stop` exists (`--seconds` is then the longest it waits for it, and
+//! reaching that fails the run as the harness's fault), and `DIR/mark-N`
+//! (N = 1, 2, ...) marks a moment: the rank prints `heard from every live
+//! peer since mark N` once each live peer's payloads have come again. So
+//! a harness acts on what the ranks report, never on a guess at how fast
+//! they run.
 //!
 //! Exit status: 0 if the run checks out, 1 if it does not (the reason on
 //! stderr), 2 for bad options.
@@ -29,7 +43,10 @@ use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsFabric};
 use xrcbtl_fabric::{Error, Fabric, Result};
 
 const USAGE: &str = "usage: xrcbtl_mesh --dir DIR --ranks N --rank R [--node K] [--device D] \
-[--bind IP] [--seconds S] [--window W] [--victim R]...";
+[--bind IP] [--seconds S] [--until-stopped] [--window W] [--victim R]... [--silent-after-failure]";
+
+/// How often a rank looks for the harness's files.
+const LOOK_EVERY: Duration = Duration::from_millis(50);
 
 struct Args {
     dir: PathBuf,
@@ -39,6 +56,7 @@ struct Args {
     device: Option<String>,
     bind: Option<IpAddr>,
     opts: MeshOptions,
+    until_stopped: bool,
     victims: Vec<u32>,
 }
 
@@ -52,6 +70,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> std::result::Result<Args, Stri
         device: None,
         bind: None,
         opts: MeshOptions::default(),
+        until_stopped: false,
         victims: Vec::new(),
     };
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> std::result::Result<T, String> {
@@ -80,6 +99,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> std::result::Result<Args, Stri
                     return Err(format!("--window {}: outside 4..=4096", a.opts.window));
                 }
             }
+            "--until-stopped" => a.until_stopped = true,
+            "--silent-after-failure" => a.opts.silent_after_failure = true,
             "--victim" => a.victims.push(num("--victim", it.next())?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown option {other}")),
@@ -142,9 +163,23 @@ fn run(a: &Args) -> Result<bool> {
     let btl = Arc::new(btl);
     let mut mesh =
         Mesh::new(btl.clone(), a.ranks, a.opts.clone()).report_every(Duration::from_secs(2));
+    let stop_file = a.dir.join("stop");
+    let mut stopped = false;
+    let mut next_look = Instant::now();
     let report = loop {
         if let Some(r) = mesh.step() {
             break r;
+        }
+        if Instant::now() >= next_look {
+            next_look = Instant::now() + LOOK_EVERY;
+            if a.until_stopped && !stopped && stop_file.exists() {
+                stopped = true;
+                mesh.end_traffic();
+            }
+            let mark = a.dir.join(format!("mark-{}", mesh.marks() + 1));
+            if mark.exists() {
+                mesh.mark();
+            }
         }
     };
     let refused = btl.with_manager(|m| m.counters().refused_sent.clone());
@@ -171,6 +206,16 @@ fn run(a: &Args) -> Result<bool> {
         eprintln!(
             "mesh: rank {}: FAIL: the clean exit did not finish within 10 s",
             a.rank
+        );
+        return Ok(false);
+    }
+    if a.until_stopped && !stopped {
+        eprintln!(
+            "mesh: rank {}: FAIL: {} did not appear within {:?} of traffic: the harness, \
+             not the product, was too slow",
+            a.rank,
+            stop_file.display(),
+            a.opts.traffic
         );
         return Ok(false);
     }

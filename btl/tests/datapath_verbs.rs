@@ -211,14 +211,30 @@ fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_loses_nothing() {
             rs.btl[src].send(0, TAG, &i.to_le_bytes(), &[]).unwrap();
         }
     }
-    let pause = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < pause {
-        rs.step(Some(0));
+    // The receiver goes away while the senders go on: back, it finds its
+    // SRQ consumed. How long the device takes to fill 8 buffers depends on
+    // the machine, so an away spell that found fewer is followed by one
+    // twice as long (from 300 ms), until one finds the SRQ's depth or the
+    // messages run out. Under credits (iWARP) the senders stop short of
+    // the depth by design: one spell.
+    let credits = rs.btl[0].mode() == (Mode::Rc { p2p: true });
+    let total = 2 + 2 * N as usize;
+    let mut away = Duration::from_millis(300);
+    let mut dry = 0;
+    for _ in 0..8 {
+        let before = rs.count(0);
+        let back = Instant::now() + away;
+        while Instant::now() < back {
+            rs.step(Some(0));
+        }
+        rs.btl[0].progress();
+        dry = dry.max(rs.count(0) - before);
+        if credits || dry >= 8 || rs.count(0) == total {
+            break;
+        }
+        away *= 2;
     }
-    // The receiver was away: back, it finds its SRQ consumed.
-    rs.btl[0].progress();
-    let dry = rs.count(0);
-    rs.until("every message", |rs| rs.count(0) == 2 + 2 * N as usize);
+    rs.until("every message", |rs| rs.count(0) == total);
     rs.settle();
     let got = rs.got[0].lock().unwrap().clone();
     for src in 1..3u32 {
@@ -245,8 +261,8 @@ fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_loses_nothing() {
         // here although the SRQ ran dry, so growth on the event is shown
         // on the simulated fabric; what a device does report is checked.
         assert!(
-            dry >= 2 + 8,
-            "only {dry} arrived while the receiver was away"
+            dry >= 8,
+            "at most {dry} arrived while the receiver was away, its SRQ 8 deep"
         );
         if s.srq_limit_events > 0 {
             assert!(s.srq_grown > 0, "{s:?}");

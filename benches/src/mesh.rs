@@ -807,16 +807,17 @@ mod tests {
         }
     }
 
+    /// Four ranks on two InfiniBand nodes, rank 3 crashed, the traffic
+    /// ended once the survivors heard from each other since.
+    fn told_after_a_crash(silent_after_failure: bool) -> Vec<MeshReport> {
+        let crash = Some((3, Duration::from_micros(500)));
+        let device = SimDevice::ib("sim0");
+        run_steered(device, 2, 2, crash, Steer::Told, silent_after_failure)
+    }
+
     #[test]
     fn a_run_told_to_stop_carries_traffic_after_the_failure_and_the_mark() {
-        let reports = run_steered(
-            SimDevice::ib("sim0"),
-            2,
-            2,
-            Some((3, Duration::from_micros(500))),
-            Steer::Told,
-            false,
-        );
+        let reports = told_after_a_crash(false);
         assert_eq!(reports.len(), 3);
         for r in &reports {
             r.check(&[3])
@@ -842,14 +843,7 @@ mod tests {
 
     #[test]
     fn survivors_that_fall_silent_at_the_failure_fail_the_check() {
-        let reports = run_steered(
-            SimDevice::ib("sim0"),
-            2,
-            2,
-            Some((3, Duration::from_micros(500))),
-            Steer::Told,
-            true,
-        );
+        let reports = told_after_a_crash(true);
         assert_eq!(reports.len(), 3);
         for r in &reports {
             let why = r.check(&[3]).unwrap_err();

@@ -9,7 +9,7 @@
  * with its reason.
  */
 #define _GNU_SOURCE
-#include <mpi.h>
+#include "mpi_test.h"
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
@@ -19,17 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int rank, size, peer;
 
-#define CHECK(c, ...)                                                                  \
-    do {                                                                               \
-        if (!(c)) {                                                                    \
-            fprintf(stderr, "rank %d: FAIL %s:%d: %s: ", rank, __FILE__, __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                              \
-            fprintf(stderr, "\n");                                                     \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                              \
-        }                                                                              \
-    } while (0)
 
 static unsigned char byte_of(int src, size_t n, size_t i) { return (unsigned char) (src * 131u + n * 7u + i * 13u + 1u); }
 
@@ -46,12 +36,6 @@ static long wrong(const unsigned char *b, int src, size_t n)
     return -1;
 }
 
-static void passed(const char *name)
-{
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (0 == rank) printf("PASS %s\n", name);
-    fflush(stdout);
-}
 
 /* Every size from 0 to 4 MiB (powers of two and their neighbours), blocking
  * and non-blocking, both ways; then 64 in flight at once per size. */
@@ -554,20 +538,7 @@ static int check_released(int me)
 
 int main(int argc, char **argv)
 {
-    int provided, want = MPI_THREAD_SINGLE;
-    /* Only the threads test asks for MPI_THREAD_MULTIPLE: osc/pt2pt (the
-     * one-sided component on a device without atomics) refuses windows
-     * under it. */
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "threads")) want = MPI_THREAD_MULTIPLE;
-    MPI_Init_thread(&argc, &argv, want, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size % 2) {
-        if (0 == rank) fprintf(stderr, "xrc_mpi_test needs an even number of ranks\n");
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    peer = rank ^ 1;
+    int provided = test_start(&argc, &argv, "xrc_mpi_test");
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "p2p")) test_p2p();
         else if (!strcmp(argv[i], "sync")) test_sync();

@@ -28,25 +28,15 @@
  * job with its reason.
  */
 #define _GNU_SOURCE
-#include <mpi.h>
+#include "mpi_test.h"
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int rank, size, peer;
 static size_t eager = 8192;
 
-#define CHECK(c, ...)                                                                  \
-    do {                                                                               \
-        if (!(c)) {                                                                    \
-            fprintf(stderr, "rank %d: FAIL %s:%d: %s: ", rank, __FILE__, __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                              \
-            fprintf(stderr, "\n");                                                     \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                              \
-        }                                                                              \
-    } while (0)
 
 /* ---- the operations and their reference ------------------------------- */
 
@@ -479,12 +469,6 @@ static void report(const char *name, const struct counts *c)
                name, sum[0], sum[1], sum[2], sum[3], sum[4], sum[5]);
 }
 
-static void passed(const char *name)
-{
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (0 == rank) printf("PASS %s\n", name);
-    fflush(stdout);
-}
 
 static void test_ops(void)
 {
@@ -606,20 +590,7 @@ static void test_threads(int provided)
 
 int main(int argc, char **argv)
 {
-    int provided, want = MPI_THREAD_SINGLE;
-    /* Only the threads test asks for MPI_THREAD_MULTIPLE: osc/pt2pt (the
-     * one-sided component on a device without atomics) refuses windows
-     * under it. */
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "threads")) want = MPI_THREAD_MULTIPLE;
-    MPI_Init_thread(&argc, &argv, want, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size % 2) {
-        if (0 == rank) fprintf(stderr, "xrc_rma_test needs an even number of ranks\n");
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    peer = rank ^ 1;
+    int provided = test_start(&argc, &argv, "xrc_rma_test");
     for (int i = 1; i < argc; i++) {
         if (!strncmp(argv[i], "eager=", 6)) {
             char *end;

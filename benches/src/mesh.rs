@@ -172,7 +172,6 @@ pub struct Mesh<C: Context> {
     state: Arc<Mutex<State>>,
     start: Duration,
     traffic_until: Option<Duration>,
-    traffic_ended: bool,
     closing_since: Option<Duration>,
     /// The moments whose line is still to be printed.
     awaited: Vec<Since>,
@@ -301,7 +300,6 @@ impl<C: Context> Mesh<C> {
             state,
             start,
             traffic_until: None,
-            traffic_ended: false,
             closing_since: None,
             awaited: vec![Since::Failure],
             marks: 0,
@@ -369,7 +367,8 @@ impl<C: Context> Mesh<C> {
     /// Ends the traffic: the next [`Mesh::step`] starts the close (at
     /// once, if the traffic has not started yet).
     pub fn end_traffic(&mut self) {
-        self.traffic_ended = true;
+        let now = self.btl.config().clock.now();
+        self.traffic_until = Some(self.traffic_until.map_or(now, |until| until.min(now)));
     }
 
     /// Marks a moment of the run (the harness resumed a stopped rank, say):
@@ -439,9 +438,6 @@ impl<C: Context> Mesh<C> {
             self.tell_heard_since(&st);
         }
         let others = (0..self.size).filter(|&r| r != self.me);
-        if self.traffic_ended && self.traffic_until.is_none() {
-            self.traffic_until = Some(now);
-        }
         let Some(until) = self.traffic_until else {
             // Traffic starts with a payload to everyone; it is timed from
             // when every peer has been heard from.
@@ -462,7 +458,7 @@ impl<C: Context> Mesh<C> {
             self.send_round();
             return None;
         };
-        if now < until && !self.traffic_ended {
+        if now < until {
             drop(st);
             self.send_round();
             return None;

@@ -677,9 +677,23 @@ mod tests {
             len: len as u64,
             mode: 1,
         };
-        // SAFETY: write-protects the test's own watched mapping.
-        let r = unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT, &mut wp) };
-        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        // The kernel refuses with EAGAIN while an event of the descriptor
+        // (another test's unmap of watched memory) waits for the monitor's
+        // reader: tried again until the reader has taken it.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (r, err) = loop {
+            // SAFETY: write-protects the test's own watched mapping.
+            let r = unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT, &mut wp) };
+            let err = io::Error::last_os_error();
+            if r == 0
+                || err.raw_os_error() != Some(libc::EAGAIN)
+                || std::time::Instant::now() >= end
+            {
+                break (r, err);
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(r, 0, "{err}");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             // SAFETY: writes inside the test's mapping, which nothing else

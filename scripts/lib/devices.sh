@@ -1,0 +1,44 @@
+# Sourced by scripts/guest-tests, guest-faults, guest-ompi and guest-mpich:
+# one guest boot per device, the boots side by side. Single-threaded TCG
+# keeps a guest on one host core, so two devices' boots on two cores take
+# the time of the longer one. Each line of a boot's output is printed as it
+# comes, prefixed with the device.
+#
+#   on_devices NAME FUNCTION DEVICE...
+#
+# FUNCTION DEVICE runs that device's boot and returns 0 if it passed.
+# on_devices returns 0 if every one did. GUEST_JOBS (default: the host's
+# cores) bounds the boots at once; 1 runs them one after another. A
+# signal to the script takes its boots down (softrdma-vm takes its guest
+# with it) before the script exits.
+on_devices() {
+    local name=$1 fn=$2 d i rc status=0 jobs=${GUEST_JOBS:-$(nproc)}
+    shift 2
+    local devs=("$@") pids=() rcs=()
+    trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 130' INT TERM HUP
+    for i in "${!devs[@]}"; do
+        d=${devs[$i]}
+        # At most $jobs at once: wait for the oldest still running.
+        if [ "$i" -ge "$jobs" ]; then
+            wait "${pids[$((i - jobs))]}"
+            rcs[$((i - jobs))]=$?
+        fi
+        (
+            t0=$(date +%s)
+            "$fn" "$d" 2>&1 | sed -u "s/^/[$d] /"
+            rc=${PIPESTATUS[0]}
+            echo "$name: $d: exit $rc in $(( $(date +%s) - t0 )) s"
+            exit "$rc"
+        ) &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        if [ -z "${rcs[$i]:-}" ]; then
+            wait "${pids[$i]}"
+            rcs[$i]=$?
+        fi
+        [ "${rcs[$i]}" -eq 0 ] || status=1
+    done
+    trap - INT TERM HUP
+    return $status
+}

@@ -10,8 +10,9 @@
 # reading and returns 1.
 rdma_res_back() {
     local end=$((SECONDS + $2)) now
-    while now=$(rdma res show) && [ "$now" != "$1" ]; do
-        [ $SECONDS -lt $end ] || { printf '%s' "$now"; return 1; }
+    while now=$(rdma res show) && [ "$now" != "$1" ] && [ $SECONDS -lt $end ]; do
         sleep 0.5
     done
+    # Also when `rdma res show` itself failed.
+    [ "$now" = "$1" ] || { printf '%s' "$now"; return 1; }
 }

@@ -6,7 +6,9 @@
 //! shows what a stale registration would send (the old, pinned pages);
 //! atomics where the device has them; one-sided work on a rank's own
 //! memory through the loopback; gathered sends; two threads per rank
-//! sending and progressing at once. Ranks are BTLs of this process on the
+//! sending and progressing at once; osc/rdma's one-sided load (puts,
+//! flushes, gets and atomics, every result checked) from two threads per
+//! rank. Ranks are BTLs of this process on the
 //! one device. The tests are ignored unless asked for (`--ignored`, as
 //! scripts/guest-tests does); asked for without a device, they fail.
 
@@ -549,4 +551,222 @@ fn gathered_sends_and_two_threads_per_rank_lose_and_reorder_nothing() {
         }
     }
     rs.shutdown();
+}
+
+/// Bytes of each thread's part of a window: its puts land there.
+const SLICE: usize = 256 << 10;
+/// Counters of each thread, after the two slices.
+const COUNTERS: usize = 8;
+/// Work of each kind per batch.
+const BATCH: usize = 16;
+
+/// What MPI's osc/rdma asks of the BTL, from two threads per rank at once
+/// (MPI_THREAD_MULTIPLE): puts of 8 B to 16 KiB into the peer's window, a
+/// flush, gets of them back; fetch-adds, adds and compare-and-swaps on
+/// counters there (where the device has atomics); every result checked.
+/// The local buffer is registered through the cache each epoch and
+/// remapped after it, as an application's changing buffers are. Rank 0's
+/// window comes from `alloc_mem` (Win_allocate), rank 1's is user memory
+/// (Win_create). `XRCBTL_ONESIDED_SECONDS` runs it that long instead of 20
+/// epochs per thread: `scripts/tcg-modes --load btl` uses it as the load
+/// that tells the emulator's modes apart without MPI.
+#[test]
+#[ignore = "needs a device: XRCBTL_TEST_DEVICE (scripts/guest-tests runs these)"]
+fn one_sided_load_from_two_threads_per_rank_checks_every_result() {
+    let seconds = std::env::var("XRCBTL_ONESIDED_SECONDS")
+        .ok()
+        .map(|s| s.parse::<u64>().expect("XRCBTL_ONESIDED_SECONDS: seconds"));
+    let rs = setup(2, |_, _| {});
+    let atomics = rs.btl[0].caps().atomics;
+    let mut access = Access::REMOTE_READ | Access::REMOTE_WRITE;
+    if atomics {
+        access |= Access::REMOTE_ATOMIC;
+    }
+    let window = 2 * SLICE + 2 * COUNTERS * 8;
+    let allocated = rs.btl[0].alloc_mem(window).unwrap();
+    let user = MappedBuf::new(window).unwrap();
+    let user_reg = rs.btl[1].register_mem(user.user_mem(), access).unwrap();
+    let windows = [allocated.remote(), user_reg.remote()];
+    let end = seconds.map(|s| Instant::now() + Duration::from_secs(s));
+    let mut threads = Vec::new();
+    for r in 0..2usize {
+        for t in 0..2usize {
+            let b = rs.btl[r].clone();
+            let win = windows[1 - r];
+            threads.push(std::thread::spawn(move || {
+                one_sided_thread(&b, 1 - r as u32, win, t, end, atomics)
+            }));
+        }
+    }
+    let mut totals = Vec::new();
+    for t in threads {
+        totals.push(t.join().unwrap());
+    }
+    // Each thread's counters hold what its atomics added, in both windows.
+    for r in 0..2usize {
+        for t in 0..2usize {
+            let (epochs, want) = &totals[r * 2 + t];
+            for (c, want) in want.iter().enumerate() {
+                let at = 2 * SLICE + (t * COUNTERS + c) * 8;
+                let got = if r == 1 {
+                    allocated.read_u64(at)
+                } else {
+                    u64::from_le_bytes(user.read(at, 8).try_into().unwrap())
+                };
+                assert_eq!(got, *want, "rank {r} thread {t} counter {c}");
+            }
+            eprintln!("rank {r} thread {t}: {epochs} epochs");
+        }
+    }
+    rs.btl[1].deregister_mem(user_reg).unwrap();
+    let stats = rs.btl[0].stats();
+    eprintln!(
+        "rank 0: {} RDMA fragments, {} atomics",
+        stats.rdma_frags, stats.atomics
+    );
+    rs.shutdown();
+}
+
+/// One thread's epochs against `peer`'s window; returns how many it ran and
+/// what its counters must hold.
+fn one_sided_thread(
+    b: &Btl<VerbsContext>,
+    peer: u32,
+    win: RemoteMem,
+    t: usize,
+    end: Option<Instant>,
+    atomics: bool,
+) -> (u64, [u64; COUNTERS]) {
+    let slice = (t * SLICE) as u64;
+    let counter = |c: usize| win.at((2 * SLICE + (t * COUNTERS + c) * 8) as u64);
+    let mut totals = [0u64; COUNTERS];
+    let mut buf = MappedBuf::new(2 * SLICE).unwrap();
+    let mut seed = 0x5EED_0000 + t as u32 * 7919 + peer * 104_729;
+    let mut epochs = 0u64;
+    let wait = |out: &Outcomes, n: usize, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while out.lock().unwrap().len() < n {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            b.progress();
+        }
+    };
+    loop {
+        match end {
+            Some(end) if Instant::now() >= end => break,
+            None if epochs == 20 => break,
+            _ => {}
+        }
+        let reg = b
+            .register_mem(buf.user_mem(), Access::REMOTE_READ | Access::REMOTE_WRITE)
+            .unwrap();
+        // Puts into this thread's slice, atomics alongside.
+        let puts: Outcomes = Arc::default();
+        let fetched: [Outcomes; COUNTERS] = Default::default();
+        let mut sent = Vec::new();
+        let mut fetches = 0usize;
+        let mut added = [0u64; COUNTERS];
+        for k in 0..BATCH {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let len = 8usize << ((seed >> 16) % 12);
+            let data = pattern(seed, len);
+            let off = (k * (SLICE / BATCH)) as u64;
+            buf.write(off as usize, &data);
+            b.put(peer, reg.at(off), win.at(slice + off), len, recorder(&puts))
+                .unwrap();
+            sent.push((off, data));
+            if atomics {
+                let c = k % COUNTERS;
+                if k % 4 == 3 {
+                    b.add(peer, counter(c), 3, recorder(&puts)).unwrap();
+                } else {
+                    b.fetch_add(peer, counter(c), 3, recorder(&fetched[c]))
+                        .unwrap();
+                    fetches += 1;
+                }
+                added[c] += 3;
+            }
+        }
+        let adds = if atomics { BATCH / 4 } else { 0 };
+        wait(&puts, BATCH + adds, "puts and adds");
+        let fetches_done =
+            |f: &[Outcomes; COUNTERS]| f.iter().map(|o| o.lock().unwrap().len()).sum::<usize>();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while fetches_done(&fetched) < fetches {
+            assert!(Instant::now() < deadline, "timed out: fetch-adds");
+            b.progress();
+        }
+        assert!(puts.lock().unwrap().iter().all(|r| *r == Ok(None)));
+        // The fetch-adds on a counter saw distinct values, multiples of 3
+        // from its total before the batch, below its total after it.
+        for c in 0..COUNTERS {
+            let mut seen: Vec<u64> = fetched[c]
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|r| r.clone().unwrap().unwrap())
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(
+                seen.len(),
+                fetched[c].lock().unwrap().len(),
+                "counter {c}: {seen:?}"
+            );
+            for v in &seen {
+                assert!(
+                    *v >= totals[c] && *v < totals[c] + added[c] && (v - totals[c]) % 3 == 0,
+                    "counter {c}: a fetch-add returned {v}, its total was {} + {}",
+                    totals[c],
+                    added[c]
+                );
+            }
+            totals[c] += added[c];
+        }
+        // Gets of them back (after the flush above), compare-and-swaps
+        // alongside, one per counter.
+        let got: Outcomes = Arc::default();
+        let swapped: [Outcomes; COUNTERS] = Default::default();
+        for (off, data) in &sent {
+            b.get(
+                peer,
+                win.at(slice + off),
+                reg.at(SLICE as u64 + off),
+                data.len(),
+                recorder(&got),
+            )
+            .unwrap();
+        }
+        if atomics {
+            for (c, total) in totals.iter_mut().enumerate() {
+                b.compare_swap(peer, counter(c), *total, *total + 5, recorder(&swapped[c]))
+                    .unwrap();
+                *total += 5;
+            }
+        }
+        wait(&got, BATCH, "gets");
+        for s in &swapped {
+            wait(s, usize::from(atomics), "compare-and-swaps");
+        }
+        assert!(got.lock().unwrap().iter().all(|r| *r == Ok(None)));
+        for (off, data) in &sent {
+            assert!(
+                buf.read(SLICE + *off as usize, data.len()) == *data,
+                "epoch {epochs}: a get at {off} did not return the put's {} bytes",
+                data.len()
+            );
+        }
+        // Each compare-and-swap found its counter's total and stored 5 more.
+        for (c, total) in totals.iter().enumerate() {
+            let found = swapped[c].lock().unwrap().clone();
+            assert!(
+                !atomics || found == [Ok(Some(total - 5))],
+                "counter {c}: a compare-and-swap found {found:?}, not {}",
+                total - 5
+            );
+        }
+        b.deregister_mem(reg).unwrap();
+        buf.remap().unwrap();
+        epochs += 1;
+    }
+    (epochs, totals)
 }

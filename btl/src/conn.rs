@@ -322,6 +322,18 @@ pub struct ConnDriver<C: Context> {
 /// Notices kept for [`ConnDriver::take_notices`].
 pub const NOTICES_KEPT: usize = 1024;
 
+/// Moves an RC QP that draws from the SRQ to the error state, so that the
+/// device reports its last receive; false if it could not, or need not. A
+/// QP still in RESET (never handed to the CM, or handed to a connection
+/// that failed before the CM moved it to INIT) took no receive, and the QP
+/// state table refuses RESET to ERR (rxe logs each refusal).
+fn stop_rc<Q: Qp>(qp: &Q, wired: bool) -> bool {
+    if !wired || qp.state().map_or(true, |st| st == QpState::Reset) {
+        return false;
+    }
+    qp.modify(&QpTransition::Error).is_ok()
+}
+
 /// Keeps `n` among the latest [`NOTICES_KEPT`] notices.
 fn keep_notice(notices: &mut VecDeque<Notice>, n: Notice) {
     if notices.len() == NOTICES_KEPT {
@@ -337,7 +349,7 @@ impl<C: Context> Drop for ConnDriver<C> {
     fn drop(&mut self) {
         for s in self.slots.iter().flatten() {
             if s.qp.qp_type() == QpType::Rc {
-                let _ = s.qp.modify(&QpTransition::Error);
+                stop_rc(&s.qp, s.wired);
             }
         }
     }
@@ -1092,7 +1104,7 @@ impl<C: Context> ConnDriver<C> {
                     if s.qp.qp_type() == QpType::Rc {
                         // Drawing from the SRQ: stop it, and destroy it
                         // once its last receive is in the CQ and polled.
-                        let stopped = s.qp.modify(&QpTransition::Error).is_ok();
+                        let stopped = stop_rc(&s.qp, s.wired);
                         self.draining.insert(
                             qpn,
                             Draining {

@@ -1356,6 +1356,11 @@ impl World {
                 q.state = QpState::Rts;
             }
             QpTransition::Error => {
+                // The kernel's qp_state_table: RESET leads to RESET or INIT
+                // only (rxe and the HCA drivers return EINVAL).
+                if from == QpState::Reset {
+                    return Err(Error::state("ERR from Reset"));
+                }
                 self.qp_to_error(qp, None);
             }
             QpTransition::Reset => {

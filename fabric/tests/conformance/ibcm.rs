@@ -1,7 +1,8 @@
 //! Rules the kernel's IB CM and the verbs enforce that an XRC HCA would:
 //! the stale-connection check on (announced QP number, sending HCA), the
-//! timers the CM hands out, the attribute masks allowed per QP type, and
-//! the inline limit per QP type. Each reads back from the device what it
+//! timers the CM hands out, the attribute masks allowed per QP type, the
+//! QP state table's refusal of RESET to ERR, and the inline limit per QP
+//! type. Each reads back from the device what it
 //! can.
 
 use std::result::Result;
@@ -39,6 +40,11 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
             "rtr_ini_refuses_responder_attributes",
             &[Need::Xrc],
             rtr_ini_refuses_responder_attributes::<H>,
+        ),
+        rule(
+            "reset_to_error_is_refused",
+            &[Need::IbFamily],
+            reset_to_error_is_refused::<H>,
         ),
         rule(
             "inline_limit_per_qp_type",
@@ -182,6 +188,42 @@ fn rtr_ini_refuses_responder_attributes<H: Harness>(h: &H) -> Outcome {
     );
     ini.modify(&QpTransition::Rtr(RtrAttr::initiator(dest, 0x99)))?;
     ensure_eq!(ini.state()?, QpState::Rtr);
+    Ok(())
+}
+
+/// The kernel's QP state table (`ib_modify_qp_is_ok`, which rxe and the
+/// HCA drivers apply) leads from RESET only to RESET or INIT: a QP never
+/// initialised cannot be moved to ERR (EINVAL), so a teardown that stops
+/// QPs must not count on it. From INIT on, ERR is allowed.
+fn reset_to_error_is_refused<H: Harness>(h: &H) -> Outcome {
+    let p = h.spawn(0).map_err(Failure)?;
+    let pd = p.ctx.alloc_pd()?;
+    let cq = p.ctx.create_cq(16)?;
+    let qp = p.ctx.create_qp(
+        &pd,
+        &QpInit {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: Some(&cq),
+            srq: None,
+            caps: QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline: 0,
+            },
+        },
+    )?;
+    ensure_eq!(qp.state()?, QpState::Reset);
+    ensure!(
+        qp.modify(&QpTransition::Error).is_err(),
+        "a QP in RESET was moved to ERR"
+    );
+    ensure_eq!(qp.state()?, QpState::Reset);
+    qp.modify(&QpTransition::Init(InitAttr::default()))?;
+    qp.modify(&QpTransition::Error)?;
+    ensure_eq!(qp.state()?, QpState::Error);
     Ok(())
 }
 

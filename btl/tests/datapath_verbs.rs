@@ -278,6 +278,18 @@ fn a_tiny_send_queue_queues_work_and_an_exhausted_srq_loses_nothing() {
 
 type Outcomes = Arc<Mutex<Vec<OpResult>>>;
 
+/// The values fetching atomics found, sorted (each must have succeeded).
+fn fetched_sorted(out: &Outcomes) -> Vec<u64> {
+    let mut v: Vec<u64> = out
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.clone().unwrap().unwrap())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
 fn recorder(out: &Outcomes) -> Option<xrcbtl_btl::OnDone<VerbsContext>> {
     let o = out.clone();
     Some(Box::new(move |_, _, r| o.lock().unwrap().push(r)))
@@ -363,14 +375,10 @@ fn atomics_where_the_device_has_them_and_a_clear_refusal_where_not() {
     }
     rs.until("200 fetch-adds", |_| out.lock().unwrap().len() == 200);
     assert_eq!(theirs.read_u64(64), 600);
-    let mut seen: Vec<u64> = out
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.clone().unwrap().unwrap())
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (0..200).map(|i| i * 3).collect::<Vec<_>>());
+    assert_eq!(
+        fetched_sorted(&out),
+        (0..200).map(|i| i * 3).collect::<Vec<_>>()
+    );
     out.lock().unwrap().clear();
     for r in 0..2 {
         rs.btl[r]
@@ -449,14 +457,7 @@ fn own_memory_through_the_loopback_or_a_clear_refusal_on_iwarp() {
             }
         }
         rs.until("200 fetch-adds", |_| out.lock().unwrap().len() == 200);
-        let mut seen: Vec<u64> = out
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|r| r.clone().unwrap().unwrap())
-            .collect();
-        seen.sort_unstable();
-        assert_eq!(seen, (0..200).collect::<Vec<_>>());
+        assert_eq!(fetched_sorted(&out), (0..200).collect::<Vec<_>>());
         assert_eq!(mine.read_u64(64), 200);
     }
     rs.shutdown();
@@ -699,13 +700,7 @@ fn one_sided_thread(
         // The fetch-adds on a counter saw distinct values, multiples of 3
         // from its total before the batch, below its total after it.
         for c in 0..COUNTERS {
-            let mut seen: Vec<u64> = fetched[c]
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|r| r.clone().unwrap().unwrap())
-                .collect();
-            seen.sort_unstable();
+            let mut seen = fetched_sorted(&fetched[c]);
             seen.dedup();
             assert_eq!(
                 seen.len(),

@@ -206,13 +206,7 @@ fn reset_to_error_is_refused<H: Harness>(h: &H) -> Outcome {
             send_cq: &cq,
             recv_cq: Some(&cq),
             srq: None,
-            caps: QpCaps {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline: 0,
-            },
+            caps: QpCaps::default(),
         },
     )?;
     ensure_eq!(qp.state()?, QpState::Reset);

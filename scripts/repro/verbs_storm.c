@@ -135,7 +135,6 @@ static int fail(struct tally *t, const char *what, unsigned long a, unsigned lon
     return -1;
 }
 
-/* One epoch: fresh registrations, BATCHES batches, checks, deregistration. */
 /* Buffers of one thread: the window, its shadow (what the window must hold),
  * the writes' sources, the reads' destinations, what each read must find,
  * and the atomics' result slots. */
@@ -144,6 +143,8 @@ struct bufs {
     uint64_t *results;
 };
 
+/* One epoch: fresh registrations, 8 batches with their checks,
+ * deregistration. */
 static int epoch(struct ibv_cq *cq, struct ibv_qp *qp, struct bufs *m,
                  uint64_t *rng, struct tally *t)
 {
@@ -163,7 +164,9 @@ static int epoch(struct ibv_cq *cq, struct ibv_qp *qp, struct bufs *m,
     for (int batch = 0; batch < 8; batch++) {
         struct ibv_send_wr wr[BATCH];
         struct ibv_sge sge[BATCH];
-        struct { int kind; uint32_t off, len; uint64_t want; } what[BATCH];
+        /* Per request: its kind, where in the window (or which counter),
+         * its length, its local offset, an atomic's expected result. */
+        struct { int kind; uint32_t off, len, local; uint64_t want; } what[BATCH];
         memset(wr, 0, sizeof wr);
         uint32_t wbase = COUNTERS * 8 + (next(rng) % 8) * (64u << 10);
         for (int i = 0; i < BATCH; i++) {
@@ -178,8 +181,9 @@ static int epoch(struct ibv_cq *cq, struct ibv_qp *qp, struct bufs *m,
             wr[i].num_sge = 1;
             wr[i].send_flags = IBV_SEND_SIGNALED;
             what[i].kind = kind;
+            what[i].local = off;
             if (kind == 0) { /* write a pattern into the window */
-                uint32_t at = wbase + (i % 4) * (MAX_IO / 4) % (WINDOW - wbase);
+                uint32_t at = wbase + (i % 4) * (MAX_IO / 4);
                 len = len > MAX_IO / 4 ? MAX_IO / 4 : len;
                 for (uint32_t k = 0; k < len; k++)
                     src[off + k] = (char)(r + k * 7);
@@ -246,7 +250,7 @@ static int epoch(struct ibv_cq *cq, struct ibv_qp *qp, struct bufs *m,
         /* The responder ran every request in order: a read saw the writes
          * posted before it, each atomic the value the ones before it left. */
         for (int i = 0; i < BATCH; i++) {
-            uint32_t off = (uint32_t)i * MAX_IO % LOCAL;
+            uint32_t off = what[i].local;
             if (what[i].kind == 1 && memcmp(dst + off, m->want + off, what[i].len))
                 return fail(t, "a read did not return what was written", what[i].off,
                             what[i].len);

@@ -1,0 +1,8 @@
+//! A libfabric provider over xrcbtl, in the making (issue 29): the logic
+//! that libfabric's contract asks of an FI_EP_RDM endpoint, as safe Rust
+//! with no libfabric types, unit-tested without a fabric.
+//!
+//! - [`matching`]: posted and unexpected receives, tag matching, FI_PEEK /
+//!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation.
+
+pub mod matching;

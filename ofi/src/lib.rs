@@ -2,7 +2,10 @@
 //! that libfabric's contract asks of an FI_EP_RDM endpoint, as safe Rust
 //! with no libfabric types, unit-tested without a fabric.
 //!
+//! - [`av`]: the address vector, FI_AV_TABLE and FI_AV_MAP numbers and the
+//!   way back from a peer to its number (FI_SOURCE);
 //! - [`matching`]: posted and unexpected receives, tag matching, FI_PEEK /
 //!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation.
 
+pub mod av;
 pub mod matching;

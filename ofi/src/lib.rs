@@ -4,8 +4,11 @@
 //!
 //! - [`av`]: the address vector, FI_AV_TABLE and FI_AV_MAP numbers and the
 //!   way back from a peer to its number (FI_SOURCE);
+//! - [`cq`]: completion queue entries in order, errors in their place,
+//!   places reserved at post time; counters;
 //! - [`matching`]: posted and unexpected receives, tag matching, FI_PEEK /
 //!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation.
 
 pub mod av;
+pub mod cq;
 pub mod matching;

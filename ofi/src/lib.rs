@@ -6,9 +6,12 @@
 //!   way back from a peer to its number (FI_SOURCE);
 //! - [`cq`]: completion queue entries in order, errors in their place,
 //!   places reserved at post time; counters;
+//! - [`info`]: what `fi_getinfo` offers on a device and how hints narrow it;
 //! - [`matching`]: posted and unexpected receives, tag matching, FI_PEEK /
 //!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation.
 
 pub mod av;
 pub mod cq;
+pub mod info;
 pub mod matching;
+pub(crate) mod sys;

@@ -1,0 +1,615 @@
+//! What the provider offers in `fi_getinfo`, and how an offer is narrowed
+//! to a caller's hints. Plain Rust structs that mirror the parts of
+//! `struct fi_info` the provider reads and fills; the extern "C" layer
+//! copies them in and out. Zero means "unspecified" in hints, as in
+//! libfabric.
+//!
+//! The rules (fi_getinfo(3)):
+//! - Anything the hints ask that the offer cannot do refuses the whole
+//!   offer (FI_ENODATA), naming the attribute ([`Refused`]).
+//! - Primary capabilities come back only if asked (all of them with no
+//!   hints); secondary ones (FI_SOURCE, FI_MULTI_RECV, ...) only if asked,
+//!   except FI_LOCAL_COMM | FI_REMOTE_COMM, which mean both when neither is
+//!   given. Capabilities asked with no direction at all get the directions
+//!   of their classes (FI_MSG, FI_TAGGED: FI_SEND | FI_RECV; FI_RMA,
+//!   FI_ATOMIC: FI_READ | FI_WRITE and their remote pair).
+//! - The provider needs no mode bit, and never FI_MR_LOCAL: it registers
+//!   local buffers itself. Remote access (FI_RMA, FI_ATOMIC) needs
+//!   FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY; hints that name
+//!   remote access without them are refused, and hints that leave the
+//!   capabilities open get an offer without remote access instead.
+//! - Threading comes back exactly as asked (FI_THREAD_DOMAIN when not
+//!   asked): MPICH checks it. Progress is FI_PROGRESS_MANUAL.
+//! - Callers older than API 1.5 (mr_mode as an enum) are refused.
+#![forbid(unsafe_code)]
+
+use crate::sys;
+
+/// libfabric's FI_VERSION(major, minor).
+pub const fn fi_version(major: u32, minor: u32) -> u32 {
+    (major << 16) | minor
+}
+
+/// The API version the provider claims: built on 1.17's headers, and 1.18
+/// added only enum values to them.
+pub const API_VERSION: u32 = fi_version(1, 18);
+
+/// The oldest API version a caller may ask for.
+pub const API_VERSION_MIN: u32 = fi_version(1, 5);
+
+const MSG: u64 = sys::FI_MSG as u64;
+const RMA: u64 = sys::FI_RMA as u64;
+const TAGGED: u64 = sys::FI_TAGGED as u64;
+const ATOMIC: u64 = sys::FI_ATOMIC as u64;
+const READ: u64 = sys::FI_READ as u64;
+const WRITE: u64 = sys::FI_WRITE as u64;
+const RECV: u64 = sys::FI_RECV as u64;
+const SEND: u64 = sys::FI_SEND as u64;
+const REMOTE_READ: u64 = sys::FI_REMOTE_READ as u64;
+const REMOTE_WRITE: u64 = sys::FI_REMOTE_WRITE as u64;
+const MULTI_RECV: u64 = sys::FI_MULTI_RECV as u64;
+const LOCAL_COMM: u64 = sys::FI_LOCAL_COMM;
+const REMOTE_COMM: u64 = sys::FI_REMOTE_COMM;
+const SOURCE: u64 = sys::FI_SOURCE;
+const DIRECTED_RECV: u64 = sys::FI_DIRECTED_RECV;
+
+/// Capabilities that name a kind of transfer.
+const CLASSES: u64 = MSG | TAGGED | RMA | ATOMIC;
+/// Capabilities that name a direction.
+const DIRECTIONS: u64 = READ | WRITE | RECV | SEND | REMOTE_READ | REMOTE_WRITE;
+/// Secondary capabilities the provider has.
+const SECONDARY: u64 = MULTI_RECV | SOURCE | LOCAL_COMM | REMOTE_COMM;
+/// What needs registered memory that peers reach.
+const REMOTE_ACCESS: u64 = RMA | ATOMIC | REMOTE_READ | REMOTE_WRITE | READ | WRITE;
+/// Capabilities of the transmit side and of the receive side.
+const TX_CAPS: u64 = CLASSES | READ | WRITE | SEND | LOCAL_COMM | REMOTE_COMM;
+const RX_CAPS: u64 = CLASSES
+    | REMOTE_READ
+    | REMOTE_WRITE
+    | RECV
+    | MULTI_RECV
+    | SOURCE
+    | DIRECTED_RECV
+    | LOCAL_COMM
+    | REMOTE_COMM;
+
+/// The memory registration modes remote access needs.
+pub const MR_MODE_REMOTE: u32 = sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
+
+const OP_FLAGS_TX: u64 = (sys::FI_COMPLETION
+    | sys::FI_INJECT
+    | sys::FI_INJECT_COMPLETE
+    | sys::FI_TRANSMIT_COMPLETE
+    | sys::FI_DELIVERY_COMPLETE) as u64;
+const OP_FLAGS_RX: u64 = (sys::FI_COMPLETION | sys::FI_MULTI_RECV) as u64;
+
+/// A transmit or receive context's attributes (`fi_tx_attr`, `fi_rx_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CtxAttr {
+    /// Capabilities of this side.
+    pub caps: u64,
+    /// Mode bits.
+    pub mode: u64,
+    /// Default operation flags.
+    pub op_flags: u64,
+    /// Message ordering (FI_ORDER_*).
+    pub msg_order: u64,
+    /// Completion ordering.
+    pub comp_order: u64,
+    /// Largest inject (transmit side only).
+    pub inject_size: usize,
+    /// Queue depth.
+    pub size: usize,
+    /// Entries of an IO vector.
+    pub iov_limit: usize,
+    /// Entries of an RMA IO vector (transmit side only).
+    pub rma_iov_limit: usize,
+}
+
+/// The endpoint's attributes (`fi_ep_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EpAttr {
+    /// FI_EP_*.
+    pub ep_type: u32,
+    /// FI_PROTO_*.
+    pub protocol: u32,
+    /// Largest message.
+    pub max_msg_size: usize,
+    /// Transmit contexts (1).
+    pub tx_ctx_cnt: usize,
+    /// Receive contexts (1).
+    pub rx_ctx_cnt: usize,
+    /// Bytes of an authorization key (none).
+    pub auth_key_size: usize,
+}
+
+/// The domain's attributes (`fi_domain_attr`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DomainAttr {
+    /// The device's name.
+    pub name: Option<String>,
+    /// FI_THREAD_*.
+    pub threading: u32,
+    /// FI_PROGRESS_* of control operations.
+    pub control_progress: u32,
+    /// FI_PROGRESS_* of data transfers.
+    pub data_progress: u32,
+    /// FI_RM_*.
+    pub resource_mgmt: u32,
+    /// FI_AV_*.
+    pub av_type: u32,
+    /// FI_MR_* bits.
+    pub mr_mode: u32,
+    /// Bytes of a memory key.
+    pub mr_key_size: usize,
+    /// Bytes of remote CQ data.
+    pub cq_data_size: usize,
+    /// Completion queues a domain may open.
+    pub cq_cnt: usize,
+    /// Endpoints a domain may open.
+    pub ep_cnt: usize,
+    /// Counters a domain may open.
+    pub cntr_cnt: usize,
+    /// Entries of a registration's IO vector.
+    pub mr_iov_limit: usize,
+    /// Registrations a domain may hold.
+    pub mr_cnt: usize,
+}
+
+/// The fabric's attributes (`fi_fabric_attr`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FabricAttr {
+    /// The fabric's name.
+    pub name: Option<String>,
+    /// The provider's version.
+    pub prov_version: u32,
+    /// The API version.
+    pub api_version: u32,
+}
+
+/// One `fi_info`, as far as the provider reads or fills it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Info {
+    /// Capabilities.
+    pub caps: u64,
+    /// Mode bits the caller supports (hints) or the provider needs (offer).
+    pub mode: u64,
+    /// FI_FORMAT_UNSPEC, FI_SOCKADDR, ...
+    pub addr_format: u32,
+    /// Transmit attributes.
+    pub tx: CtxAttr,
+    /// Receive attributes.
+    pub rx: CtxAttr,
+    /// Endpoint attributes.
+    pub ep: EpAttr,
+    /// Domain attributes.
+    pub domain: DomainAttr,
+    /// Fabric attributes.
+    pub fabric: FabricAttr,
+}
+
+/// What a device lets the provider offer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Its name (the domain's name): `rxe0`, `mlx5_0`, `sim`.
+    pub name: String,
+    /// Whether it does 64-bit atomics (FI_ATOMIC).
+    pub atomics: bool,
+    /// Largest message.
+    pub max_msg_size: usize,
+    /// Largest inject.
+    pub inject_size: usize,
+    /// Transmit and receive queue depth.
+    pub queue_size: usize,
+}
+
+/// The fabric's name.
+pub const FABRIC_NAME: &str = "xrc";
+/// The provider's own version.
+pub const PROVIDER_VERSION: u32 = fi_version(0, 1);
+/// Bytes of remote CQ data a message carries.
+pub const CQ_DATA_SIZE: usize = 8;
+
+/// Everything the provider can do on `device`.
+pub fn offer(device: &Device) -> Info {
+    let mut caps = CLASSES | DIRECTIONS | DIRECTED_RECV | SECONDARY;
+    if !device.atomics {
+        caps &= !ATOMIC;
+    }
+    let order = sys::FI_ORDER_SAS as u64;
+    Info {
+        caps,
+        mode: 0,
+        addr_format: sys::FI_FORMAT_UNSPEC,
+        tx: CtxAttr {
+            caps: caps & TX_CAPS,
+            msg_order: order,
+            inject_size: device.inject_size,
+            size: device.queue_size,
+            iov_limit: 1,
+            rma_iov_limit: 1,
+            ..CtxAttr::default()
+        },
+        rx: CtxAttr {
+            caps: caps & RX_CAPS,
+            msg_order: order,
+            size: device.queue_size,
+            iov_limit: 1,
+            ..CtxAttr::default()
+        },
+        ep: EpAttr {
+            ep_type: sys::FI_EP_RDM,
+            protocol: sys::FI_PROTO_UNSPEC,
+            max_msg_size: device.max_msg_size,
+            tx_ctx_cnt: 1,
+            rx_ctx_cnt: 1,
+            auth_key_size: 0,
+        },
+        domain: DomainAttr {
+            name: Some(device.name.clone()),
+            threading: sys::FI_THREAD_DOMAIN,
+            control_progress: sys::FI_PROGRESS_MANUAL,
+            data_progress: sys::FI_PROGRESS_MANUAL,
+            resource_mgmt: sys::FI_RM_ENABLED,
+            av_type: sys::FI_AV_UNSPEC,
+            mr_mode: MR_MODE_REMOTE,
+            mr_key_size: 8,
+            cq_data_size: CQ_DATA_SIZE,
+            cq_cnt: 1024,
+            ep_cnt: 1024,
+            cntr_cnt: 1024,
+            mr_iov_limit: 1,
+            mr_cnt: 1 << 20,
+        },
+        fabric: FabricAttr {
+            name: Some(FABRIC_NAME.into()),
+            prov_version: PROVIDER_VERSION,
+            api_version: API_VERSION,
+        },
+    }
+}
+
+/// Why hints refused an offer: the attribute, for the provider's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused(pub &'static str);
+
+fn at_most(asked: usize, offered: usize, what: &'static str) -> Result<(), Refused> {
+    if asked > offered {
+        Err(Refused(what))
+    } else {
+        Ok(())
+    }
+}
+
+fn subset(asked: u64, offered: u64, what: &'static str) -> Result<(), Refused> {
+    if asked & !offered != 0 {
+        Err(Refused(what))
+    } else {
+        Ok(())
+    }
+}
+
+/// The capabilities to return for `asked` out of `offered` (see the rules).
+fn narrow_caps(asked: u64, offered: u64) -> u64 {
+    if asked == 0 {
+        return offered;
+    }
+    let mut caps = asked;
+    if caps & DIRECTIONS == 0 {
+        if caps & (MSG | TAGGED) != 0 {
+            caps |= SEND | RECV;
+        }
+        if caps & (RMA | ATOMIC) != 0 {
+            caps |= READ | WRITE | REMOTE_READ | REMOTE_WRITE;
+        }
+    }
+    if caps & (LOCAL_COMM | REMOTE_COMM) == 0 {
+        caps |= LOCAL_COMM | REMOTE_COMM;
+    }
+    caps & offered
+}
+
+/// The offer narrowed to `hints` for a caller of API `version`.
+pub fn narrow(offer: &Info, hints: Option<&Info>, version: u32) -> Result<Info, Refused> {
+    if version < API_VERSION_MIN {
+        return Err(Refused("api version below 1.5"));
+    }
+    let Some(h) = hints else {
+        return Ok(offer.clone());
+    };
+    let mut out = offer.clone();
+
+    // Remote access needs the caller to take the registration modes.
+    let mr_ok = (h.domain.mr_mode == 0 && !has_domain_hints(h))
+        || h.domain.mr_mode & MR_MODE_REMOTE == MR_MODE_REMOTE;
+    let mut offered_caps = offer.caps;
+    if !mr_ok {
+        if h.caps & REMOTE_ACCESS != 0 {
+            return Err(Refused(
+                "mr_mode: remote access needs FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY",
+            ));
+        }
+        offered_caps &= !REMOTE_ACCESS;
+    }
+    subset(h.caps, offered_caps, "caps")?;
+    out.caps = narrow_caps(h.caps, offered_caps);
+    out.mode = 0;
+    out.domain.mr_mode = if out.caps & REMOTE_ACCESS != 0 {
+        MR_MODE_REMOTE
+    } else {
+        0
+    };
+    if h.addr_format != sys::FI_FORMAT_UNSPEC {
+        return Err(Refused("addr_format"));
+    }
+
+    // Transmit and receive sides.
+    subset(h.tx.caps, out.caps & TX_CAPS, "tx_attr caps")?;
+    subset(h.rx.caps, out.caps & RX_CAPS, "rx_attr caps")?;
+    out.tx.caps = if h.tx.caps != 0 {
+        h.tx.caps
+    } else {
+        out.caps & TX_CAPS
+    };
+    out.rx.caps = if h.rx.caps != 0 {
+        h.rx.caps
+    } else {
+        out.caps & RX_CAPS
+    };
+    subset(h.tx.op_flags, OP_FLAGS_TX, "tx_attr op_flags")?;
+    subset(h.rx.op_flags, OP_FLAGS_RX, "rx_attr op_flags")?;
+    out.tx.op_flags = h.tx.op_flags;
+    out.rx.op_flags = h.rx.op_flags;
+    subset(h.tx.msg_order, offer.tx.msg_order, "tx_attr msg_order")?;
+    subset(h.rx.msg_order, offer.rx.msg_order, "rx_attr msg_order")?;
+    subset(h.tx.comp_order, 0, "tx_attr comp_order")?;
+    subset(h.rx.comp_order, 0, "rx_attr comp_order")?;
+    out.tx.mode = 0;
+    out.rx.mode = 0;
+    at_most(
+        h.tx.inject_size,
+        offer.tx.inject_size,
+        "tx_attr inject_size",
+    )?;
+    at_most(h.tx.size, offer.tx.size, "tx_attr size")?;
+    at_most(h.rx.size, offer.rx.size, "rx_attr size")?;
+    at_most(h.tx.iov_limit, offer.tx.iov_limit, "tx_attr iov_limit")?;
+    at_most(h.rx.iov_limit, offer.rx.iov_limit, "rx_attr iov_limit")?;
+    at_most(
+        h.tx.rma_iov_limit,
+        offer.tx.rma_iov_limit,
+        "tx_attr rma_iov_limit",
+    )?;
+
+    // The endpoint.
+    if h.ep.ep_type != sys::FI_EP_UNSPEC && h.ep.ep_type != sys::FI_EP_RDM {
+        return Err(Refused("ep_type"));
+    }
+    if h.ep.protocol != sys::FI_PROTO_UNSPEC {
+        return Err(Refused("protocol"));
+    }
+    at_most(h.ep.max_msg_size, offer.ep.max_msg_size, "max_msg_size")?;
+    at_most(h.ep.tx_ctx_cnt, offer.ep.tx_ctx_cnt, "tx_ctx_cnt")?;
+    at_most(h.ep.rx_ctx_cnt, offer.ep.rx_ctx_cnt, "rx_ctx_cnt")?;
+    at_most(h.ep.auth_key_size, 0, "auth_key")?;
+
+    // The domain.
+    if h.domain.name.is_some() && h.domain.name != offer.domain.name {
+        return Err(Refused("domain name"));
+    }
+    if h.domain.threading != sys::FI_THREAD_UNSPEC {
+        out.domain.threading = h.domain.threading;
+    }
+    for progress in [h.domain.control_progress, h.domain.data_progress] {
+        if progress != sys::FI_PROGRESS_UNSPEC && progress != sys::FI_PROGRESS_MANUAL {
+            return Err(Refused("progress: only FI_PROGRESS_MANUAL"));
+        }
+    }
+    if h.domain.av_type != sys::FI_AV_UNSPEC {
+        out.domain.av_type = h.domain.av_type;
+    }
+    at_most(
+        h.domain.cq_data_size,
+        offer.domain.cq_data_size,
+        "cq_data_size",
+    )?;
+    at_most(
+        h.domain.mr_key_size,
+        offer.domain.mr_key_size,
+        "mr_key_size",
+    )?;
+    at_most(h.domain.cq_cnt, offer.domain.cq_cnt, "cq_cnt")?;
+    at_most(h.domain.ep_cnt, offer.domain.ep_cnt, "ep_cnt")?;
+    at_most(h.domain.cntr_cnt, offer.domain.cntr_cnt, "cntr_cnt")?;
+    at_most(
+        h.domain.mr_iov_limit,
+        offer.domain.mr_iov_limit,
+        "mr_iov_limit",
+    )?;
+    at_most(h.domain.mr_cnt, offer.domain.mr_cnt, "mr_cnt")?;
+
+    // The fabric.
+    if h.fabric.name.is_some() && h.fabric.name != offer.fabric.name {
+        return Err(Refused("fabric name"));
+    }
+    Ok(out)
+}
+
+/// Whether hints say anything about the domain (a NULL `domain_attr` reads
+/// as all zeros).
+fn has_domain_hints(h: &Info) -> bool {
+    h.domain != DomainAttr::default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rxe() -> Info {
+        offer(&Device {
+            name: "rxe0".into(),
+            atomics: true,
+            max_msg_size: 1 << 30,
+            inject_size: 64,
+            queue_size: 1024,
+        })
+    }
+
+    fn siw() -> Info {
+        offer(&Device {
+            name: "siw0".into(),
+            atomics: false,
+            max_msg_size: 1 << 30,
+            inject_size: 64,
+            queue_size: 1024,
+        })
+    }
+
+    const V1_18: u32 = fi_version(1, 18);
+
+    #[test]
+    fn no_hints_get_the_whole_offer_and_old_callers_get_nothing() {
+        assert_eq!(narrow(&rxe(), None, V1_18), Ok(rxe()));
+        assert_eq!(
+            narrow(&rxe(), None, fi_version(1, 4)),
+            Err(Refused("api version below 1.5"))
+        );
+        assert_eq!(rxe().caps & ATOMIC, ATOMIC);
+        assert_eq!(siw().caps & ATOMIC, 0);
+    }
+
+    /// Open MPI 4.1's mtl/ofi: tagged only, mr_mode 0, two mode bits.
+    #[test]
+    fn tagged_only_with_no_registration_modes_comes_back_without_remote_access() {
+        let mut h = Info {
+            caps: TAGGED | DIRECTED_RECV,
+            mode: sys::FI_CONTEXT | sys::FI_CONTEXT2,
+            ..Info::default()
+        };
+        h.ep.ep_type = sys::FI_EP_RDM;
+        h.domain.threading = sys::FI_THREAD_DOMAIN;
+        h.domain.av_type = sys::FI_AV_MAP;
+        h.domain.cq_data_size = 4;
+        h.tx.msg_order = sys::FI_ORDER_SAS as u64;
+        h.tx.op_flags = sys::FI_COMPLETION as u64;
+        let got = narrow(&rxe(), Some(&h), fi_version(1, 5)).unwrap();
+        assert_eq!(
+            got.caps,
+            TAGGED | DIRECTED_RECV | SEND | RECV | LOCAL_COMM | REMOTE_COMM
+        );
+        assert_eq!(got.mode, 0, "the provider needs no mode bit");
+        assert_eq!(got.domain.mr_mode, 0);
+        assert_eq!(got.domain.av_type, sys::FI_AV_MAP);
+        assert_eq!(got.domain.threading, sys::FI_THREAD_DOMAIN);
+        assert_eq!(got.tx.op_flags, sys::FI_COMPLETION as u64);
+        assert_eq!(got.tx.caps & (RMA | ATOMIC | READ | WRITE), 0);
+    }
+
+    /// Open MPI 4.1's btl/ofi: RMA and atomics with the three modes and
+    /// delivery complete.
+    #[test]
+    fn remote_access_with_the_registration_modes_is_offered_where_the_device_has_it() {
+        let mut h = Info {
+            caps: RMA | ATOMIC,
+            ..Info::default()
+        };
+        h.ep.ep_type = sys::FI_EP_RDM;
+        h.domain.mr_mode = MR_MODE_REMOTE | sys::FI_MR_LOCAL;
+        h.tx.op_flags = sys::FI_DELIVERY_COMPLETE as u64;
+        let got = narrow(&rxe(), Some(&h), fi_version(1, 5)).unwrap();
+        assert_eq!(
+            got.caps & (RMA | ATOMIC | READ | WRITE | REMOTE_READ | REMOTE_WRITE),
+            RMA | ATOMIC | DIRECTIONS & REMOTE_ACCESS
+        );
+        assert_eq!(got.domain.mr_mode, MR_MODE_REMOTE, "never FI_MR_LOCAL");
+        assert_eq!(narrow(&siw(), Some(&h), V1_18), Err(Refused("caps")));
+        h.domain.mr_mode = sys::FI_MR_VIRT_ADDR;
+        assert!(narrow(&rxe(), Some(&h), V1_18)
+            .unwrap_err()
+            .0
+            .starts_with("mr_mode"));
+    }
+
+    /// MPICH ch4:ofi's default set, with FI_MR_ENDPOINT offered.
+    #[test]
+    fn mpich_hints_get_threading_exactly_as_asked() {
+        let mut h = Info {
+            caps: MSG | MULTI_RECV | TAGGED | DIRECTED_RECV | RMA,
+            ..Info::default()
+        };
+        h.mode = sys::FI_CONTEXT | sys::FI_ASYNC_IOV | sys::FI_RX_CQ_DATA | sys::FI_CONTEXT2;
+        h.domain.mr_mode = MR_MODE_REMOTE | sys::FI_MR_ENDPOINT;
+        h.domain.threading = sys::FI_THREAD_DOMAIN;
+        h.domain.control_progress = sys::FI_PROGRESS_MANUAL;
+        h.domain.data_progress = sys::FI_PROGRESS_MANUAL;
+        h.domain.av_type = sys::FI_AV_TABLE;
+        h.tx.op_flags = (sys::FI_COMPLETION | sys::FI_DELIVERY_COMPLETE) as u64;
+        h.tx.msg_order = sys::FI_ORDER_SAS as u64;
+        let got = narrow(&siw(), Some(&h), V1_18).unwrap();
+        assert_eq!(got.domain.threading, sys::FI_THREAD_DOMAIN);
+        assert_eq!(
+            got.caps & (MULTI_RECV | SOURCE),
+            MULTI_RECV,
+            "secondary caps only when asked"
+        );
+        h.domain.threading = sys::FI_THREAD_SAFE;
+        assert_eq!(
+            narrow(&siw(), Some(&h), V1_18).unwrap().domain.threading,
+            sys::FI_THREAD_SAFE
+        );
+        h.domain.data_progress = sys::FI_PROGRESS_AUTO;
+        assert!(narrow(&siw(), Some(&h), V1_18).is_err());
+    }
+
+    #[test]
+    fn each_thing_the_offer_cannot_do_refuses_it_by_name() {
+        type Spoil = fn(&mut Info);
+        let cases: [(&str, Spoil); 14] = [
+            ("caps", |h| h.caps = sys::FI_MULTICAST as u64),
+            ("addr_format", |h| h.addr_format = sys::FI_SOCKADDR_IN),
+            ("tx_attr op_flags", |h| {
+                h.tx.op_flags = sys::FI_COMMIT_COMPLETE as u64
+            }),
+            ("rx_attr comp_order", |h| {
+                h.rx.comp_order = sys::FI_ORDER_STRICT as u64
+            }),
+            ("tx_attr msg_order", |h| {
+                h.tx.msg_order = sys::FI_ORDER_RAW as u64
+            }),
+            ("tx_attr inject_size", |h| h.tx.inject_size = 65),
+            ("ep_type", |h| h.ep.ep_type = sys::FI_EP_MSG),
+            ("protocol", |h| h.ep.protocol = sys::FI_PROTO_RXM),
+            ("max_msg_size", |h| h.ep.max_msg_size = (1 << 30) + 1),
+            ("rx_ctx_cnt", |h| h.ep.rx_ctx_cnt = 2),
+            ("domain name", |h| h.domain.name = Some("mlx5_0".into())),
+            ("cq_data_size", |h| h.domain.cq_data_size = 16),
+            ("fabric name", |h| h.fabric.name = Some("IB-0xfe80".into())),
+            ("auth_key", |h| h.ep.auth_key_size = 8),
+        ];
+        for (what, spoil) in cases {
+            let mut h = Info::default();
+            h.domain.mr_mode = MR_MODE_REMOTE;
+            assert!(narrow(&rxe(), Some(&h), V1_18).is_ok());
+            spoil(&mut h);
+            assert_eq!(narrow(&rxe(), Some(&h), V1_18), Err(Refused(what)));
+        }
+    }
+
+    #[test]
+    fn a_class_without_a_direction_gets_every_direction_and_names_match() {
+        let mut h = Info {
+            caps: MSG | SEND,
+            ..Info::default()
+        };
+        h.domain.name = Some("rxe0".into());
+        h.fabric.name = Some("xrc".into());
+        let got = narrow(&rxe(), Some(&h), V1_18).unwrap();
+        assert_eq!(got.caps, MSG | SEND | LOCAL_COMM | REMOTE_COMM);
+        assert_eq!(got.rx.caps & RECV, 0);
+        h.caps = MSG | LOCAL_COMM;
+        assert_eq!(
+            narrow(&rxe(), Some(&h), V1_18).unwrap().caps,
+            MSG | LOCAL_COMM | SEND | RECV
+        );
+    }
+}

@@ -6,6 +6,7 @@
 //! | file | concept |
 //! |---|---|
 //! | [`btl`] | the API ([`Btl`]), and how it is safe from any thread |
+//! | [`addr`] | the address a rank publishes for its peers, encoded and strictly decoded |
 //! | `types.rs` | the API's vocabulary: operations, callbacks, registered memory, counters |
 //! | `core.rs` | the state behind the lock, and what progress does with it |
 //! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
@@ -24,6 +25,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod addr;
 pub mod btl;
 pub mod config;
 pub mod conn;

@@ -88,8 +88,8 @@ fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
     use xrcbtl_fabric::verbs::{device_ip, job_xrcd_key, VerbsFabric};
     use xrcbtl_fabric::Fabric;
 
-    use crate::addr::Address;
     use crate::handle::AnyBtl;
+    use xrcbtl_btl::addr::Address;
 
     let has = |bit| p.field_mask & bit != 0;
     if !has(XRCBTL_PARAM_RANK) || !has(XRCBTL_PARAM_JOB) {

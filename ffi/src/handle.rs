@@ -11,8 +11,8 @@ use xrcbtl_fabric::sim::SimContext;
 #[cfg(feature = "verbs")]
 use xrcbtl_fabric::verbs::VerbsContext;
 
-use crate::addr::Address;
 use crate::status::{Failure, Outcome};
+use xrcbtl_btl::addr::Address;
 
 /// A rank's BTL, on either provider.
 pub(crate) enum AnyBtl {

@@ -28,7 +28,6 @@
 //! (`xrcbtl_address` out, `xrcbtl_add_peer` in, through PMIx, a file or
 //! a socket) and calls to `xrcbtl_progress` (nothing moves without them).
 
-mod addr;
 mod api;
 mod create;
 mod handle;
@@ -54,7 +53,7 @@ pub use types::*;
 /// only through this. `Err` says what broke; a refused input is `Ok`.
 #[doc(hidden)]
 pub fn check_address_roundtrip(bytes: &[u8]) -> Result<(), String> {
-    let Ok(a) = addr::Address::decode(bytes) else {
+    let Ok(a) = xrcbtl_btl::addr::Address::decode(bytes) else {
         return Ok(());
     };
     match a.encode() {

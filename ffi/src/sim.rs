@@ -11,11 +11,11 @@ use std::time::Duration;
 use xrcbtl_btl::sim::{SimJob, Step};
 use xrcbtl_fabric::sim::{SimConfig, SimDevice};
 
-use crate::addr::Address;
 use crate::create::Settings;
 use crate::handle::{xrcbtl_t, AnyBtl};
 use crate::status::*;
 use crate::types::*;
+use xrcbtl_btl::addr::Address;
 
 const LIVE: u64 = 0x7872_6362_7369_6d01;
 const DEAD: u64 = 0x7872_6362_7369_dead;

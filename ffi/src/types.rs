@@ -255,7 +255,7 @@ pub struct xrcbtl_setting_t {
 mod tests {
     #[test]
     fn the_address_bound_is_the_encoding_bound() {
-        assert_eq!(super::XRCBTL_ADDRESS_MAX, crate::addr::MAX_LEN);
+        assert_eq!(super::XRCBTL_ADDRESS_MAX, xrcbtl_btl::addr::MAX_LEN);
     }
 
     #[test]

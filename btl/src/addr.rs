@@ -28,22 +28,28 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use xrcbtl_btl::{IbAddr, Receive, XrcdId};
-use xrcbtl_fabric::Gid;
+use xrcbtl_fabric::{Gid, IbAddr, XrcdId};
+
+use crate::types::Receive;
 
 const MAGIC: &[u8; 4] = b"XRCB";
 const VERSION: u8 = 2;
 
 /// Longest encoded address.
-pub(crate) const MAX_LEN: usize = 4 + 1 + 4 + 1 + 16 + 2 + 1 + 255 + 1 + 16 + 1 + 20;
+pub const MAX_LEN: usize = 4 + 1 + 4 + 1 + 16 + 2 + 1 + 255 + 1 + 16 + 1 + 20;
 
 /// A rank's published address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Address {
+pub struct Address {
+    /// The rank.
     pub rank: u32,
+    /// Its connection listener.
     pub listen: SocketAddr,
+    /// Which node it is on (see the module docs).
     pub node_key: String,
+    /// How it receives: RC, or XRC through which domain.
     pub receive: Receive,
+    /// Its native InfiniBand listener, if it has one.
     pub ib: Option<IbAddr>,
 }
 

@@ -8,10 +8,16 @@
 //!   places reserved at post time; counters;
 //! - [`info`]: what `fi_getinfo` offers on a device and how hints narrow it;
 //! - [`matching`]: posted and unexpected receives, tag matching, FI_PEEK /
-//!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation.
+//!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation;
+//! - [`rdm`]: one endpoint's messaging (eager, the provider's rendezvous,
+//!   delivery complete, truncation, lost peers) as a state machine;
+//! - [`wire`]: the provider's header inside the BTL's messages (endpoint,
+//!   tag, CQ data, its rendezvous), strictly decoded.
 
 pub mod av;
 pub mod cq;
 pub mod info;
 pub mod matching;
+pub mod rdm;
 pub(crate) mod sys;
+pub mod wire;

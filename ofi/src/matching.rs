@@ -333,6 +333,20 @@ impl<M> Matcher<M> {
         self.unexpected.drain(..).map(|w| (w.head, w.msg)).collect()
     }
 
+    /// Keeps only the unexpected messages `keep` accepts (a peer was lost),
+    /// in their order and with their claims.
+    pub fn retain_unexpected(&mut self, mut keep: impl FnMut(&M) -> bool) {
+        let mut freed = 0;
+        self.unexpected.retain(|w| {
+            let kept = keep(&w.msg);
+            if !kept {
+                freed += w.held;
+            }
+            kept
+        });
+        self.held_bytes -= freed;
+    }
+
     fn take_unexpected(&mut self, i: usize) -> Waiting<M> {
         let waiting = self.unexpected.remove(i).expect("the position was found");
         self.held_bytes -= waiting.held;
@@ -690,6 +704,22 @@ mod tests {
             .collect();
         assert_eq!(drained, [0, 2]);
         assert_eq!(m.held_bytes(), 0);
+    }
+
+    #[test]
+    fn retain_drops_a_lost_peers_messages_and_keeps_the_rest_with_their_claims() {
+        let mut m = Matcher::<u64>::new(1 << 20);
+        for (from, tag) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+            m.arrive(head(from, tag, 10), from, 10);
+        }
+        assert!(m.peek_claim(&tagged(Some(2), 2, 0), ClaimId(9)).is_some());
+        m.retain_unexpected(|&from| from != 1);
+        assert_eq!((m.unexpected_len(), m.held_bytes()), (2, 20));
+        assert_eq!(
+            m.peek(&tagged(None, 0, u64::MAX)).map(|p| p.head.tag),
+            Some(1)
+        );
+        assert_eq!(m.take_claimed(ClaimId(9)).map(|(h, _)| h.tag), Some(2));
     }
 
     #[test]

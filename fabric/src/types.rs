@@ -101,6 +101,17 @@ pub struct DeviceCaps {
     pub host_emulated: bool,
 }
 
+/// The largest region rdma_rxe registers, whatever `max_mr_size` it
+/// reports (2^64 - 1). Linux 6.12's rxe keeps one 16-byte entry per page of
+/// a region in a single `kcalloc`ed array, and the page allocator refuses
+/// an array past 4 MiB (262,144 pages) with a kernel WARNING: the
+/// registration then fails with ENOMEM after the warning. A region of this
+/// many bytes spans at most 262,144 pages at any alignment, so the verbs
+/// provider reports it as rxe's `max_mr_size` and refuses larger regions
+/// before the kernel sees them (scripts/repro/rxe_big_mr.c shows the
+/// kernel's side).
+pub const RXE_MR_SIZE_MAX: u64 = (1 << 30) - 4096;
+
 /// A device as listed by [`crate::Fabric::devices`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {

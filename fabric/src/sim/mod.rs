@@ -106,6 +106,7 @@ impl SimDevice {
         d.caps.max_cqe = 32_767;
         d.caps.max_inline = 256;
         d.caps.max_qp_rd_atom = 128;
+        d.caps.max_mr_size = crate::RXE_MR_SIZE_MAX;
         d
     }
 

@@ -794,7 +794,8 @@ impl World {
         }
         if len > self.devs[dev].caps.max_mr_size {
             return Err(Error::invalid(format!(
-                "region of {len} bytes exceeds max_mr_size"
+                "region of {len} bytes exceeds max_mr_size ({})",
+                self.devs[dev].caps.max_mr_size
             )));
         }
         if addr.checked_add(len).is_none() {

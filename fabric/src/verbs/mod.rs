@@ -496,6 +496,14 @@ impl Context for VerbsContext {
         len: usize,
         access: Access,
     ) -> Result<VerbsMr> {
+        // Refused here, as the simulator does, rather than by a kernel that
+        // may warn first (rxe: see RXE_MR_SIZE_MAX).
+        if len as u64 > self.0.caps.max_mr_size {
+            return Err(Error::invalid(format!(
+                "region of {len} bytes exceeds max_mr_size ({})",
+                self.0.caps.max_mr_size
+            )));
+        }
         // SAFETY: the caller upholds reg_mr's contract.
         unsafe { VerbsMr::new(pd, addr, len, access) }
     }

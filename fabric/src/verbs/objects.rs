@@ -58,7 +58,11 @@ pub(crate) fn query_caps(ctx: *mut sys::ibv_context) -> Result<(DeviceCaps, u32)
         max_cqe: pos(a.max_cqe),
         max_inline: probe_max_inline(ctx, false)?,
         max_inline_xrc: if xrc { probe_max_inline(ctx, true)? } else { 0 },
-        max_mr_size: a.max_mr_size,
+        max_mr_size: if a.vendor_id == RXE_VENDOR_ID {
+            a.max_mr_size.min(crate::RXE_MR_SIZE_MAX)
+        } else {
+            a.max_mr_size
+        },
         max_qp_rd_atom: pos(a.max_qp_rd_atom),
         atomics: a.atomic_cap != sys::IBV_ATOMIC_NONE,
         host_emulated: matches!(a.vendor_id, RXE_VENDOR_ID | SIW_VENDOR_ID),

@@ -52,6 +52,9 @@ pub enum Need {
     LastWqeEvent,
     /// Counting what processes and nodes hold.
     Introspection,
+    /// A `max_mr_size` small enough to register a region of that size here
+    /// (at most 4 GiB).
+    BoundedMr,
 }
 
 /// Behaviour a provider is known to show differently from a rule. A rule
@@ -108,6 +111,10 @@ pub fn caps_gap(device: &str, caps: &DeviceCaps, need: Need) -> Option<String> {
         Need::Iwarp if t != Transport::Iwarp => {
             Some(format!("{device} ({t}): not an iWARP device"))
         }
+        Need::BoundedMr if caps.max_mr_size > 1 << 32 => Some(format!(
+            "{device} ({t}): max_mr_size {} is more than this test maps",
+            caps.max_mr_size
+        )),
         _ => None,
     }
 }

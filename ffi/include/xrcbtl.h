@@ -314,6 +314,11 @@ typedef struct {
    * The device's name, NUL-terminated.
    */
   char device[64];
+  /**
+   * The largest region `xrcbtl_register` takes (the device's
+   * `max_mr_size`, lower than it reports on rxe: see the README).
+   */
+  uint64_t max_registration;
 } xrcbtl_info_t;
 
 /**

@@ -6,6 +6,7 @@
 #include "btl_xrc.h"
 
 #include <ctype.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,10 +251,15 @@ static mca_btl_base_module_t **xrc_init(int *num_btls, bool progress_threads, bo
     modules[0] = &m->super;
     *num_btls = 1;
     c->module = m;
-    XRC_VERBOSE(1, "rank %u on %s (%s%s), eager limit %zu, max send %zu, mpi threads %d", p.rank,
+    /* A device whose regions are bounded (rxe: 1 GiB - 4 KiB) says so: a
+     * larger registration fails and ob1 pipelines instead. */
+    char regs[64] = "";
+    if (m->info.max_registration < ((uint64_t) 1 << 48))
+        snprintf(regs, sizeof regs, ", registrations up to %" PRIu64 " bytes", m->info.max_registration);
+    XRC_VERBOSE(1, "rank %u on %s (%s%s), eager limit %zu, max send %zu%s, mpi threads %d", p.rank,
                 m->info.device, XRCBTL_MODE_XRC == m->info.mode ? "XRC" : "RC",
                 (m->info.flags & XRCBTL_INFO_ATOMICS) ? ", atomics" : "", m->super.btl_eager_limit,
-                m->super.btl_max_send_size, (int) mpi_threads);
+                m->super.btl_max_send_size, regs, (int) mpi_threads);
     return modules;
 }
 

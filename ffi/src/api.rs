@@ -836,6 +836,7 @@ pub unsafe extern "C" fn xrcbtl_query(btl: *mut xrcbtl_t, out: *mut xrcbtl_info_
             max_rma: xrcbtl_btl::MAX_RMA,
             max_inline: 0,
             device: [0; 64],
+            max_registration: 0,
         };
         on_btl!(h, b => {
             info.rank = b.rank();
@@ -849,6 +850,7 @@ pub unsafe extern "C" fn xrcbtl_query(btl: *mut xrcbtl_t, out: *mut xrcbtl_info_
             info.flags |= if h.in_sim { XRCBTL_INFO_SIMULATED } else { 0 };
             info.max_send_size = b.max_send_size() as u64;
             info.max_inline = b.config().max_inline.min(caps.max_inline);
+            info.max_registration = caps.max_mr_size;
             c_field(&mut info.device, b.device());
         });
         // SAFETY: the caller's promise.

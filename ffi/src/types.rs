@@ -207,6 +207,9 @@ pub struct xrcbtl_info_t {
     pub max_inline: u32,
     /// The device's name, NUL-terminated.
     pub device: [c_char; 64],
+    /// The largest region `xrcbtl_register` takes (the device's
+    /// `max_mr_size`, lower than it reports on rxe: see the README).
+    pub max_registration: u64,
 }
 
 /// What a rank counted (`xrcbtl_stats`).

@@ -311,48 +311,36 @@ impl Rdm {
         };
         let msg_id = self.next_msg_id;
         self.next_msg_id += 1;
-        if req.len <= self.eager_max {
-            let common = self.common(req.to, req.space, req.data, req.delivery);
-            let mut header = Vec::with_capacity(wire::COMMON + 16 + 8);
-            let ack = req.delivery.then_some(msg_id);
-            Msg::Eager {
-                common,
-                tag,
-                data: req.data.unwrap_or(0),
-                ack,
-            }
-            .encode(&mut header);
-            if req.delivery {
-                self.sends.insert(
-                    msg_id,
-                    SendState {
-                        op,
-                        to: req.to,
-                        req,
-                        rndv: false,
-                    },
-                );
-            } else {
-                self.sent_wait.insert(op, msg_id);
-            }
-            self.actions.push_back(Action::Send {
-                to: req.to,
-                header,
-                op: Some(op),
-                payload_len: req.len,
-            });
+        let rndv = req.len > self.eager_max;
+        if rndv || req.delivery {
+            // Completes on the receiver's Fin or Ack.
+            let to = req.to;
+            self.sends.insert(msg_id, SendState { op, to, req, rndv });
         } else {
-            self.sends.insert(
-                msg_id,
-                SendState {
-                    op,
-                    to: req.to,
-                    req,
-                    rndv: true,
-                },
-            );
-            self.actions.push_back(Action::Expose { op });
+            // Completes when the BTL has sent it.
+            self.sent_wait.insert(op, msg_id);
         }
+        if rndv {
+            self.actions.push_back(Action::Expose { op });
+            return;
+        }
+        let common = self.common(req.to, req.space, req.data, req.delivery);
+        let mut header = Vec::with_capacity(wire::COMMON + 16 + 8);
+        let ack = req.delivery.then_some(msg_id);
+        let data = req.data.unwrap_or(0);
+        Msg::Eager {
+            common,
+            tag,
+            data,
+            ack,
+        }
+        .encode(&mut header);
+        self.actions.push_back(Action::Send {
+            to: req.to,
+            header,
+            op: Some(op),
+            payload_len: req.len,
+        });
     }
 
     /// The driver registered rendezvous send `op`'s buffer (or failed to:
@@ -682,12 +670,23 @@ impl Rdm {
         } else {
             Outcome::Done
         };
+        let data = match &arrived {
+            Arrived::Eager { data, .. } | Arrived::Rts { data, .. } => *data,
+        };
+        let got = Received {
+            from: head.from,
+            tag: head.tag,
+            len: place.len,
+            offset: place.offset,
+            data,
+            released: place.released,
+        };
         match arrived {
             Arrived::Eager {
                 from,
-                data,
                 ack,
                 mut payload,
+                ..
             } => {
                 payload.truncate(place.len);
                 if !payload.is_empty() {
@@ -697,45 +696,27 @@ impl Rdm {
                         bytes: payload,
                     });
                 }
-                let got = Received {
-                    from: head.from,
-                    tag: head.tag,
-                    len: place.len,
-                    offset: place.offset,
-                    data,
-                    released: place.released,
-                };
                 self.actions
                     .push_back(Action::RecvDone { recv, outcome, got });
                 if let Some(msg_id) = ack {
                     self.control(from, |c| Msg::Ack { common: c, msg_id });
                 }
             }
+            Arrived::Rts { from, msg_id, .. } if place.len == 0 => {
+                self.actions
+                    .push_back(Action::RecvDone { recv, outcome, got });
+                self.control(from, |c| Msg::Fin {
+                    common: c,
+                    msg_id,
+                    status: 0,
+                });
+            }
             Arrived::Rts {
                 from,
-                data,
                 msg_id,
                 remote,
                 ..
             } => {
-                let got = Received {
-                    from: head.from,
-                    tag: head.tag,
-                    len: place.len,
-                    offset: place.offset,
-                    data,
-                    released: place.released,
-                };
-                if place.len == 0 {
-                    self.actions
-                        .push_back(Action::RecvDone { recv, outcome, got });
-                    self.control(from, |c| Msg::Fin {
-                        common: c,
-                        msg_id,
-                        status: 0,
-                    });
-                    return;
-                }
                 let read = self.next_read;
                 self.next_read += 1;
                 self.reads.insert(

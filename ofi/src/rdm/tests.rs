@@ -199,6 +199,15 @@ impl Pair {
     }
 }
 
+/// A tagged receive of `tag` from anyone.
+fn tag_is(tag: u64) -> Want {
+    Want {
+        from: None,
+        tag,
+        ignore: 0,
+    }
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -212,32 +221,12 @@ fn messages_of_every_size_around_the_eager_limit_land_whole_posted_first_or_last
             let mut p = Pair::new(64);
             let tag = Space::Tagged(7);
             if recv_first {
-                p.recv(
-                    B,
-                    10,
-                    tag,
-                    Want {
-                        from: None,
-                        tag: 7,
-                        ignore: 0,
-                    },
-                    len,
-                );
+                p.recv(B, 10, tag, tag_is(7), len);
             }
             p.send(A, 1, tag, Some(0xda7a), pattern(len, 3), false);
             p.run();
             if !recv_first {
-                p.recv(
-                    B,
-                    10,
-                    tag,
-                    Want {
-                        from: None,
-                        tag: 7,
-                        ignore: 0,
-                    },
-                    len,
-                );
+                p.recv(B, 10, tag, tag_is(7), len);
             }
             p.run();
             assert_eq!(p.sides[0].sends_done, [(1, Outcome::Done)], "len {len}");
@@ -339,17 +328,7 @@ fn a_lost_peer_fails_its_sends_and_reads_and_drops_its_waiting_messages() {
     p.send(A, 1, Space::Tagged(1), None, pattern(1000, 1), false);
     p.send(A, 2, Space::Tagged(2), None, pattern(10, 1), true);
     p.send(B, 3, Space::Tagged(3), None, pattern(10, 1), false);
-    p.recv(
-        B,
-        10,
-        Space::Tagged(1),
-        Want {
-            from: None,
-            tag: 1,
-            ignore: 0,
-        },
-        1000,
-    );
+    p.recv(B, 10, Space::Tagged(1), tag_is(1), 1000);
     // Deliver the messages, but run no read yet.
     for _ in 0..20 {
         for i in 0..2 {
@@ -436,11 +415,7 @@ fn a_claimed_message_goes_to_its_claim_and_a_discarded_large_one_releases_its_se
     p.send(A, 1, Space::Tagged(5), None, pattern(16, 5), false);
     p.send(A, 2, Space::Tagged(6), None, pattern(500, 6), false);
     p.run();
-    let want5 = Want {
-        from: None,
-        tag: 5,
-        ignore: 0,
-    };
+    let want5 = tag_is(5);
     assert_eq!(p.sides[1].rdm.peek(&want5, None).map(|h| h.len), Some(16));
     assert_eq!(
         p.sides[1].rdm.peek(&want5, Some(ClaimId(1))).map(|h| h.len),
@@ -449,11 +424,7 @@ fn a_claimed_message_goes_to_its_claim_and_a_discarded_large_one_releases_its_se
     assert_eq!(p.sides[1].rdm.peek(&want5, None), None, "claimed");
     p.sides[1].bufs.insert(10, vec![0; 16]);
     assert!(p.sides[1].rdm.take_claimed(10, ClaimId(1), 16));
-    let want6 = Want {
-        from: None,
-        tag: 6,
-        ignore: 0,
-    };
+    let want6 = tag_is(6);
     assert!(p.sides[1].rdm.peek(&want6, Some(ClaimId(2))).is_some());
     assert!(p.sides[1].rdm.discard_claimed(ClaimId(2)));
     p.run();

@@ -9,10 +9,10 @@
 //! - A queue holds at most its size. Room is reserved when work is posted
 //!   ([`CompletionQueue::reserve`]), so a completion always has a place: a
 //!   post that cannot reserve is refused (FI_EAGAIN) rather than a
-//!   completion lost later. A message that arrives unasked (a further
-//!   completion of a multi-receive buffer) takes a place only if one is
-//!   free ([`CompletionQueue::try_push`]) and otherwise waits with its
-//!   sender.
+//!   completion lost later. A completion nobody reserved for (a further
+//!   message into a multi-receive buffer) takes a place only if one is
+//!   free ([`CompletionQueue::try_push`]); otherwise nothing is queued and
+//!   the caller keeps it.
 //! - A counter counts successes and errors apart.
 #![forbid(unsafe_code)]
 

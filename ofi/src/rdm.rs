@@ -248,7 +248,8 @@ pub struct Rdm {
 
 impl Rdm {
     /// Endpoint `me` of its domain; messages up to `eager_max` bytes go
-    /// whole; unexpected eager payloads hold at most `unexpected_max` bytes.
+    /// whole; the unexpected messages of each matching space (FI_MSG,
+    /// FI_TAGGED) hold at most `unexpected_max` bytes.
     pub fn new(me: u16, eager_max: usize, unexpected_max: usize) -> Self {
         Rdm {
             me,
@@ -639,8 +640,9 @@ impl Rdm {
         match matcher.arrive(head, arrived, held) {
             Arrival::Queued => Ok(()),
             Arrival::OverBudget(arrived) => {
-                // Refused: the sender learns it through a failed Fin or is
-                // left to its own timeout; here the message is dropped.
+                // Refused: an Rts gets a failed Fin, so its send fails; an
+                // eager message is dropped, and the caller reports the
+                // overrun (this returns OverBudget).
                 if let Arrived::Rts { from, msg_id, .. } = arrived {
                     self.control(from, |c| Msg::Fin {
                         common: c,

@@ -37,6 +37,18 @@ impl DeviceCaps {
             QpType::XrcTgt => 0,
         }
     }
+
+    /// Refuses a region of `len` bytes beyond `max_mr_size`, as every
+    /// provider must before the device sees it (rxe: [`RXE_MR_SIZE_MAX`]).
+    pub fn check_mr_len(&self, len: u64) -> crate::Result<()> {
+        if len > self.max_mr_size {
+            return Err(crate::Error::invalid(format!(
+                "region of {len} bytes exceeds max_mr_size ({})",
+                self.max_mr_size
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Transport {

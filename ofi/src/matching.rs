@@ -107,7 +107,15 @@ pub struct Place {
 }
 
 impl Place {
-    fn of(recv: RecvId, offset: usize, room: usize, msg_len: usize, released: bool) -> Place {
+    /// A message of `msg_len` bytes at `offset` of receive `recv`, which has
+    /// `room` bytes there: as much lands as fits.
+    pub(crate) fn of(
+        recv: RecvId,
+        offset: usize,
+        room: usize,
+        msg_len: usize,
+        released: bool,
+    ) -> Place {
         let len = msg_len.min(room);
         Place {
             recv,

@@ -24,7 +24,7 @@
 //! knows libfabric's structs or the BTL's types.
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::matching::{Arrival, ClaimId, Header, Matcher, Place, Posted, RecvId, Source, Want};
 use crate::wire::{self, flags, Common, Msg};
@@ -239,7 +239,7 @@ pub struct Rdm {
     /// Sends waiting for a Fin or an Ack, by message id.
     sends: HashMap<u64, SendState>,
     /// Eager sends waiting for the BTL's send completion (not delivery).
-    sent_wait: HashMap<OpRef, u64>,
+    sent_wait: HashSet<OpRef>,
     next_msg_id: u64,
     reads: HashMap<u64, ReadState>,
     next_read: u64,
@@ -259,7 +259,7 @@ impl Rdm {
             recvs: HashMap::new(),
             next_recv: 0,
             sends: HashMap::new(),
-            sent_wait: HashMap::new(),
+            sent_wait: HashSet::new(),
             next_msg_id: 1,
             reads: HashMap::new(),
             next_read: 1,
@@ -319,7 +319,7 @@ impl Rdm {
             self.sends.insert(msg_id, SendState { op, to, req, rndv });
         } else {
             // Completes when the BTL has sent it.
-            self.sent_wait.insert(op, msg_id);
+            self.sent_wait.insert(op);
         }
         if rndv {
             self.actions.push_back(Action::Expose { op });
@@ -386,7 +386,7 @@ impl Rdm {
     /// The BTL finished sending data message `op` (ok: it was sent; not ok:
     /// the peer is gone).
     pub fn handle_sent(&mut self, op: OpRef, ok: bool) {
-        if self.sent_wait.remove(&op).is_some() {
+        if self.sent_wait.remove(&op) {
             let outcome = if ok { Outcome::Done } else { Outcome::PeerLost };
             self.actions.push_back(Action::SendDone { op, outcome });
         } else if !ok {
@@ -482,14 +482,8 @@ impl Rdm {
         let Some((head, arrived)) = self.tagged.take_claimed(claim) else {
             return false;
         };
-        let fits = head.len.min(len);
-        let place = Place {
-            recv: RecvId(u32::MAX),
-            offset: 0,
-            len: fits,
-            truncated: head.len - fits,
-            released: true,
-        };
+        // A single receive, not one the matcher holds: its id goes unused.
+        let place = Place::of(RecvId(u32::MAX), 0, len, head.len, true);
         self.deliver(recv, place, head, arrived);
         true
     }

@@ -792,12 +792,7 @@ impl World {
         if !self.pds.contains(pd) {
             return Err(Error::ProcessGone);
         }
-        if len > self.devs[dev].caps.max_mr_size {
-            return Err(Error::invalid(format!(
-                "region of {len} bytes exceeds max_mr_size ({})",
-                self.devs[dev].caps.max_mr_size
-            )));
-        }
+        self.devs[dev].caps.check_mr_len(len)?;
         if addr.checked_add(len).is_none() {
             return Err(Error::invalid("region wraps the address space"));
         }

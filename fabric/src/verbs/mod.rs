@@ -498,12 +498,7 @@ impl Context for VerbsContext {
     ) -> Result<VerbsMr> {
         // Refused here, as the simulator does, rather than by a kernel that
         // may warn first (rxe: see RXE_MR_SIZE_MAX).
-        if len as u64 > self.0.caps.max_mr_size {
-            return Err(Error::invalid(format!(
-                "region of {len} bytes exceeds max_mr_size ({})",
-                self.0.caps.max_mr_size
-            )));
-        }
+        self.0.caps.check_mr_len(len as u64)?;
         // SAFETY: the caller upholds reg_mr's contract.
         unsafe { VerbsMr::new(pd, addr, len, access) }
     }

@@ -185,12 +185,6 @@ fn transfer_rdma_write_read<H: Harness>(h: &H) -> Outcome {
     Ok(())
 }
 
-/// A region pins the pages it was made from: when the memory is unmapped and
-/// the address mapped again with other contents, a transfer through the old
-/// region never delivers the new contents (hardware moves the old pages, the
-/// simulator detaches the region); the registration cache notices the unmap
-/// and registers the new mapping afresh, through which the new contents
-/// arrive.
 /// A region of `max_mr_size` bytes registers and a page more is refused:
 /// the device does what its caps promise (rxe's real limit is below the
 /// 2^64 - 1 it reports; the guest's kernel log check catches a provider
@@ -218,6 +212,12 @@ fn regions_up_to_max_mr_size<H: Harness>(h: &H) -> Outcome {
     Ok(())
 }
 
+/// A region pins the pages it was made from: when the memory is unmapped and
+/// the address mapped again with other contents, a transfer through the old
+/// region never delivers the new contents (hardware moves the old pages, the
+/// simulator detaches the region); the registration cache notices the unmap
+/// and registers the new mapping afresh, through which the new contents
+/// arrive.
 fn regions_never_reach_remapped_memory<H: Harness>(h: &H) -> Outcome {
     let (a, b) = two(h)?;
     let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;

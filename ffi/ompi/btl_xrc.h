@@ -104,6 +104,9 @@ extern mca_btl_xrc_module_t mca_btl_xrc_module_template;
 
 /** An xrcbtl status as an OPAL return code. */
 int mca_btl_xrc_rc(int status);
+/** Logs (btl_xrc_verbose 1) that `what` failed with an xrcbtl status,
+ * and xrcbtl's message saying why. */
+void mca_btl_xrc_log_failure(const char *what, int status);
 
 /* btl_xrc_module.c */
 int mca_btl_xrc_module_init(mca_btl_xrc_module_t *m);

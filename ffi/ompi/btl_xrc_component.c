@@ -139,7 +139,7 @@ int mca_btl_xrc_rc(int status)
     }
 }
 
-static void log_failure(const char *what, int status)
+void mca_btl_xrc_log_failure(const char *what, int status)
 {
     char msg[512];
     xrcbtl_last_error(msg, sizeof msg);
@@ -204,7 +204,7 @@ static mca_btl_base_module_t **xrc_init(int *num_btls, bool progress_threads, bo
     }
     rc = xrcbtl_create(&p, &m->xrc);
     if (XRCBTL_OK != rc) {
-        log_failure("no module (xrcbtl_create)", rc);
+        mca_btl_xrc_log_failure("no module (xrcbtl_create)", rc);
         free(m);
         return NULL;
     }
@@ -233,7 +233,7 @@ static mca_btl_base_module_t **xrc_init(int *num_btls, bool progress_threads, bo
 
     rc = xrcbtl_address(m->xrc, addr, &addr_len);
     if (XRCBTL_OK != rc) {
-        log_failure("xrcbtl_address", rc);
+        mca_btl_xrc_log_failure("xrcbtl_address", rc);
         m->super.btl_finalize(&m->super);
         return NULL;
     }

@@ -127,9 +127,15 @@ static int remote_of(xrc_rdma_ctx_t *c, mca_btl_base_registration_handle_t *hand
  * did, `c` is the completion's, which may already have run and freed it on
  * another thread (MPI_THREAD_MULTIPLE): nothing here or after reads it, and
  * `counter` was found without it. */
-static int started(xrc_rdma_ctx_t *c, int status, volatile int64_t *counter)
+static int started(xrc_rdma_ctx_t *c, const char *what, int status, volatile int64_t *counter)
 {
     if (XRCBTL_OK != status) {
+        /* A full queue is routine (the caller retries); anything else is
+         * an error the caller passes up, often as a bare MPI error class:
+         * the log says what xrcbtl refused and why. */
+        if (XRCBTL_ERR_AGAIN != status) {
+            mca_btl_xrc_log_failure(what, status);
+        }
         ctx_free(c);
         return mca_btl_xrc_rc(status);
     }
@@ -154,13 +160,13 @@ int mca_btl_xrc_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
     if (NULL == (reg = local_reg(c, local_address, size))) {
-        return started(c, XRCBTL_ERR_AGAIN, NULL);
+        return started(c, "local registration", XRCBTL_ERR_AGAIN, NULL);
     }
     rc = remote_of(c, remote_handle, remote_address, size, XRCBTL_ACCESS_REMOTE_WRITE, &dst, &remote);
     if (XRCBTL_OK == rc) {
         rc = xrcbtl_put(m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
     }
-    return started(c, rc, &m->counters.puts);
+    return started(c, "put", rc, &m->counters.puts);
 }
 
 int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -180,13 +186,13 @@ int mca_btl_xrc_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, voi
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
     if (NULL == (reg = local_reg(c, local_address, size))) {
-        return started(c, XRCBTL_ERR_AGAIN, NULL);
+        return started(c, "local registration", XRCBTL_ERR_AGAIN, NULL);
     }
     rc = remote_of(c, remote_handle, remote_address, size, XRCBTL_ACCESS_REMOTE_READ, &dst, &remote);
     if (XRCBTL_OK == rc) {
         rc = xrcbtl_get(m->xrc, dst, reg, local_address, remote, remote_address, size, on_done, c, NULL);
     }
-    return started(c, rc, &m->counters.gets);
+    return started(c, "get", rc, &m->counters.gets);
 }
 
 /* Only 64-bit add and compare-and-swap are advertised
@@ -219,7 +225,7 @@ int mca_btl_xrc_aop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, uin
     if (XRCBTL_OK == rc) {
         rc = xrcbtl_atomic_add(m->xrc, dst, remote, remote_address, operand, on_done, c, NULL);
     }
-    return started(c, rc, &m->counters.atomics);
+    return started(c, "atomic add", rc, &m->counters.atomics);
 }
 
 int mca_btl_xrc_afop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -246,7 +252,7 @@ int mca_btl_xrc_afop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, vo
     if (XRCBTL_OK == rc) {
         rc = xrcbtl_fetch_add(m->xrc, dst, remote, remote_address, operand, on_done, c, NULL);
     }
-    return started(c, rc, &m->counters.atomics);
+    return started(c, "atomic fetch-add", rc, &m->counters.atomics);
 }
 
 int mca_btl_xrc_acswap(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, void *local_address,
@@ -273,5 +279,5 @@ int mca_btl_xrc_acswap(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, 
     if (XRCBTL_OK == rc) {
         rc = xrcbtl_compare_swap(m->xrc, dst, remote, remote_address, compare, value, on_done, c, NULL);
     }
-    return started(c, rc, &m->counters.atomics);
+    return started(c, "atomic compare-and-swap", rc, &m->counters.atomics);
 }

@@ -115,6 +115,9 @@ pub struct EpAttr {
     pub protocol: u32,
     /// Largest message.
     pub max_msg_size: usize,
+    /// Which tag bits carry meaning to the caller (`mem_tag_format`): the
+    /// provider matches all 64, so it echoes a format asked for.
+    pub mem_tag_format: u64,
     /// Transmit contexts (1).
     pub tx_ctx_cnt: usize,
     /// Receive contexts (1).
@@ -209,6 +212,29 @@ pub const FABRIC_NAME: &str = "xrc";
 pub const PROVIDER_VERSION: u32 = fi_version(0, 1);
 /// Bytes of remote CQ data a message carries.
 pub const CQ_DATA_SIZE: usize = 8;
+/// The tag format offered when none is asked: every bit a tag bit, in
+/// libfabric's conventional pattern (as its rxm and tcp providers offer).
+pub const TAG_FORMAT: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+/// Largest `fi_inject`: copied into the BTL's send buffer at the call.
+pub const INJECT_SIZE: usize = 4096;
+/// Deepest transmit or receive queue offered: operations the provider
+/// tracks, not device work requests (the BTL queues those).
+pub const QUEUE_SIZE: usize = 4096;
+
+impl Device {
+    /// What the provider offers on a device with these capabilities: RMA
+    /// and messages up to its largest registration (one rendezvous read
+    /// lands a whole message), atomics where it has them.
+    pub fn of(name: &str, caps: &xrcbtl_fabric::DeviceCaps) -> Device {
+        Device {
+            name: name.to_string(),
+            atomics: caps.atomics,
+            max_msg_size: usize::try_from(caps.max_mr_size).unwrap_or(usize::MAX),
+            inject_size: INJECT_SIZE,
+            queue_size: QUEUE_SIZE,
+        }
+    }
+}
 
 /// Everything the provider can do on `device`.
 pub fn offer(device: &Device) -> Info {
@@ -241,6 +267,7 @@ pub fn offer(device: &Device) -> Info {
             ep_type: sys::FI_EP_RDM,
             protocol: sys::FI_PROTO_UNSPEC,
             max_msg_size: device.max_msg_size,
+            mem_tag_format: TAG_FORMAT,
             tx_ctx_cnt: 1,
             rx_ctx_cnt: 1,
             auth_key_size: 0,
@@ -389,6 +416,9 @@ pub fn narrow(offer: &Info, hints: Option<&Info>, version: u32) -> Result<Info, 
         return Err(Refused("protocol"));
     }
     at_most(h.ep.max_msg_size, offer.ep.max_msg_size, "max_msg_size")?;
+    if h.ep.mem_tag_format != 0 {
+        out.ep.mem_tag_format = h.ep.mem_tag_format;
+    }
     at_most(h.ep.tx_ctx_cnt, offer.ep.tx_ctx_cnt, "tx_ctx_cnt")?;
     at_most(h.ep.rx_ctx_cnt, offer.ep.rx_ctx_cnt, "rx_ctx_cnt")?;
     at_most(h.ep.auth_key_size, 0, "auth_key")?;
@@ -593,6 +623,18 @@ mod tests {
             spoil(&mut h);
             assert_eq!(narrow(&rxe(), Some(&h), V1_18), Err(Refused(what)));
         }
+    }
+
+    #[test]
+    fn the_tag_format_asked_is_echoed_and_all_bits_are_offered() {
+        let offer = rxe();
+        assert_eq!(offer.ep.mem_tag_format, TAG_FORMAT);
+        let mut hints = Info::default();
+        hints.ep.mem_tag_format = 0x0000_FFFF_FFFF_FFFF;
+        let out = narrow(&offer, Some(&hints), API_VERSION).unwrap();
+        assert_eq!(out.ep.mem_tag_format, 0x0000_FFFF_FFFF_FFFF);
+        let out = narrow(&offer, Some(&Info::default()), API_VERSION).unwrap();
+        assert_eq!(out.ep.mem_tag_format, TAG_FORMAT);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!   way back from a peer to its number (FI_SOURCE);
 //! - [`cq`]: completion queue entries in order, errors in their place,
 //!   places reserved at post time; counters;
+//! - [`devices`]: the devices `fi_getinfo` offers (verbs, or the simulated
+//!   fabric with `XRCBTL_OFI_FABRIC=sim`);
 //! - [`info`]: what `fi_getinfo` offers on a device and how hints narrow it;
 //! - [`matching`]: posted and unexpected receives, tag matching, FI_PEEK /
 //!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation;
@@ -13,11 +15,18 @@
 //!   delivery complete, truncation, lost peers) as a state machine;
 //! - [`wire`]: the provider's header inside the BTL's messages (endpoint,
 //!   tag, CQ data, its rendezvous), strictly decoded.
+//!
+//! Above them, the extern "C" layer (`prov`, private): `fi_prov_ini`, the
+//! provider's getinfo and the fids' ops tables, the crate's only unsafe
+//! code. So far it answers getinfo and opens and closes the fabric; a
+//! domain is refused with -FI_ENOSYS until it is built.
 
 pub mod av;
 pub mod cq;
+pub mod devices;
 pub mod info;
 pub mod matching;
+mod prov;
 pub mod rdm;
 pub(crate) mod sys;
 pub mod wire;

@@ -1,0 +1,77 @@
+//! The extern "C" layer libfabric calls: the provider's entry point
+//! (`fi_prov_ini`), its `fi_provider` and the ops tables of its fids. Every
+//! `unsafe` of the crate lives here, each block with its `// SAFETY:` line;
+//! every entry point runs inside [`guard`], so that a panic becomes a
+//! negative `FI_E*` value and never unwinds into C. What the entry points
+//! decide is decided by the safe modules beside this one ([`crate::info`]
+//! and the rest); this layer only copies between libfabric's structs and
+//! theirs.
+
+mod fabric;
+mod getinfo;
+mod mem;
+
+use std::cell::UnsafeCell;
+use std::ffi::c_int;
+use std::panic::{catch_unwind, UnwindSafe};
+
+use crate::info::{API_VERSION, PROVIDER_VERSION};
+use crate::sys;
+
+/// The provider's name, as `FI_PROVIDER=xrc` and `fi_info -p xrc` name it.
+pub(crate) const NAME: &std::ffi::CStr = c"xrc";
+
+/// A negative `FI_E*` value, as every entry point returns an error.
+pub(crate) fn err(code: u32) -> c_int {
+    -(code as c_int)
+}
+
+/// Runs an entry point's body; a panic in it is `-FI_EOTHER`.
+pub(crate) fn guard(body: impl FnOnce() -> c_int + UnwindSafe) -> c_int {
+    catch_unwind(body).unwrap_or_else(|_| err(sys::FI_EOTHER))
+}
+
+/// A value libfabric is handed a `*mut` to and that lives as long as the
+/// process: the provider struct (libfabric writes its own bookkeeping into
+/// `context`) and the ops tables (never written, but typed `*mut`).
+pub(crate) struct Shared<T>(UnsafeCell<T>);
+
+// SAFETY: the provider never reads or writes a `Shared` value after
+// building it; libfabric alone writes the provider's `context`, under its
+// own initialization lock.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// Wraps a value built at compile time.
+    pub(crate) const fn new(value: T) -> Self {
+        Shared(UnsafeCell::new(value))
+    }
+
+    /// The pointer libfabric keeps.
+    pub(crate) const fn get(&self) -> *mut T {
+        self.0.get()
+    }
+}
+
+static PROVIDER: Shared<sys::fi_provider> = Shared::new(sys::fi_provider {
+    version: PROVIDER_VERSION,
+    fi_version: API_VERSION,
+    context: sys::fi_context {
+        internal: [std::ptr::null_mut(); 4],
+    },
+    name: NAME.as_ptr(),
+    getinfo: Some(getinfo::getinfo),
+    fabric: Some(fabric::open),
+    cleanup: Some(cleanup),
+});
+
+/// What libfabric looks up in every `*fi.so` of `FI_PROVIDER_PATH`: the
+/// provider's description and entry points.
+#[no_mangle]
+pub extern "C" fn fi_prov_ini() -> *mut sys::fi_provider {
+    PROVIDER.get()
+}
+
+/// Called once when libfabric unloads the provider: nothing of the
+/// provider's outlives its fids, which the caller closed.
+unsafe extern "C" fn cleanup() {}

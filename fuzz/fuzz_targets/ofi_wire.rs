@@ -1,10 +1,13 @@
-//! The libfabric provider's decoder of a peer's message header. It may not
-//! panic, and whatever it accepts encodes back to the very bytes it read
-//! (one encoding per message), with the rest as the payload.
+//! The libfabric provider's decoders of what peers and callers hand it: a
+//! peer's message header, and an endpoint address given to `fi_av_insert`.
+//! Neither may panic, and whatever they accept encodes back to the very
+//! bytes they read (one encoding each), a message header with the rest as
+//! its payload.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use xrcbtl_ofi::addr::EpAddr;
 use xrcbtl_ofi::wire::Msg;
 
 fuzz_target!(|data: &[u8]| {
@@ -14,5 +17,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(out.len(), m.len(), "{m:?}");
         assert_eq!(out[..], data[..m.len()], "{m:?}");
         assert_eq!(payload, &data[m.len()..], "{m:?}");
+    }
+    if let Ok(a) = EpAddr::decode(data) {
+        assert_eq!(a.encode().as_deref(), Some(data), "{a:?}");
+        assert_eq!(EpAddr::len_at(data), Some(data.len()), "{a:?}");
     }
 });

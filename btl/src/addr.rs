@@ -26,11 +26,14 @@
 //! identity. The way the rank receives lets peers refuse what cannot work
 //! (XRC against RC, or two XRC domains on one node) with a clear error.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Mutex;
 
 use xrcbtl_fabric::{Gid, IbAddr, XrcdId};
+use xrcbtl_xrc_conn::Node;
 
-use crate::types::Receive;
+use crate::types::{Peer, Receive};
 
 const MAGIC: &[u8; 4] = b"XRCB";
 const VERSION: u8 = 2;
@@ -175,9 +178,70 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The numbers a rank gives the nodes it hears of, by node key: its own
+/// node's first, a simulated node (`sim/N`, as its job numbered it) its
+/// own number when the rank is simulated too, any other key the next free
+/// number the first time it is seen. Safe to share between threads.
+#[derive(Debug)]
+pub struct NodeNumbers {
+    in_sim: bool,
+    nodes: Mutex<HashMap<String, Node>>,
+}
+
+impl NodeNumbers {
+    /// The numbers of a rank whose own node is `own_key`, numbered `own`.
+    pub fn new(own_key: &str, own: Node, in_sim: bool) -> Self {
+        let mut nodes = HashMap::new();
+        nodes.insert(own_key.to_string(), own);
+        NodeNumbers {
+            in_sim,
+            nodes: Mutex::new(nodes),
+        }
+    }
+
+    /// The number of a node key.
+    pub fn of(&self, key: &str) -> Node {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&n) = nodes.get(key) {
+            return n;
+        }
+        let n = match key.strip_prefix("sim/").and_then(|n| n.parse().ok()) {
+            Some(n) if self.in_sim => n,
+            _ => nodes.values().max().map_or(0, |m| m + 1),
+        };
+        nodes.insert(key.to_string(), n);
+        n
+    }
+}
+
+impl Address {
+    /// The peer this address describes, its node numbered by `nodes`.
+    pub fn to_peer(&self, nodes: &NodeNumbers) -> Peer {
+        Peer {
+            rank: self.rank,
+            node: nodes.of(&self.node_key),
+            addr: self.listen,
+            ib: self.ib,
+            receive: Some(self.receive),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_are_numbered_by_key() {
+        let sim = NodeNumbers::new("sim/0", 0, true);
+        assert_eq!(sim.of("sim/0"), 0);
+        assert_eq!(sim.of("sim/5"), 5, "simulated nodes keep their number");
+        assert_eq!(sim.of("host/10.0.0.1"), 6);
+        assert_eq!(sim.of("host/10.0.0.2"), 7);
+        assert_eq!(sim.of("host/10.0.0.1"), 6, "one key, one number");
+        let real = NodeNumbers::new("host/a", 0, false);
+        assert_eq!(real.of("sim/5"), 1, "only a simulated rank reads sim/N");
+    }
 
     #[test]
     fn addresses_round_trip_and_every_cut_is_refused() {

@@ -2,9 +2,8 @@
 //! (where the generic `Btl<C>` is fixed), its published address, and the
 //! numbers it gave the nodes it has heard of.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use xrcbtl_btl::{Btl, Peer};
 use xrcbtl_fabric::sim::SimContext;
@@ -12,7 +11,7 @@ use xrcbtl_fabric::sim::SimContext;
 use xrcbtl_fabric::verbs::VerbsContext;
 
 use crate::status::{Failure, Outcome};
-use xrcbtl_btl::addr::Address;
+use xrcbtl_btl::addr::{Address, NodeNumbers};
 
 /// A rank's BTL, on either provider.
 pub(crate) enum AnyBtl {
@@ -47,37 +46,20 @@ pub struct xrcbtl_t {
     pub(crate) me: Address,
     /// Owned by a simulated job (which destroys it).
     pub(crate) in_sim: bool,
-    nodes: Mutex<HashMap<String, u32>>,
+    nodes: NodeNumbers,
 }
 
 impl xrcbtl_t {
     /// A handle for `btl`, publishing `me`, whose own node is `node`.
     pub(crate) fn new(btl: AnyBtl, me: Address, node: u32, in_sim: bool) -> Box<xrcbtl_t> {
-        let mut nodes = HashMap::new();
-        nodes.insert(me.node_key.clone(), node);
+        let nodes = NodeNumbers::new(&me.node_key, node, in_sim);
         Box::new(xrcbtl_t {
             magic: LIVE,
             btl,
             me,
             in_sim,
-            nodes: Mutex::new(nodes),
+            nodes,
         })
-    }
-
-    /// The node number of a node key: a simulated node keeps its own
-    /// number (`sim/N`, as its job numbered it); any other key gets the
-    /// next free number the first time it is seen.
-    pub(crate) fn node_of(&self, key: &str) -> u32 {
-        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&n) = nodes.get(key) {
-            return n;
-        }
-        let n = match key.strip_prefix("sim/").and_then(|n| n.parse().ok()) {
-            Some(n) if self.in_sim => n,
-            _ => nodes.values().max().map_or(0, |m| m + 1),
-        };
-        nodes.insert(key.to_string(), n);
-        n
     }
 
     /// Peer `rank` from the address it published (which must be its own).
@@ -89,13 +71,7 @@ impl xrcbtl_t {
                 a.rank
             )));
         }
-        Ok(Peer {
-            rank,
-            node: self.node_of(&a.node_key),
-            addr: a.listen,
-            ib: a.ib,
-            receive: Some(a.receive),
-        })
+        Ok(a.to_peer(&self.nodes))
     }
 
     /// Marks the handle destroyed (a later use is caught while the memory
@@ -155,18 +131,6 @@ mod tests {
             ib: btl.listen_ib_addr(),
         };
         xrcbtl_t::new(AnyBtl::Sim(btl), me, 0, in_sim)
-    }
-
-    #[test]
-    fn nodes_are_numbered_by_key() {
-        let h = job_handle(true);
-        assert_eq!(h.node_of("sim/0"), 0);
-        assert_eq!(h.node_of("sim/5"), 5, "simulated nodes keep their number");
-        assert_eq!(h.node_of("host/10.0.0.1"), 6);
-        assert_eq!(h.node_of("host/10.0.0.2"), 7);
-        assert_eq!(h.node_of("host/10.0.0.1"), 6, "one key, one number");
-        let v = job_handle(false);
-        assert_eq!(v.node_of("sim/5"), 1, "only a simulated rank reads sim/N");
     }
 
     #[test]

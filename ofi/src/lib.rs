@@ -16,7 +16,9 @@
 //! - [`rdm`]: one endpoint's messaging (eager, the provider's rendezvous,
 //!   delivery complete, truncation, lost peers) as a state machine;
 //! - [`wire`]: the provider's header inside the BTL's messages (endpoint,
-//!   tag, CQ data, its rendezvous), strictly decoded.
+//!   tag, CQ data, its rendezvous), strictly decoded;
+//! - [`world`]: the simulated job whose ranks domains take with
+//!   `XRCBTL_OFI_FABRIC=sim`.
 //!
 //! Above them, the extern "C" layer (`prov`, private): `fi_prov_ini`, the
 //! provider's getinfo and the fids' ops tables, the crate's only unsafe
@@ -33,3 +35,4 @@ mod prov;
 pub mod rdm;
 pub(crate) mod sys;
 pub mod wire;
+pub mod world;

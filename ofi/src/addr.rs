@@ -1,147 +1,257 @@
 //! A provider endpoint's address, as `fi_getname` returns it and
 //! `fi_av_insert` takes it (FI_FORMAT_UNSPEC: opaque bytes the caller
-//! exchanges out of band). It is the BTL's address of the endpoint's
-//! domain ([`xrcbtl_btl::addr::Address`]: rank, listener, node, how it
-//! receives) and the endpoint's number in that domain.
+//! exchanges out of band).
+//!
+//! It has one length, 64 bytes, whatever the endpoint: Open MPI's mtl/ofi
+//! and btl/ofi read their own name into a `char[FI_NAME_MAX]` (64), and
+//! MPICH gives every peer's address the length of its own. So it cannot
+//! carry the BTL's address ([`xrcbtl_btl::addr::Address`], with a node key
+//! of up to 255 bytes) as is; it carries what a peer needs of it, and a
+//! domain's node is its listener's IP address ([`EpAddr::node_key`]).
 //!
 //! Layout, little-endian:
 //!
-//! | bytes | field |
-//! |---|---|
-//! | 4 | magic `XRFI` |
-//! | 1 | version (1) |
-//! | 2 | endpoint number in its domain |
-//! | 2 | length n of the BTL address |
-//! | n | the BTL address |
+//! | offset | bytes | field |
+//! |---|---|---|
+//! | 0 | 1 | magic `X` |
+//! | 1 | 1 | version (1) |
+//! | 2 | 1 | flags: 1 IPv6 listener, 2 receives through XRC, 4 has an InfiniBand listener |
+//! | 3 | 1 | zero |
+//! | 4 | 4 | the domain's rank |
+//! | 8 | 2 | the endpoint's number in its domain |
+//! | 10 | 2 | listener port |
+//! | 12 | 16 | listener IP (IPv4: 4 bytes, then zeros) |
+//! | 28 | 8 + 8 | XRC only: its domain's key file, `st_dev` and `st_ino` (else zeros) |
+//! | 44 | 16 + 2 + 2 | with flag 4: the InfiniBand listener's GID, P_Key and port (else zeros) |
 //!
-//! Decoding is strict: a foreign or truncated address, another version, a
-//! length that disagrees with the bytes, or a BTL address that does not
-//! decode is refused with the reason, and `fi_av_insert` fails that entry.
+//! Decoding is strict: another length, magic or version, an unknown flag,
+//! or a byte that must be zero and is not, is refused with the reason, and
+//! `fi_av_insert` fails that entry.
 #![forbid(unsafe_code)]
 
-use xrcbtl_btl::addr::{Address, MAX_LEN as BTL_MAX_LEN};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-const MAGIC: &[u8; 4] = b"XRFI";
+use xrcbtl_btl::addr::Address;
+use xrcbtl_btl::{IbAddr, Receive, XrcdId};
+use xrcbtl_fabric::Gid;
+
+/// The length of every address.
+pub const LEN: usize = 64;
+const MAGIC: u8 = b'X';
 /// The version this provider writes and reads.
 pub const VERSION: u8 = 1;
-const FIXED: usize = 4 + 1 + 2 + 2;
-/// Longest encoded address (`fi_getname`'s buffer need never be larger).
-pub const MAX_LEN: usize = FIXED + BTL_MAX_LEN;
+
+const V6: u8 = 1;
+const XRC: u8 = 2;
+const IB: u8 = 4;
 
 /// An endpoint's address.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EpAddr {
-    /// Its domain's BTL address.
-    pub domain: Address,
+    /// Its domain's rank.
+    pub rank: u32,
     /// The endpoint's number in its domain.
     pub ep: u16,
+    /// Its domain's connection listener.
+    pub listen: SocketAddr,
+    /// How its domain receives.
+    pub receive: Receive,
+    /// Its domain's native InfiniBand listener, if it has one.
+    pub ib: Option<IbAddr>,
 }
 
 impl EpAddr {
-    /// The bytes `fi_getname` returns; `None` where the BTL address cannot
-    /// be encoded (an empty or overlong node key).
-    pub fn encode(&self) -> Option<Vec<u8>> {
-        let btl = self.domain.encode()?;
-        let n = u16::try_from(btl.len()).ok()?;
-        let mut b = Vec::with_capacity(FIXED + btl.len());
-        b.extend_from_slice(MAGIC);
-        b.push(VERSION);
-        b.extend_from_slice(&self.ep.to_le_bytes());
-        b.extend_from_slice(&n.to_le_bytes());
-        b.extend_from_slice(&btl);
-        Some(b)
+    /// Endpoint `ep` of the domain whose BTL publishes `domain`.
+    pub fn of(domain: &Address, ep: u16) -> EpAddr {
+        EpAddr {
+            rank: domain.rank,
+            ep,
+            listen: domain.listen,
+            receive: domain.receive,
+            ib: domain.ib,
+        }
+    }
+
+    /// The node key of a provider domain: its listener's IP address (the
+    /// ranks of a host on one device listen on its one address).
+    pub fn node_key(ip: IpAddr) -> String {
+        format!("ip/{ip}")
+    }
+
+    /// Its domain's address as the BTL takes it (node key per
+    /// [`EpAddr::node_key`]).
+    pub fn domain(&self) -> Address {
+        Address {
+            rank: self.rank,
+            listen: self.listen,
+            node_key: Self::node_key(self.listen.ip()),
+            receive: self.receive,
+            ib: self.ib,
+        }
+    }
+
+    /// The bytes `fi_getname` returns.
+    pub fn encode(&self) -> [u8; LEN] {
+        let mut b = [0u8; LEN];
+        b[0] = MAGIC;
+        b[1] = VERSION;
+        b[4..8].copy_from_slice(&self.rank.to_le_bytes());
+        b[8..10].copy_from_slice(&self.ep.to_le_bytes());
+        b[10..12].copy_from_slice(&self.listen.port().to_le_bytes());
+        let mut flags = 0;
+        match self.listen.ip() {
+            IpAddr::V4(a) => b[12..16].copy_from_slice(&a.octets()),
+            IpAddr::V6(a) => {
+                flags |= V6;
+                b[12..28].copy_from_slice(&a.octets());
+            }
+        }
+        if let Receive::Xrc(id) = self.receive {
+            flags |= XRC;
+            b[28..36].copy_from_slice(&id.dev.to_le_bytes());
+            b[36..44].copy_from_slice(&id.ino.to_le_bytes());
+        }
+        if let Some(ib) = self.ib {
+            flags |= IB;
+            b[44..60].copy_from_slice(&ib.gid.0);
+            b[60..62].copy_from_slice(&ib.pkey.to_le_bytes());
+            b[62..64].copy_from_slice(&ib.port.to_le_bytes());
+        }
+        b[2] = flags;
+        b
     }
 
     /// Reads an address a caller inserts, or says why it is not one.
     pub fn decode(b: &[u8]) -> Result<EpAddr, String> {
-        if b.len() < FIXED {
+        if b.len() != LEN {
             return Err(format!(
-                "{} bytes: shorter than an xrc provider address",
+                "{} bytes: an xrc provider address has {LEN}",
                 b.len()
             ));
         }
-        if &b[..4] != MAGIC {
+        if b[0] != MAGIC {
             return Err("not an xrc provider address (bad magic)".into());
         }
-        if b[4] != VERSION {
+        if b[1] != VERSION {
             return Err(format!(
                 "provider address version {}, this provider reads {VERSION}",
-                b[4]
+                b[1]
             ));
         }
-        let ep = u16::from_le_bytes([b[5], b[6]]);
-        let n = usize::from(u16::from_le_bytes([b[7], b[8]]));
-        if b.len() - FIXED != n {
-            return Err(format!(
-                "the address says {n} bytes of BTL address follow, {} do",
-                b.len() - FIXED
-            ));
+        let flags = b[2];
+        if flags & !(V6 | XRC | IB) != 0 || b[3] != 0 {
+            return Err(format!("unknown flags {flags:#x} or a reserved byte set"));
         }
-        let domain = Address::decode(&b[FIXED..])?;
-        Ok(EpAddr { domain, ep })
-    }
-
-    /// The length of the address at the start of `b`, if the fixed part
-    /// there is one of ours: how `fi_av_insert` steps through a packed
-    /// array of addresses (each may have its own length).
-    pub fn len_at(b: &[u8]) -> Option<usize> {
-        if b.len() < FIXED || &b[..4] != MAGIC {
-            return None;
-        }
-        Some(FIXED + usize::from(u16::from_le_bytes([b[7], b[8]])))
+        let zero = |r: std::ops::Range<usize>, what: &str| -> Result<(), String> {
+            if b[r].iter().any(|&x| x != 0) {
+                Err(format!("{what} bytes set in an address that has none"))
+            } else {
+                Ok(())
+            }
+        };
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let rank = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+        let ep = u16_at(8);
+        let port = u16_at(10);
+        let ip = if flags & V6 != 0 {
+            let o: [u8; 16] = b[12..28].try_into().expect("16 bytes");
+            IpAddr::V6(Ipv6Addr::from(o))
+        } else {
+            zero(16..28, "IPv6")?;
+            IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
+        };
+        let receive = if flags & XRC != 0 {
+            Receive::Xrc(XrcdId {
+                dev: u64_at(28),
+                ino: u64_at(36),
+            })
+        } else {
+            zero(28..44, "XRC domain")?;
+            Receive::Rc
+        };
+        let ib = if flags & IB != 0 {
+            Some(IbAddr {
+                gid: Gid(b[44..60].try_into().expect("16 bytes")),
+                pkey: u16_at(60),
+                port: u16_at(62),
+            })
+        } else {
+            zero(44..64, "InfiniBand listener")?;
+            None
+        };
+        Ok(EpAddr {
+            rank,
+            ep,
+            listen: SocketAddr::new(ip, port),
+            receive,
+            ib,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::SocketAddr;
-    use xrcbtl_btl::Receive;
 
-    fn sample() -> EpAddr {
-        EpAddr {
-            domain: Address {
+    fn samples() -> Vec<EpAddr> {
+        vec![
+            EpAddr {
                 rank: 0x0102_0304,
-                listen: "10.0.0.7:4791".parse::<SocketAddr>().unwrap(),
-                node_key: "node7/rxe0".into(),
+                ep: 3,
+                listen: "10.0.0.7:4791".parse().unwrap(),
                 receive: Receive::Rc,
                 ib: None,
             },
-            ep: 3,
+            EpAddr {
+                rank: 7,
+                ep: u16::MAX,
+                listen: "[fe80::1]:17".parse().unwrap(),
+                receive: Receive::Xrc(XrcdId {
+                    dev: 0x0102_0304_0506_0708,
+                    ino: 42,
+                }),
+                ib: Some(IbAddr {
+                    gid: Gid([
+                        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 3, 0, 0xa1, 0xb2, 0xc3,
+                    ]),
+                    pkey: 0xffff,
+                    port: 4791,
+                }),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_address_round_trips_in_64_bytes() {
+        for a in samples() {
+            let b = a.encode();
+            assert_eq!(b.len(), 64);
+            assert_eq!(EpAddr::decode(&b).unwrap(), a);
+            let d = a.domain();
+            assert_eq!(d.node_key, EpAddr::node_key(a.listen.ip()));
+            assert_eq!(EpAddr::of(&d, a.ep), a);
         }
     }
 
     #[test]
-    fn an_address_round_trips_and_says_its_length() {
-        let a = sample();
-        let b = a.encode().unwrap();
-        assert!(b.len() <= MAX_LEN);
-        assert_eq!(EpAddr::decode(&b).unwrap(), a);
-        let mut two = b.clone();
-        two.extend_from_slice(&b);
-        assert_eq!(EpAddr::len_at(&two), Some(b.len()));
-    }
-
-    #[test]
     fn anything_else_is_refused_with_a_reason() {
-        let b = sample().encode().unwrap();
-        assert!(EpAddr::decode(&b[..5]).unwrap_err().contains("shorter"));
-        let mut foreign = b.clone();
-        foreign[0] = b'Y';
-        assert!(EpAddr::decode(&foreign).unwrap_err().contains("magic"));
-        assert_eq!(EpAddr::len_at(&foreign), None);
-        let mut newer = b.clone();
-        newer[4] = 2;
-        assert!(EpAddr::decode(&newer).unwrap_err().contains("version 2"));
-        assert!(EpAddr::decode(&b[..b.len() - 1])
-            .unwrap_err()
-            .contains("follow"));
-        let mut longer = b.clone();
+        let b = samples()[0].encode();
+        assert!(EpAddr::decode(&b[..63]).unwrap_err().contains("has 64"));
+        let mut longer = b.to_vec();
         longer.push(0);
-        assert!(EpAddr::decode(&longer).unwrap_err().contains("follow"));
-        // A BTL address that does not decode, with a consistent length.
-        let mut bad_btl = b.clone();
-        bad_btl[FIXED] = b'Q';
-        assert!(EpAddr::decode(&bad_btl).unwrap_err().contains("magic"));
+        assert!(EpAddr::decode(&longer).unwrap_err().contains("has 64"));
+        let set = |i: usize, v: u8| {
+            let mut c = b;
+            c[i] = v;
+            EpAddr::decode(&c).unwrap_err()
+        };
+        assert!(set(0, b'Y').contains("magic"));
+        assert!(set(1, 2).contains("version 2"));
+        assert!(set(2, 8).contains("unknown flags"));
+        assert!(set(3, 1).contains("reserved"));
+        assert!(set(20, 1).contains("IPv6"));
+        assert!(set(30, 1).contains("XRC"));
+        assert!(set(50, 1).contains("InfiniBand"));
     }
 }

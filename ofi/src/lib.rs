@@ -2,8 +2,8 @@
 //! that libfabric's contract asks of an FI_EP_RDM endpoint, as safe Rust
 //! with no libfabric types, unit-tested without a fabric.
 //!
-//! - [`addr`]: an endpoint's address (`fi_getname`, `fi_av_insert`): its
-//!   domain's BTL address and its number there, strictly decoded;
+//! - [`addr`]: an endpoint's address (`fi_getname`, `fi_av_insert`), 64
+//!   bytes whatever the endpoint, strictly decoded;
 //! - [`av`]: the address vector, FI_AV_TABLE and FI_AV_MAP numbers and the
 //!   way back from a peer to its number (FI_SOURCE);
 //! - [`cq`]: completion queue entries in order, errors in their place,

@@ -168,6 +168,10 @@ mod tests {
         assert_eq!((b.rank, b.node), (1, 0));
         assert_eq!((c.rank, c.node), (2, 1));
         assert_eq!(c.address.node_key, "sim/1");
+        // A node's ranks listen on its one address (the provider's node
+        // key), other nodes on theirs.
+        assert_eq!(a.address.listen.ip(), b.address.listen.ip());
+        assert_ne!(a.address.listen.ip(), c.address.listen.ip());
         assert!(claim(device(true), 2, 2)
             .unwrap_err()
             .contains("runs on sim0"));

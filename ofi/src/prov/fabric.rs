@@ -8,7 +8,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{err, guard, Shared};
+use super::{err, guard, object, Shared};
 use crate::info::FABRIC_NAME;
 use crate::sys;
 
@@ -19,6 +19,8 @@ pub(crate) struct Fabric {
     fabric: sys::fid_fabric,
     /// Domains open on this fabric: it closes only when none are left.
     pub(crate) domains: AtomicUsize,
+    /// The API version the caller opened it with.
+    pub(crate) api_version: u32,
 }
 
 static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
@@ -47,15 +49,9 @@ impl Fabric {
     ///
     /// # Safety
     /// `fid` is null or points to a live `struct fid`.
-    pub(crate) unsafe fn from_fid<'a>(fid: *mut sys::fid) -> Option<&'a Fabric> {
-        // SAFETY: the caller's promise; only the shared header is read
-        // until the ops pointer shows the fid is one of ours.
-        let header = unsafe { fid.as_ref() }?;
-        if header.fclass != sys::FI_CLASS_FABRIC as usize || header.ops != FID_OPS.get() {
-            return None;
-        }
-        // SAFETY: our fabric fids are the first field of a `Fabric`.
-        Some(unsafe { &*fid.cast::<Fabric>() })
+    pub(crate) unsafe fn from_fid<'a>(fid: *const sys::fid) -> Option<&'a Fabric> {
+        // SAFETY: the caller's promise; our fabric fids start a `Fabric`.
+        unsafe { object(fid, sys::FI_CLASS_FABRIC, &FID_OPS) }
     }
 }
 
@@ -89,6 +85,7 @@ pub(super) unsafe extern "C" fn open(
                 api_version: attr.api_version,
             },
             domains: AtomicUsize::new(0),
+            api_version: attr.api_version,
         });
         // SAFETY: `fabric` is libfabric's out-parameter, checked non-null;
         // the fabric is freed by `close`.
@@ -131,7 +128,6 @@ unsafe extern "C" fn no_ops_open(
     err(sys::FI_ENOSYS)
 }
 
-/// Domains are not built yet (issue 29 goes on): the caller learns so.
 unsafe extern "C" fn domain(
     fabric: *mut sys::fid_fabric,
     info: *mut sys::fi_info,
@@ -139,24 +135,18 @@ unsafe extern "C" fn domain(
     context: *mut c_void,
 ) -> c_int {
     // SAFETY: forwarded as received.
-    unsafe { domain2(fabric, info, dom, 0, context) }
+    unsafe { super::domain::open(fabric, info, dom, 0, context) }
 }
 
 unsafe extern "C" fn domain2(
     fabric: *mut sys::fid_fabric,
     info: *mut sys::fi_info,
     dom: *mut *mut sys::fid_domain,
-    _flags: u64,
-    _context: *mut c_void,
+    flags: u64,
+    context: *mut c_void,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: a fid_fabric starts with its fid.
-        let ours = unsafe { Fabric::from_fid(fabric.cast()) };
-        if ours.is_none() || info.is_null() || dom.is_null() {
-            return err(sys::FI_EINVAL);
-        }
-        err(sys::FI_ENOSYS)
-    })
+    // SAFETY: forwarded as received.
+    unsafe { super::domain::open(fabric, info, dom, flags, context) }
 }
 
 unsafe extern "C" fn no_passive_ep(

@@ -7,13 +7,15 @@
 //! and the rest); this layer only copies between libfabric's structs and
 //! theirs.
 
+mod av;
+mod domain;
 mod fabric;
 mod getinfo;
 mod mem;
 
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
-use std::panic::{catch_unwind, UnwindSafe};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::info::{API_VERSION, PROVIDER_VERSION};
 use crate::sys;
@@ -26,9 +28,34 @@ pub(crate) fn err(code: u32) -> c_int {
     -(code as c_int)
 }
 
-/// Runs an entry point's body; a panic in it is `-FI_EOTHER`.
-pub(crate) fn guard(body: impl FnOnce() -> c_int + UnwindSafe) -> c_int {
-    catch_unwind(body).unwrap_or_else(|_| err(sys::FI_EOTHER))
+/// Runs an entry point's body; a panic in it is `-FI_EOTHER`. (Locks a
+/// panic poisons are taken over by the next caller: every object's state
+/// stays consistent between the steps of its methods.)
+pub(crate) fn guard(body: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| err(sys::FI_EOTHER))
+}
+
+/// The provider's object behind `fid`, or None for a null fid, another
+/// class's, or another provider's. Every fid of the provider points at a
+/// static ops table of its kind, so only the header every fid shares is
+/// read until that pointer shows the fid is one of ours.
+///
+/// # Safety
+/// `fid` is null or points to a live `struct fid`; `T` is the `#[repr(C)]`
+/// object whose first field holds the fids of class `class` with `ops`.
+pub(crate) unsafe fn object<'a, T>(
+    fid: *const sys::fid,
+    class: u32,
+    ops: &Shared<sys::fi_ops>,
+) -> Option<&'a T> {
+    // SAFETY: the caller's promise.
+    let header = unsafe { fid.as_ref() }?;
+    if header.fclass != class as usize || header.ops != ops.get() {
+        return None;
+    }
+    // SAFETY: ours, so the first field of a live `T` (the caller's promise
+    // about `class` and `ops`).
+    Some(unsafe { &*fid.cast::<T>() })
 }
 
 /// A value libfabric is handed a `*mut` to and that lives as long as the

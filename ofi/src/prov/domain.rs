@@ -1,0 +1,329 @@
+//! The domain fid (`fi_domain`): one BTL rank of this process on the
+//! device getinfo named, and the factory of address vectors, completion
+//! queues, counters, endpoints and memory registrations.
+//!
+//! On the simulated fabric each domain takes a rank of the process's
+//! simulated job ([`crate::world`]). Verbs domains are not built yet (they
+//! need a rank that is unique across the job without an MPI to number the
+//! processes): opening one is -FI_ENOSYS.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::fabric::Fabric;
+use super::{av, err, guard, object, Shared};
+use crate::devices::{self, Which};
+use crate::sys;
+use crate::world::{self, SimRank};
+
+/// The provider's domain: libfabric's `fid_domain` first.
+#[repr(C)]
+pub(crate) struct Domain {
+    domain: sys::fid_domain,
+    fabric: *const Fabric,
+    /// Objects open on this domain (address vectors, queues, counters,
+    /// endpoints, registrations): it closes only when none are left.
+    pub(crate) children: AtomicUsize,
+    /// The BTL rank it is.
+    pub(crate) rank: SimRank,
+    /// Its address vector type when one is opened with FI_AV_UNSPEC.
+    pub(crate) av_type: u32,
+    /// The threading level the caller asked for.
+    pub(crate) threading: u32,
+}
+
+static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(close),
+    bind: Some(no_bind),
+    control: Some(no_control),
+    ops_open: Some(no_ops_open),
+    tostr: None,
+    ops_set: None,
+});
+
+static DOMAIN_OPS: Shared<sys::fi_ops_domain> = Shared::new(sys::fi_ops_domain {
+    size: std::mem::size_of::<sys::fi_ops_domain>(),
+    av_open: Some(av::open),
+    cq_open: Some(not_yet_cq),
+    endpoint: Some(not_yet_ep),
+    scalable_ep: Some(no_scalable_ep),
+    cntr_open: Some(not_yet_cntr),
+    poll_open: Some(no_poll),
+    stx_ctx: Some(no_stx),
+    srx_ctx: Some(no_srx),
+    query_atomic: Some(not_yet_query_atomic),
+    query_collective: Some(no_query_collective),
+    endpoint2: Some(not_yet_ep2),
+});
+
+static MR_OPS: Shared<sys::fi_ops_mr> = Shared::new(sys::fi_ops_mr {
+    size: std::mem::size_of::<sys::fi_ops_mr>(),
+    reg: Some(not_yet_mr_reg),
+    regv: Some(not_yet_mr_regv),
+    regattr: Some(not_yet_mr_regattr),
+});
+
+impl Domain {
+    /// The provider's domain behind `fid`, or None.
+    ///
+    /// # Safety
+    /// `fid` is null or points to a live `struct fid`.
+    pub(crate) unsafe fn from_fid<'a>(fid: *const sys::fid) -> Option<&'a Domain> {
+        // SAFETY: the caller's promise; our domain fids start a `Domain`.
+        unsafe { object(fid, sys::FI_CLASS_DOMAIN, &FID_OPS) }
+    }
+}
+
+/// `fi_domain` / `fi_domain2` on the provider's fabric.
+pub(super) unsafe extern "C" fn open(
+    fabric: *mut sys::fid_fabric,
+    info: *mut sys::fi_info,
+    dom: *mut *mut sys::fid_domain,
+    flags: u64,
+    context: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: a fid_fabric starts with its fid.
+        let Some(parent) = (unsafe { Fabric::from_fid(fabric.cast()) }) else {
+            return err(sys::FI_EINVAL);
+        };
+        if info.is_null() || dom.is_null() {
+            return err(sys::FI_EINVAL);
+        }
+        if flags != 0 {
+            return err(sys::FI_EBADFLAGS);
+        }
+        // SAFETY: checked non-null; an fi_info from getinfo (or a copy).
+        let info = unsafe { &*info };
+        // SAFETY: null or a valid domain_attr.
+        let Some(attr) = (unsafe { info.domain_attr.as_ref() }) else {
+            return err(sys::FI_EINVAL);
+        };
+        let name = if attr.name.is_null() {
+            None
+        } else {
+            // SAFETY: a domain name is a C string.
+            Some(unsafe { CStr::from_ptr(attr.name as *const c_char) }.to_string_lossy())
+        };
+        let which = match devices::which(std::env::var(devices::FABRIC_VAR).ok().as_deref()) {
+            Ok(w) => w,
+            Err(_) => return err(sys::FI_EINVAL),
+        };
+        let rank = match which {
+            Which::Verbs => return err(sys::FI_ENOSYS),
+            Which::Sim | Which::SimIwarp => {
+                let device = world::device(which == Which::SimIwarp);
+                if name.as_deref().is_some_and(|n| n != device.name) {
+                    return err(sys::FI_ENODEV);
+                }
+                let Ok((nodes, per_node)) = world::shape(
+                    std::env::var(world::NODES_VAR).ok().as_deref(),
+                    std::env::var(world::RANKS_VAR).ok().as_deref(),
+                ) else {
+                    return err(sys::FI_EINVAL);
+                };
+                match world::claim(device, nodes, per_node) {
+                    Ok(rank) => rank,
+                    Err(_) => return err(sys::FI_ENOSPC),
+                }
+            }
+        };
+        let object = Box::new(Domain {
+            domain: sys::fid_domain {
+                fid: sys::fid {
+                    fclass: sys::FI_CLASS_DOMAIN as usize,
+                    context,
+                    ops: FID_OPS.get(),
+                },
+                ops: DOMAIN_OPS.get(),
+                mr: MR_OPS.get(),
+            },
+            fabric: parent,
+            children: AtomicUsize::new(0),
+            rank,
+            av_type: attr.av_type,
+            threading: attr.threading,
+        });
+        parent.domains.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: libfabric's out-parameter, checked non-null; freed by
+        // `close`.
+        unsafe { *dom = Box::into_raw(object).cast() };
+        0
+    })
+}
+
+unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes the fid being closed.
+        let Some(domain) = (unsafe { Domain::from_fid(fid) }) else {
+            return err(sys::FI_EINVAL);
+        };
+        if domain.children.load(Ordering::Acquire) != 0 {
+            return err(sys::FI_EBUSY);
+        }
+        // SAFETY: a domain's fabric cannot close before it (EBUSY).
+        unsafe { &*domain.fabric }
+            .domains
+            .fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: ours (checked), made by `open` with Box::into_raw, and
+        // not used by libfabric after a successful close.
+        drop(unsafe { Box::from_raw(fid.cast::<Domain>()) });
+        0
+    })
+}
+
+unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
+    // No event queue: asynchronous errors come as error completions.
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_ops_open(
+    _: *mut sys::fid,
+    _: *const c_char,
+    _: u64,
+    _: *mut *mut c_void,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+// What the domain does not offer at all (FI_EP_RDM with one context, no
+// wait objects, no collectives): -FI_ENOSYS, as the man pages name it.
+
+unsafe extern "C" fn no_scalable_ep(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_info,
+    _: *mut *mut sys::fid_ep,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_poll(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_poll_attr,
+    _: *mut *mut sys::fid_poll,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_stx(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_tx_attr,
+    _: *mut *mut sys::fid_stx,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_srx(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_rx_attr,
+    _: *mut *mut sys::fid_ep,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_query_collective(
+    _: *mut sys::fid_domain,
+    _: sys::fi_collective_op,
+    _: *mut sys::fi_collective_attr,
+    _: u64,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+// What issue 29 builds next: completion queues, counters, endpoints,
+// atomics and registrations. Until then each says it is not there.
+
+unsafe extern "C" fn not_yet_cq(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_cq_attr,
+    _: *mut *mut sys::fid_cq,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn not_yet_ep(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_info,
+    _: *mut *mut sys::fid_ep,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn not_yet_ep2(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_info,
+    _: *mut *mut sys::fid_ep,
+    _: u64,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn not_yet_cntr(
+    _: *mut sys::fid_domain,
+    _: *mut sys::fi_cntr_attr,
+    _: *mut *mut sys::fid_cntr,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn not_yet_query_atomic(
+    _: *mut sys::fid_domain,
+    _: sys::fi_datatype,
+    _: sys::fi_op,
+    _: *mut sys::fi_atomic_attr,
+    _: u64,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn not_yet_mr_reg(
+    _: *mut sys::fid,
+    _: *const c_void,
+    _: usize,
+    _: u64,
+    _: u64,
+    _: u64,
+    _: u64,
+    _: *mut *mut sys::fid_mr,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn not_yet_mr_regv(
+    _: *mut sys::fid,
+    _: *const sys::iovec,
+    _: usize,
+    _: u64,
+    _: u64,
+    _: u64,
+    _: u64,
+    _: *mut *mut sys::fid_mr,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn not_yet_mr_regattr(
+    _: *mut sys::fid,
+    _: *const sys::fi_mr_attr,
+    _: u64,
+    _: *mut *mut sys::fid_mr,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}

@@ -73,14 +73,19 @@ pub enum ProvErr {
 impl ProvErr {
     /// The code's meaning, for `fi_cq_strerror`.
     pub fn text(code: i32) -> &'static str {
+        Self::text_c(code).to_str().expect("ASCII")
+    }
+
+    /// [`ProvErr::text`] with its NUL, for a caller that gives no buffer.
+    pub fn text_c(code: i32) -> &'static std::ffi::CStr {
         match code {
-            0 => "no provider detail",
-            1 => "xrc: the peer failed or left before the operation completed",
-            2 => "xrc: the receive buffer was smaller than the message",
-            3 => "xrc: the operation was cancelled",
-            4 => "xrc: the peer refused the access (key, range or rights)",
-            5 => "xrc: the endpoint was closed with the operation pending",
-            _ => "xrc: unknown provider error",
+            0 => c"no provider detail",
+            1 => c"xrc: the peer failed or left before the operation completed",
+            2 => c"xrc: the receive buffer was smaller than the message",
+            3 => c"xrc: the operation was cancelled",
+            4 => c"xrc: the peer refused the access (key, range or rights)",
+            5 => c"xrc: the endpoint was closed with the operation pending",
+            _ => c"xrc: unknown provider error",
         }
     }
 }

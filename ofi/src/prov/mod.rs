@@ -8,6 +8,7 @@
 //! theirs.
 
 mod av;
+mod cq;
 mod domain;
 mod fabric;
 mod getinfo;
@@ -33,6 +34,11 @@ pub(crate) fn err(code: u32) -> c_int {
 /// stays consistent between the steps of its methods.)
 pub(crate) fn guard(body: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| err(sys::FI_EOTHER))
+}
+
+/// As [`guard`], for the entry points that return `ssize_t`.
+pub(crate) fn guard_size(body: impl FnOnce() -> isize) -> isize {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| err(sys::FI_EOTHER) as isize)
 }
 
 /// The provider's object behind `fid`, or None for a null fid, another

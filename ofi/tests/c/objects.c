@@ -1,10 +1,12 @@
 /*
- * The provider's domain and address vector through libfabric's API, on
- * the simulated fabric (XRCBTL_OFI_FABRIC=sim; scripts/test-ofi): domains
- * take the simulated job's ranks until none is left; address vectors of
- * both types take well-formed addresses, fail malformed ones entry by
- * entry, look them up, print them, remove them; bad flags and closing in
- * the wrong order get the codes the man pages name.
+ * The provider's domain, address vectors, completion queues and counters
+ * through libfabric's API, on the simulated fabric (XRCBTL_OFI_FABRIC=sim;
+ * scripts/test-ofi): domains take the simulated job's ranks until none is
+ * left; address vectors of both types take well-formed addresses, fail
+ * malformed ones entry by entry, look them up, print them, remove them;
+ * completion queues open in every format and read empty, wait and are
+ * signalled; counters count; bad flags, formats and closing in the wrong
+ * order get the codes the man pages name.
  *
  * Addresses are built here by hand, in the layout ofi/src/addr.rs
  * documents (64 bytes: 'X', version 1, flags, 0, rank, endpoint, port,
@@ -16,6 +18,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
+#include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
 #include <stdint.h>
@@ -143,6 +146,68 @@ static void av_map(struct fid_domain *domain)
     CHECK(fi_close(&av->fid) == 0, "fi_close(av)");
 }
 
+static void cq(struct fid_domain *domain)
+{
+    const enum fi_cq_format formats[] = {FI_CQ_FORMAT_UNSPEC, FI_CQ_FORMAT_CONTEXT, FI_CQ_FORMAT_MSG,
+                                         FI_CQ_FORMAT_DATA, FI_CQ_FORMAT_TAGGED};
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+        struct fi_cq_attr attr = {.format = formats[f], .size = 16};
+        struct fid_cq *q = NULL;
+        int rc = fi_cq_open(domain, &attr, &q, NULL);
+        CHECK(rc == 0, "fi_cq_open(format %d): %s", (int) formats[f], fi_strerror(-rc));
+        if (rc) {
+            continue;
+        }
+        struct fi_cq_tagged_entry e[4];
+        fi_addr_t src[4];
+        struct fi_cq_err_entry ee = {0};
+        CHECK(fi_cq_read(q, e, 4) == -FI_EAGAIN, "an empty queue reads nothing");
+        CHECK(fi_cq_readfrom(q, e, 4, src) == -FI_EAGAIN, "nor from anyone");
+        CHECK(fi_cq_readerr(q, &ee, 0) == -FI_EAGAIN, "and has no error");
+        CHECK(fi_cq_readerr(q, &ee, 1) == -FI_EBADFLAGS, "readerr takes no flags");
+        CHECK(fi_cq_sread(q, e, 4, NULL, 10) == -FI_EAGAIN, "a wait of 10 ms finds nothing");
+        CHECK(fi_cq_signal(q) == 0, "signal");
+        CHECK(fi_cq_sread(q, e, 4, NULL, -1) == -FI_EAGAIN, "a signalled wait returns");
+        CHECK(fi_close(&q->fid) == 0, "fi_close(cq)");
+    }
+    struct fi_cq_attr bad = {.format = (enum fi_cq_format) 99};
+    struct fid_cq *q = NULL;
+    CHECK(fi_cq_open(domain, &bad, &q, NULL) == -FI_ENOSYS, "an unknown format");
+    struct fi_cq_attr fd = {.wait_obj = FI_WAIT_FD};
+    CHECK(fi_cq_open(domain, &fd, &q, NULL) == -FI_ENOSYS, "a file descriptor to wait on");
+
+    struct fi_cq_attr attr = {.format = FI_CQ_FORMAT_CONTEXT};
+    if (fi_cq_open(domain, &attr, &q, NULL) == 0) {
+        char buf[16];
+        const char *t = fi_cq_strerror(q, 1, NULL, NULL, 0);
+        CHECK(t && strstr(t, "peer failed"), "strerror: %s", t ? t : "(null)");
+        t = fi_cq_strerror(q, 1, NULL, buf, sizeof buf);
+        CHECK(t == buf && strlen(buf) == sizeof buf - 1 && !strncmp(buf, "xrc: the peer f", 15), "cut: %s", buf);
+        CHECK(fi_close(&domain->fid) == -FI_EBUSY, "closing a domain with a queue open");
+        CHECK(fi_close(&q->fid) == 0, "fi_close(cq)");
+    }
+}
+
+static void cntr(struct fid_domain *domain)
+{
+    struct fid_cntr *c = NULL;
+    int rc = fi_cntr_open(domain, NULL, &c, NULL);
+    CHECK(rc == 0, "fi_cntr_open: %s", fi_strerror(-rc));
+    if (rc) {
+        return;
+    }
+    CHECK(fi_cntr_read(c) == 0 && fi_cntr_readerr(c) == 0, "a new counter is zero");
+    CHECK(fi_cntr_add(c, 5) == 0 && fi_cntr_read(c) == 5, "add");
+    CHECK(fi_cntr_set(c, 2) == 0 && fi_cntr_read(c) == 2, "set");
+    CHECK(fi_cntr_adderr(c, 3) == 0 && fi_cntr_readerr(c) == 3, "adderr");
+    CHECK(fi_cntr_seterr(c, 1) == 0 && fi_cntr_readerr(c) == 1, "seterr");
+    CHECK(fi_cntr_wait(c, 2, 0) == 0, "a reached threshold");
+    CHECK(fi_cntr_wait(c, 3, 10) == -FI_ETIMEDOUT, "an unreached one times out");
+    CHECK(fi_close(&c->fid) == 0, "fi_close(cntr)");
+    struct fi_cntr_attr fd = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_FD};
+    CHECK(fi_cntr_open(domain, &fd, &c, NULL) == -FI_ENOSYS, "a file descriptor to wait on");
+}
+
 int main(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
@@ -174,6 +239,8 @@ int main(void)
     if (d[0]) {
         av_table(d[0]);
         av_map(d[0]);
+        cq(d[1]);
+        cntr(d[1]);
     }
     for (int i = 0; i < 4; i++) {
         if (d[i]) {

@@ -23,9 +23,10 @@
 //! Above them, the extern "C" layer (`prov`, private): `fi_prov_ini`, the
 //! provider's getinfo and the fids' ops tables, the crate's only unsafe
 //! code. So far it answers getinfo, opens fabrics, domains on the
-//! simulated fabric, address vectors, completion queues and counters;
-//! endpoints, registrations, atomics and verbs domains answer -FI_ENOSYS
-//! until they are built.
+//! simulated fabric, address vectors, completion queues, counters and
+//! endpoints (their addresses, bindings, enabling and options); data
+//! transfer, registrations, `fi_query_atomic` and verbs domains answer
+//! -FI_ENOSYS until they are built.
 
 pub mod addr;
 pub mod av;

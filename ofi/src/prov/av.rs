@@ -8,7 +8,7 @@
 //! FI_SYNC_ERR its error in the caller's array) while the others go in.
 
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::domain::Domain;
@@ -23,6 +23,8 @@ pub(crate) struct AvObj {
     av: sys::fid_av,
     domain: *const Domain,
     table: Mutex<Av<EpAddr>>,
+    /// Endpoints bound to it: it closes only when none are.
+    pub(crate) users: AtomicUsize,
 }
 
 static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
@@ -54,6 +56,11 @@ impl AvObj {
     pub(crate) unsafe fn from_fid<'a>(fid: *const sys::fid) -> Option<&'a AvObj> {
         // SAFETY: the caller's promise; our AV fids start an `AvObj`.
         unsafe { object(fid, sys::FI_CLASS_AV, &FID_OPS) }
+    }
+
+    /// Its domain.
+    pub(crate) fn domain_ptr(&self) -> *const Domain {
+        self.domain
     }
 
     /// Its table, locked (a panic that poisoned it left it consistent).
@@ -104,6 +111,7 @@ pub(super) unsafe extern "C" fn open(
             },
             domain: d,
             table: Mutex::new(Av::new(kind, u32::MAX as usize)),
+            users: AtomicUsize::new(0),
         });
         d.children.fetch_add(1, Ordering::AcqRel);
         // SAFETY: libfabric's out-parameter, checked non-null; freed by
@@ -119,6 +127,9 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         let Some(av) = (unsafe { AvObj::from_fid(fid) }) else {
             return err(sys::FI_EINVAL);
         };
+        if av.users.load(Ordering::Acquire) != 0 {
+            return err(sys::FI_EBUSY);
+        }
         // SAFETY: an AV's domain cannot close before it (EBUSY).
         unsafe { &*av.domain }
             .children

@@ -9,7 +9,7 @@
 //! polling).
 
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,8 @@ pub(crate) struct CqObj {
     queue: Mutex<CompletionQueue>,
     /// `fi_cq_signal` was called: a waiting read returns.
     signalled: AtomicBool,
+    /// Endpoint bindings to it: it closes only when none are left.
+    pub(crate) users: AtomicUsize,
 }
 
 /// The provider's counter: libfabric's `fid_cntr` first.
@@ -36,6 +38,8 @@ pub(crate) struct CntrObj {
     cntr: sys::fid_cntr,
     domain: *const Domain,
     counter: Mutex<Counter>,
+    /// Endpoint bindings to it: it closes only when none are left.
+    pub(crate) users: AtomicUsize,
 }
 
 static CQ_FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
@@ -99,6 +103,11 @@ impl CqObj {
         // SAFETY: a queue's domain cannot close before it (EBUSY).
         unsafe { &*self.domain }
     }
+
+    /// Its domain.
+    pub(crate) fn domain_ptr(&self) -> *const Domain {
+        self.domain
+    }
 }
 
 impl CntrObj {
@@ -119,6 +128,11 @@ impl CntrObj {
     fn domain(&self) -> &Domain {
         // SAFETY: a counter's domain cannot close before it (EBUSY).
         unsafe { &*self.domain }
+    }
+
+    /// Its domain.
+    pub(crate) fn domain_ptr(&self) -> *const Domain {
+        self.domain
     }
 }
 
@@ -175,6 +189,7 @@ pub(super) unsafe extern "C" fn cq_open(
             format,
             queue: Mutex::new(CompletionQueue::new(size)),
             signalled: AtomicBool::new(false),
+            users: AtomicUsize::new(0),
         });
         d.children.fetch_add(1, Ordering::AcqRel);
         // SAFETY: libfabric's out-parameter, checked non-null; freed by
@@ -190,6 +205,9 @@ unsafe extern "C" fn cq_close(fid: *mut sys::fid) -> c_int {
         let Some(cq) = (unsafe { CqObj::from_fid(fid) }) else {
             return err(sys::FI_EINVAL);
         };
+        if cq.users.load(Ordering::Acquire) != 0 {
+            return err(sys::FI_EBUSY);
+        }
         cq.domain().children.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: ours (checked), made by `cq_open` with Box::into_raw,
         // and not used by libfabric after a successful close.
@@ -460,6 +478,7 @@ pub(super) unsafe extern "C" fn cntr_open(
             },
             domain: d,
             counter: Mutex::new(Counter::default()),
+            users: AtomicUsize::new(0),
         });
         d.children.fetch_add(1, Ordering::AcqRel);
         // SAFETY: libfabric's out-parameter, checked non-null; freed by
@@ -475,6 +494,9 @@ unsafe extern "C" fn cntr_close(fid: *mut sys::fid) -> c_int {
         let Some(c) = (unsafe { CntrObj::from_fid(fid) }) else {
             return err(sys::FI_EINVAL);
         };
+        if c.users.load(Ordering::Acquire) != 0 {
+            return err(sys::FI_EBUSY);
+        }
         c.domain().children.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: ours (checked), made by `cntr_open` with Box::into_raw,
         // and not used by libfabric after a successful close.

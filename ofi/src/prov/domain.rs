@@ -7,11 +7,14 @@
 //! need a rank that is unique across the job without an MPI to number the
 //! processes): opening one is -FI_ENOSYS.
 
+use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use super::fabric::Fabric;
-use super::{av, cq, err, guard, object, Shared};
+use super::{av, cq, ep, err, guard, object, Shared};
+use crate::addr::EpAddr;
 use crate::devices::{self, Which};
 use crate::sys;
 use crate::world::{self, SimRank};
@@ -33,6 +36,8 @@ pub(crate) struct Domain {
     pub(crate) av_type: u32,
     /// The threading level the caller asked for.
     pub(crate) threading: u32,
+    /// Endpoint numbers in use.
+    ep_numbers: Mutex<BTreeSet<u16>>,
 }
 
 static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
@@ -49,7 +54,7 @@ static DOMAIN_OPS: Shared<sys::fi_ops_domain> = Shared::new(sys::fi_ops_domain {
     size: std::mem::size_of::<sys::fi_ops_domain>(),
     av_open: Some(av::open),
     cq_open: Some(cq::cq_open),
-    endpoint: Some(not_yet_ep),
+    endpoint: Some(endpoint),
     scalable_ep: Some(no_scalable_ep),
     cntr_open: Some(cq::cntr_open),
     poll_open: Some(no_poll),
@@ -57,7 +62,7 @@ static DOMAIN_OPS: Shared<sys::fi_ops_domain> = Shared::new(sys::fi_ops_domain {
     srx_ctx: Some(no_srx),
     query_atomic: Some(not_yet_query_atomic),
     query_collective: Some(no_query_collective),
-    endpoint2: Some(not_yet_ep2),
+    endpoint2: Some(ep::open),
 });
 
 static MR_OPS: Shared<sys::fi_ops_mr> = Shared::new(sys::fi_ops_mr {
@@ -78,6 +83,28 @@ impl Domain {
                 break;
             }
         }
+    }
+
+    /// The lowest endpoint number not in use, now in use; None when all
+    /// 65,536 are.
+    pub(crate) fn take_ep_number(&self) -> Option<u16> {
+        let mut used = self.ep_numbers.lock().unwrap_or_else(|e| e.into_inner());
+        let free = (0..=u16::MAX).find(|n| !used.contains(n))?;
+        used.insert(free);
+        Some(free)
+    }
+
+    /// Gives an endpoint number back.
+    pub(crate) fn give_ep_number(&self, n: u16) {
+        self.ep_numbers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+    }
+
+    /// The address of the domain's endpoint `ep`.
+    pub(crate) fn address(&self, ep: u16) -> EpAddr {
+        EpAddr::of(&self.rank.address, ep)
     }
 
     /// The provider's domain behind `fid`, or None.
@@ -159,6 +186,7 @@ pub(super) unsafe extern "C" fn open(
             rank,
             av_type: attr.av_type,
             threading: attr.threading,
+            ep_numbers: Mutex::new(BTreeSet::new()),
         });
         parent.domains.fetch_add(1, Ordering::AcqRel);
         // SAFETY: libfabric's out-parameter, checked non-null; freed by
@@ -254,26 +282,17 @@ unsafe extern "C" fn no_query_collective(
     err(sys::FI_ENOSYS)
 }
 
-// What issue 29 builds next: endpoints, atomics and registrations. Until
-// then each says it is not there.
+// What issue 29 builds next: atomics and registrations. Until then each
+// says it is not there.
 
-unsafe extern "C" fn not_yet_ep(
-    _: *mut sys::fid_domain,
-    _: *mut sys::fi_info,
-    _: *mut *mut sys::fid_ep,
-    _: *mut c_void,
+unsafe extern "C" fn endpoint(
+    domain: *mut sys::fid_domain,
+    info: *mut sys::fi_info,
+    ep: *mut *mut sys::fid_ep,
+    context: *mut c_void,
 ) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn not_yet_ep2(
-    _: *mut sys::fid_domain,
-    _: *mut sys::fi_info,
-    _: *mut *mut sys::fid_ep,
-    _: u64,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
+    // SAFETY: forwarded as received.
+    unsafe { ep::open(domain, info, ep, 0, context) }
 }
 
 unsafe extern "C" fn not_yet_query_atomic(

@@ -10,6 +10,7 @@
 mod av;
 mod cq;
 mod domain;
+mod ep;
 mod fabric;
 mod getinfo;
 mod mem;

@@ -5,19 +5,22 @@
  * left; address vectors of both types take well-formed addresses, fail
  * malformed ones entry by entry, look them up, print them, remove them;
  * completion queues open in every format and read empty, wait and are
- * signalled; counters count; bad flags, formats and closing in the wrong
- * order get the codes the man pages name.
+ * signalled; counters count; endpoints give their addresses, bind to their
+ * domain's objects and enable once bound; bad flags, formats, options and
+ * closing in the wrong order get the codes the man pages name.
  *
- * Addresses are built here by hand, in the layout ofi/src/addr.rs
+ * Some addresses are built here by hand, in the layout ofi/src/addr.rs
  * documents (64 bytes: 'X', version 1, flags, 0, rank, endpoint, port,
- * IP), since no endpoint exists yet to give one with fi_getname.
+ * IP), to stand for peers that are not in this process.
  *
  *   objects          (4 simulated ranks: XRCBTL_OFI_SIM_NODES=2 and
  *                     XRCBTL_OFI_SIM_RANKS_PER_NODE=2, the defaults)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
@@ -208,6 +211,108 @@ static void cntr(struct fid_domain *domain)
     CHECK(fi_cntr_open(domain, &fd, &c, NULL) == -FI_ENOSYS, "a file descriptor to wait on");
 }
 
+static void endpoint(struct fid_domain *domain, struct fid_domain *other, struct fi_info *info, uint32_t rank)
+{
+    struct fid_ep *ep = NULL, *ep2 = NULL;
+    int rc = fi_endpoint(domain, info, &ep, NULL);
+    CHECK(rc == 0, "fi_endpoint: %s", fi_strerror(-rc));
+    if (rc) {
+        return;
+    }
+    CHECK(fi_endpoint(domain, info, &ep2, NULL) == 0, "a second endpoint");
+
+    uint8_t name[ADDR_LEN + 8], small[8];
+    size_t len = sizeof name;
+    rc = fi_getname(&ep->fid, name, &len);
+    CHECK(rc == 0 && len == ADDR_LEN, "getname: %d, len %zu", rc, len);
+    uint32_t r;
+    uint16_t n;
+    memcpy(&r, name + 4, 4);
+    memcpy(&n, name + 8, 2);
+    CHECK(name[0] == 'X' && name[1] == 1 && r == rank && n == 0, "the first endpoint of rank %u: rank %u, ep %u",
+          rank, r, n);
+    uint8_t name2[ADDR_LEN];
+    len = sizeof name2;
+    if (ep2 && fi_getname(&ep2->fid, name2, &len) == 0) {
+        memcpy(&n, name2 + 8, 2);
+        CHECK(n == 1 && !memcmp(name, name2, 8) && !memcmp(name + 10, name2 + 10, ADDR_LEN - 10),
+              "the second endpoint differs in its number alone (%u)", n);
+    }
+    len = sizeof small;
+    rc = fi_getname(&ep->fid, small, &len);
+    CHECK(rc == -FI_ETOOSMALL && len == ADDR_LEN && !memcmp(small, name, sizeof small), "a small buffer: %d, %zu",
+          rc, len);
+    len = 0;
+    CHECK(fi_getname(&ep->fid, NULL, &len) == -FI_ETOOSMALL && len == ADDR_LEN, "the length alone");
+
+    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+    struct fid_av *av = NULL, *av2 = NULL, *foreign_av = NULL;
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_TAGGED};
+    struct fid_cq *cq = NULL, *foreign_cq = NULL;
+    struct fid_cntr *cntr = NULL;
+    CHECK(fi_av_open(domain, &av_attr, &av, NULL) == 0 && fi_av_open(domain, &av_attr, &av2, NULL) == 0 &&
+              fi_av_open(other, &av_attr, &foreign_av, NULL) == 0,
+          "AVs");
+    CHECK(fi_cq_open(domain, &cq_attr, &cq, NULL) == 0 && fi_cq_open(other, &cq_attr, &foreign_cq, NULL) == 0,
+          "CQs");
+    CHECK(fi_cntr_open(domain, NULL, &cntr, NULL) == 0, "a counter");
+    if (!av || !av2 || !foreign_av || !cq || !foreign_cq || !cntr) {
+        return;
+    }
+    /* The endpoint's own address goes into a vector and comes back. */
+    fi_addr_t me;
+    uint8_t back[ADDR_LEN];
+    len = sizeof back;
+    CHECK(fi_av_insert(av, name, 1, &me, 0, NULL) == 1 && fi_av_lookup(av, me, back, &len) == 0 &&
+              !memcmp(back, name, ADDR_LEN),
+          "its address in a vector");
+
+    CHECK(fi_enable(ep) == -FI_ENOAV, "enabled without an AV");
+    CHECK(fi_ep_bind(ep, &foreign_av->fid, 0) == -FI_EINVAL, "another domain's AV");
+    CHECK(fi_ep_bind(ep, &av->fid, 1) == -FI_EBADFLAGS, "an AV with flags");
+    CHECK(fi_ep_bind(ep, &av->fid, 0) == 0, "bind the AV");
+    CHECK(fi_ep_bind(ep, &av2->fid, 0) == -FI_EINVAL, "a second AV");
+    CHECK(fi_enable(ep) == -FI_ENOCQ, "enabled without CQs");
+    CHECK(fi_ep_bind(ep, &cq->fid, FI_RECV | FI_REMOTE_WRITE) == -FI_EBADFLAGS, "a CQ with a counter's flag");
+    CHECK(fi_ep_bind(ep, &cq->fid, 0) == -FI_EINVAL, "a CQ for nothing");
+    CHECK(fi_ep_bind(ep, &foreign_cq->fid, FI_TRANSMIT) == -FI_EINVAL, "another domain's CQ");
+    CHECK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) == 0, "bind the CQ");
+    CHECK(fi_ep_bind(ep, &cq->fid, FI_RECV) == -FI_EINVAL, "a second receive CQ");
+    CHECK(fi_ep_bind(ep, &cntr->fid, 0) == -FI_EBADFLAGS, "a counter for nothing");
+    CHECK(fi_ep_bind(ep, &cntr->fid, FI_SEND | FI_RECV | FI_REMOTE_WRITE) == 0, "bind the counter");
+    CHECK(fi_ep_bind(ep, &domain->fid, 0) == -FI_EINVAL, "a domain is nothing to bind");
+    CHECK(fi_enable(ep) == 0, "enable");
+    CHECK(fi_ep_bind(ep, &av2->fid, 0) == -FI_EOPBADSTATE, "a bind after enabling");
+
+    size_t v = 1, vlen = sizeof v;
+    CHECK(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, &vlen) == 0 && v == 0, "default %zu", v);
+    v = 4096;
+    CHECK(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, sizeof v) == 0, "setopt");
+    v = 0;
+    CHECK(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, &vlen) == 0 && v == 4096, "now %zu", v);
+    CHECK(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, 77, &v, &vlen) == -FI_ENOPROTOOPT, "an unknown option");
+    CHECK(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &v, 2) == -FI_EINVAL, "a short option");
+    int ctx;
+    CHECK(fi_cancel(&ep->fid, &ctx) == -FI_ENOENT, "nothing to cancel");
+
+    CHECK(fi_close(&av->fid) == -FI_EBUSY, "closing a bound AV");
+    CHECK(fi_close(&cq->fid) == -FI_EBUSY, "closing a bound CQ");
+    CHECK(fi_close(&cntr->fid) == -FI_EBUSY, "closing a bound counter");
+    CHECK(fi_close(&domain->fid) == -FI_EBUSY, "closing a domain with endpoints");
+    CHECK(fi_close(&ep->fid) == 0, "fi_close(ep)");
+    if (ep2) {
+        CHECK(fi_close(&ep2->fid) == 0, "fi_close(ep2)");
+    }
+    /* Its number is free again. */
+    if (fi_endpoint(domain, info, &ep, NULL) == 0) {
+        len = sizeof name2;
+        CHECK(fi_getname(&ep->fid, name2, &len) == 0 && !memcmp(name2, name, ADDR_LEN), "number 0 again");
+        fi_close(&ep->fid);
+    }
+    CHECK(fi_close(&av->fid) == 0 && fi_close(&av2->fid) == 0 && fi_close(&foreign_av->fid) == 0, "close AVs");
+    CHECK(fi_close(&cq->fid) == 0 && fi_close(&foreign_cq->fid) == 0 && fi_close(&cntr->fid) == 0, "close the rest");
+}
+
 int main(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
@@ -241,6 +346,9 @@ int main(void)
         av_map(d[0]);
         cq(d[1]);
         cntr(d[1]);
+        if (d[2] && d[3]) {
+            endpoint(d[2], d[3], info, 2);
+        }
     }
     for (int i = 0; i < 4; i++) {
         if (d[i]) {

@@ -27,10 +27,14 @@ impl UserMem {
     /// While any registration of the range is named by a work request or a
     /// remote access that can run (from registration until the operations
     /// that use it have completed, and, for memory registered with remote
-    /// access, until it is deregistered or unmapped):
+    /// access, until it is deregistered or unmapped), and whenever the
+    /// library copies into or out of it ([`UserMem::write`],
+    /// [`UserMem::read`]: a buffer it was lent for an operation, until that
+    /// operation completes):
     /// - the range is mapped memory of this process, readable, and writable
-    ///   if a write access is asked for;
-    /// - no Rust reference points into the parts the device may write.
+    ///   if a write access is asked for (or the library writes into it);
+    /// - no Rust reference points into the parts the device or the library
+    ///   may write.
     ///
     /// Unmapping or remapping the range is allowed: the registration cache
     /// hears of it and registers afresh on the next use, and operations
@@ -64,6 +68,42 @@ impl UserMem {
     /// Whether the range is empty (never).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Copies `data` into the range at `off` (a receive landing in the
+    /// caller's buffer), under the promise [`UserMem::new`] took.
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
+        self.check(off, data.len())?;
+        // SAFETY: inside the range (checked), which the creator promised is
+        // writable and unaliased while the library writes it; `data` is a
+        // Rust slice, so not a part of the range anyone may write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), (self.addr + off) as *mut u8, data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `len` bytes out of the range at `off` (a send taken from the
+    /// caller's buffer), under the promise [`UserMem::new`] took.
+    pub fn read(&self, off: usize, len: usize) -> Result<Vec<u8>> {
+        self.check(off, len)?;
+        let mut out = vec![0u8; len];
+        // SAFETY: inside the range (checked), readable by the creator's
+        // promise; `out` is a fresh allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping((self.addr + off) as *const u8, out.as_mut_ptr(), len)
+        };
+        Ok(out)
+    }
+
+    fn check(&self, off: usize, len: usize) -> Result<()> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::invalid(format!(
+                "{off}+{len} outside user memory of {} bytes",
+                self.len
+            ))),
+        }
     }
 
     /// The part `off..off + len` of the range.
@@ -247,5 +287,23 @@ impl Drop for MappedBuf {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, unmapped once.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_in_and_out_stay_inside_the_range() {
+        let buf = MappedBuf::new(4096).unwrap();
+        let mem = buf.user_mem().slice(100, 50).unwrap();
+        mem.write(10, b"hello").unwrap();
+        assert_eq!(buf.read(110, 5), b"hello");
+        assert_eq!(mem.read(10, 5).unwrap(), b"hello");
+        assert!(mem.write(46, b"hello").is_err(), "past the end");
+        assert!(mem.read(usize::MAX, 2).is_err(), "wrapping");
+        mem.write(50, b"").unwrap();
+        assert_eq!(buf.read(150, 1), [0], "nothing past the slice was written");
     }
 }

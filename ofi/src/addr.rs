@@ -45,6 +45,16 @@ const V6: u8 = 1;
 const XRC: u8 = 2;
 const IB: u8 = 4;
 
+/// A peer endpoint as messages name it: its domain's rank and its number
+/// there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerEp {
+    /// The peer's domain: its BTL rank.
+    pub domain: u32,
+    /// The endpoint in that domain.
+    pub ep: u16,
+}
+
 /// An endpoint's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EpAddr {
@@ -69,6 +79,14 @@ impl EpAddr {
             listen: domain.listen,
             receive: domain.receive,
             ib: domain.ib,
+        }
+    }
+
+    /// The endpoint as messages name it.
+    pub fn peer(&self) -> PeerEp {
+        PeerEp {
+            domain: self.rank,
+            ep: self.ep,
         }
     }
 

@@ -19,6 +19,8 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
+use crate::addr::{EpAddr, PeerEp};
+
 /// FI_ADDR_NOTAVAIL: no address (an entry that failed to go in, or a source
 /// the vector does not hold).
 pub const NOT_AVAIL: u64 = u64::MAX;
@@ -159,6 +161,77 @@ impl<K: Clone + Eq + Hash> Av<K> {
     }
 }
 
+/// The address vector of provider endpoints: numbers for peers (as an
+/// [`Av`] of [`PeerEp`], so that an arriving message's source is found by
+/// the endpoint that sent it) and each peer's full address.
+pub struct EpAv {
+    numbers: Av<PeerEp>,
+    /// Each peer's address and how many entries hold it.
+    addrs: HashMap<PeerEp, (EpAddr, usize)>,
+}
+
+/// Why an address did not go into an [`EpAv`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpAvError {
+    /// The vector's own refusal.
+    Av(AvError),
+    /// Another address already names the same endpoint (rank and number)
+    /// with another listener or XRC domain: one of them is stale or
+    /// foreign.
+    Conflict,
+}
+
+impl EpAv {
+    /// An empty vector of `kind` holding at most `len_max` entries.
+    pub fn new(kind: AvKind, len_max: usize) -> Self {
+        EpAv {
+            numbers: Av::new(kind, len_max),
+            addrs: HashMap::new(),
+        }
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> AvKind {
+        self.numbers.kind()
+    }
+
+    /// Inserts an endpoint's address and returns its number.
+    pub fn insert(&mut self, a: EpAddr) -> Result<u64, EpAvError> {
+        let peer = a.peer();
+        if self.addrs.get(&peer).is_some_and(|(known, _)| *known != a) {
+            return Err(EpAvError::Conflict);
+        }
+        let n = self.numbers.insert(peer).map_err(EpAvError::Av)?;
+        self.addrs.entry(peer).or_insert((a, 0)).1 += 1;
+        Ok(n)
+    }
+
+    /// The endpoint a number names, with its address.
+    pub fn lookup(&self, number: u64) -> Result<(PeerEp, EpAddr), AvError> {
+        let peer = *self.numbers.lookup(number)?;
+        let (a, _) = self.addrs.get(&peer).ok_or(AvError::NotFound)?;
+        Ok((peer, *a))
+    }
+
+    /// Removes the entry a number names.
+    pub fn remove(&mut self, number: u64) -> Result<(), AvError> {
+        let peer = self.numbers.remove(number)?;
+        if let Some(e) = self.addrs.get_mut(&peer) {
+            e.1 -= 1;
+            if e.1 == 0 {
+                self.addrs.remove(&peer);
+            }
+        }
+        Ok(())
+    }
+
+    /// FI_SOURCE: the number of the endpoint a message came from
+    /// ([`NOT_AVAIL`] if it is not in the vector).
+    pub fn source(&self, peer: &PeerEp) -> u64 {
+        self.numbers.source(peer)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +314,36 @@ mod tests {
                 u64::from(u32::MAX),
                 0
             ]
+        );
+    }
+
+    #[test]
+    fn endpoint_vectors_find_sources_and_refuse_a_second_address_for_one_endpoint() {
+        let a = EpAddr {
+            rank: 5,
+            ep: 1,
+            listen: "10.0.0.5:4791".parse().unwrap(),
+            receive: xrcbtl_btl::Receive::Rc,
+            ib: None,
+        };
+        let mut av = EpAv::new(AvKind::Table, 8);
+        let n = av.insert(a).unwrap();
+        let m = av.insert(a).unwrap();
+        assert_eq!(av.lookup(m), Ok((a.peer(), a)));
+        assert_eq!(av.source(&a.peer()), n, "the oldest entry");
+        let moved = EpAddr {
+            listen: "10.0.0.6:4791".parse().unwrap(),
+            ..a
+        };
+        assert_eq!(av.insert(moved), Err(EpAvError::Conflict));
+        av.remove(n).unwrap();
+        assert_eq!(av.source(&a.peer()), m);
+        av.remove(m).unwrap();
+        assert_eq!(av.source(&a.peer()), NOT_AVAIL);
+        assert_eq!(
+            av.insert(moved).map(|_| ()),
+            Ok(()),
+            "gone, so the new address goes in"
         );
     }
 }

@@ -26,18 +26,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
+pub use crate::addr::PeerEp;
 use crate::matching::{Arrival, ClaimId, Header, Matcher, Place, Posted, RecvId, Source, Want};
 use crate::wire::{self, flags, Common, Msg};
-
-/// A peer endpoint: its domain (the driver's number for it) and its
-/// endpoint in that domain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PeerEp {
-    /// The peer's domain, as the driver numbers them.
-    pub domain: u32,
-    /// The endpoint in that domain.
-    pub ep: u16,
-}
 
 /// The caller's name for an operation (its `context`, or the driver's
 /// slot for it).

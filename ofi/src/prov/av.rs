@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::domain::Domain;
 use super::{err, guard, object, Shared};
 use crate::addr::{self, EpAddr};
-use crate::av::{Av, AvError, AvKind, NOT_AVAIL};
+use crate::av::{AvKind, EpAv, EpAvError, NOT_AVAIL};
 use crate::sys;
 
 /// The provider's address vector: libfabric's `fid_av` first.
@@ -22,7 +22,7 @@ use crate::sys;
 pub(crate) struct AvObj {
     av: sys::fid_av,
     domain: *const Domain,
-    table: Mutex<Av<EpAddr>>,
+    table: Mutex<EpAv>,
     /// Endpoints bound to it: it closes only when none are.
     pub(crate) users: AtomicUsize,
 }
@@ -64,7 +64,7 @@ impl AvObj {
     }
 
     /// Its table, locked (a panic that poisoned it left it consistent).
-    pub(crate) fn table(&self) -> MutexGuard<'_, Av<EpAddr>> {
+    pub(crate) fn table(&self) -> MutexGuard<'_, EpAv> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -110,7 +110,7 @@ pub(super) unsafe extern "C" fn open(
                 ops: AV_OPS.get(),
             },
             domain: d,
-            table: Mutex::new(Av::new(kind, u32::MAX as usize)),
+            table: Mutex::new(EpAv::new(kind, u32::MAX as usize)),
             users: AtomicUsize::new(0),
         });
         d.children.fetch_add(1, Ordering::AcqRel);
@@ -176,7 +176,8 @@ unsafe extern "C" fn insert(
             let (number, code) = match EpAddr::decode(one) {
                 Ok(a) => match table.insert(a) {
                     Ok(n) => (n, 0),
-                    Err(AvError::Full | AvError::NotFound) => (NOT_AVAIL, err(sys::FI_ENOSPC)),
+                    Err(EpAvError::Conflict) => (NOT_AVAIL, err(sys::FI_EADDRINUSE)),
+                    Err(EpAvError::Av(_)) => (NOT_AVAIL, err(sys::FI_ENOSPC)),
                 },
                 Err(_) => (NOT_AVAIL, err(sys::FI_EINVAL)),
             };
@@ -244,7 +245,7 @@ unsafe extern "C" fn lookup(
         if addrlen.is_null() {
             return err(sys::FI_EINVAL);
         }
-        let Ok(found) = av.table().lookup(fi_addr).copied() else {
+        let Ok((_, found)) = av.table().lookup(fi_addr) else {
             return err(sys::FI_EINVAL);
         };
         let bytes = found.encode();

@@ -101,6 +101,15 @@ static void av_table(struct fid_domain *domain)
     CHECK(s == tiny && !strcmp(tiny, "xrc:/") && len == strlen("xrc://10.0.0.1:4791/0.0") + 1,
           "cut straddr: %s (%zu)", tiny, len);
 
+    /* Rank 2's endpoint 3 again, at another listener: refused. */
+    uint8_t moved[ADDR_LEN];
+    make_addr(moved, 2, 3, 4999, ip2);
+    int code = 1;
+    fi_addr_t none = 0;
+    rc = fi_av_insert(av, moved, 1, &none, FI_SYNC_ERR, &code);
+    CHECK(rc == 0 && none == FI_ADDR_NOTAVAIL && code == -FI_EADDRINUSE, "a second address for one endpoint: %d, %d",
+          rc, code);
+
     rc = fi_av_insert(av, addrs, 1, fa, FI_AV_USER_ID, NULL);
     CHECK(rc == -FI_EBADFLAGS, "FI_AV_USER_ID: %d", rc);
     rc = fi_av_insert(av, NULL, 1, fa, 0, NULL);

@@ -8,6 +8,8 @@
 //!   way back from a peer to its number (FI_SOURCE);
 //! - [`cq`]: completion queue entries in order, errors in their place,
 //!   places reserved at post time; counters;
+//! - [`engine`]: one domain's endpoints driven over its BTL rank
+//!   (messages eager and by rendezvous, completions, counters, cancel);
 //! - [`devices`]: the devices `fi_getinfo` offers (verbs, or the simulated
 //!   fabric with `XRCBTL_OFI_FABRIC=sim`);
 //! - [`info`]: what `fi_getinfo` offers on a device and how hints narrow it;
@@ -32,6 +34,7 @@ pub mod addr;
 pub mod av;
 pub mod cq;
 pub mod devices;
+pub mod engine;
 pub mod info;
 pub mod matching;
 mod prov;

@@ -1,0 +1,759 @@
+//! One domain's endpoints over its BTL rank: each endpoint's [`Rdm`] driven
+//! against the BTL, and its completions delivered to the queues and
+//! counters the caller bound.
+//!
+//! - Messages between endpoints travel as the BTL's active messages of
+//!   [`AM_TAG`], the provider's header ([`crate::wire`]) first; the header
+//!   names the endpoint they are for.
+//! - A send up to the eager size is copied at the call and sent whole; a
+//!   larger one is registered through the BTL's cache and read by the
+//!   receiver straight into its posted buffer (the Rdm's rendezvous).
+//! - Completions: a send or receive that asked for one (or any that
+//!   failed) takes a place in its queue when posted, so that a full queue
+//!   refuses the post (FI_EAGAIN) rather than lose a completion.
+//!
+//! Locking: the engine's state is one mutex, never held across a call
+//! into the BTL (the BTL runs callbacks, which take it, from inside its
+//! calls): actions are taken under the lock and done outside it.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use xrcbtl_btl::{Access, Btl, MemReg, RemoteMem, Tag, UserMem};
+use xrcbtl_fabric::Context;
+
+use crate::addr::PeerEp;
+use crate::av::{EpAv, NOT_AVAIL};
+use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr};
+use crate::matching::{Source, Want};
+use crate::rdm::{Action, Exposed, OpRef, Outcome, Rdm, Received, SendReq, Space};
+use crate::sys;
+
+/// The BTL tag of the provider's messages.
+pub const AM_TAG: Tag = 1;
+/// Bytes the provider's header may take in an eager message.
+const HEADER_MAX: usize = 64;
+/// Unexpected messages each endpoint holds, in bytes (per matching space).
+pub const UNEXPECTED_MAX: usize = 64 << 20;
+
+/// A completion queue, shared by the caller's handle and the engine.
+pub type SharedCq = Arc<Mutex<CompletionQueue>>;
+/// A counter, shared likewise.
+pub type SharedCounter = Arc<Mutex<Counter>>;
+/// An address vector, shared likewise.
+pub type SharedAv = Arc<Mutex<EpAv>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// The flags as the u64 completions carry.
+const SEND: u64 = sys::FI_SEND as u64;
+const RECV: u64 = sys::FI_RECV as u64;
+const MSG: u64 = sys::FI_MSG as u64;
+const TAGGED: u64 = sys::FI_TAGGED as u64;
+const REMOTE_CQ_DATA: u64 = sys::FI_REMOTE_CQ_DATA as u64;
+const MULTI_RECV: u64 = sys::FI_MULTI_RECV as u64;
+
+/// Where an endpoint's completions go (what `fi_ep_bind` bound).
+#[derive(Clone, Default)]
+pub struct Targets {
+    /// Its address vector.
+    pub av: Option<SharedAv>,
+    /// Transmit completions.
+    pub tx: Option<SharedCq>,
+    /// Receive completions.
+    pub rx: Option<SharedCq>,
+    /// Counters, each with the FI_SEND / FI_RECV flags it counts.
+    pub counters: Vec<(SharedCounter, u64)>,
+}
+
+/// A send as the caller posts it.
+#[derive(Debug, Clone, Copy)]
+pub struct SendArgs {
+    /// The caller's context, returned in the completion.
+    pub context: u64,
+    /// The destination's address vector number.
+    pub to: u64,
+    /// Matching space and tag.
+    pub space: Space,
+    /// Remote CQ data.
+    pub data: Option<u64>,
+    /// The buffer (`None` for a message of no bytes).
+    pub mem: Option<UserMem>,
+    /// A successful completion is wanted (an error always comes).
+    pub completion: bool,
+    /// Complete only once delivered (FI_DELIVERY_COMPLETE).
+    pub delivery: bool,
+}
+
+/// A receive as the caller posts it.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvArgs {
+    /// The caller's context.
+    pub context: u64,
+    /// The source's address vector number, or `None` for any.
+    pub from: Option<u64>,
+    /// Matching space; tagged receives carry their tag.
+    pub space: Space,
+    /// Tag bits that do not take part.
+    pub ignore: u64,
+    /// The buffer (`None` for a receive of no bytes).
+    pub mem: Option<UserMem>,
+    /// A successful completion is wanted.
+    pub completion: bool,
+    /// A multi-receive buffer, released once less than this is free.
+    pub multi: Option<usize>,
+}
+
+/// Why a post was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostError {
+    /// No room now (its completion queue is full): try again.
+    Again,
+    /// The destination is not in the endpoint's address vector.
+    NoAddress,
+    /// The endpoint is not there, or has no address vector or queue for
+    /// this.
+    State(&'static str),
+    /// An argument the provider cannot take (the reason).
+    Invalid(String),
+}
+
+/// A send or receive in flight.
+struct Op {
+    context: u64,
+    recv: bool,
+    space: Space,
+    mem: Option<UserMem>,
+    completion: bool,
+    /// Holds a place in its queue.
+    reserved: bool,
+    multi: bool,
+    /// The eager payload, copied at the call.
+    eager: Option<Vec<u8>>,
+    /// The rendezvous registration of a send.
+    reg: Option<MemReg>,
+}
+
+struct EpCore {
+    rdm: Rdm,
+    targets: Targets,
+    ops: HashMap<OpRef, Op>,
+    next_op: OpRef,
+}
+
+#[derive(Default)]
+struct State {
+    eps: HashMap<u16, EpCore>,
+}
+
+/// One domain's endpoints on its BTL.
+pub struct Engine<C: Context> {
+    btl: Arc<Btl<C>>,
+    state: Arc<Mutex<State>>,
+    eager_max: usize,
+}
+
+impl<C: Context> std::fmt::Debug for Engine<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Engine(rank {})", self.btl.rank())
+    }
+}
+
+impl<C: Context> Engine<C> {
+    /// The engine of a BTL rank: it takes the BTL's messages of
+    /// [`AM_TAG`] and its peer failures.
+    pub fn new(btl: Arc<Btl<C>>) -> Engine<C> {
+        let state = Arc::new(Mutex::new(State::default()));
+        let weak = Arc::downgrade(&state);
+        btl.register_am(AM_TAG, move |btl, inc| {
+            if let Some(state) = weak.upgrade() {
+                arrive(btl, &state, inc.src, inc.data);
+            }
+        });
+        let weak: Weak<Mutex<State>> = Arc::downgrade(&state);
+        btl.register_error(move |btl, rank, _| {
+            if let Some(state) = weak.upgrade() {
+                let eps: Vec<u16> = {
+                    let mut st = lock(&state);
+                    for core in st.eps.values_mut() {
+                        core.rdm.handle_peer_lost(rank);
+                    }
+                    st.eps.keys().copied().collect()
+                };
+                for ep in eps {
+                    drive(btl, &state, ep);
+                }
+            }
+        });
+        let eager_max = btl.max_send_size().saturating_sub(HEADER_MAX);
+        Engine {
+            btl,
+            state,
+            eager_max,
+        }
+    }
+
+    /// The BTL.
+    pub fn btl(&self) -> &Arc<Btl<C>> {
+        &self.btl
+    }
+
+    /// Largest message sent eagerly.
+    pub fn eager_max(&self) -> usize {
+        self.eager_max
+    }
+
+    /// Opens endpoint `ep` with its bindings.
+    pub fn open(&self, ep: u16, targets: Targets) {
+        lock(&self.state).eps.insert(
+            ep,
+            EpCore {
+                rdm: Rdm::new(ep, self.eager_max, UNEXPECTED_MAX),
+                targets,
+                ops: HashMap::new(),
+                next_op: 1,
+            },
+        );
+    }
+
+    /// Closes endpoint `ep`: what it had in flight is dropped without
+    /// completions (the caller closed it), rendezvous registrations given
+    /// back.
+    pub fn close(&self, ep: u16) {
+        let core = lock(&self.state).eps.remove(&ep);
+        if let Some(core) = core {
+            for op in core.ops.into_values() {
+                if let Some(reg) = op.reg {
+                    let _ = self.btl.deregister_mem(reg);
+                }
+            }
+        }
+    }
+
+    /// Runs the BTL's progress once (its callbacks drive the endpoints).
+    pub fn progress(&self) -> usize {
+        self.btl.progress()
+    }
+
+    /// Posts a send from endpoint `ep`.
+    pub fn send(&self, ep: u16, a: SendArgs) -> Result<(), PostError> {
+        {
+            let mut st = lock(&self.state);
+            let core = st
+                .eps
+                .get_mut(&ep)
+                .ok_or(PostError::State("no such endpoint"))?;
+            let av = core
+                .targets
+                .av
+                .clone()
+                .ok_or(PostError::State("no address vector bound"))?;
+            let (to, _) = lock(&av).lookup(a.to).map_err(|_| PostError::NoAddress)?;
+            let len = a.mem.map_or(0, |m| m.len());
+            let reserved = reserve(core.targets.tx.as_ref())?;
+            let eager = if len <= self.eager_max {
+                match a.mem {
+                    Some(m) => Some(
+                        m.read(0, len)
+                            .map_err(|e| PostError::Invalid(e.to_string()))?,
+                    ),
+                    None => Some(Vec::new()),
+                }
+            } else {
+                None
+            };
+            let op = core.next_op;
+            core.next_op += 1;
+            core.ops.insert(
+                op,
+                Op {
+                    context: a.context,
+                    recv: false,
+                    space: a.space,
+                    mem: a.mem,
+                    completion: a.completion,
+                    reserved,
+                    multi: false,
+                    eager,
+                    reg: None,
+                },
+            );
+            core.rdm.send(
+                op,
+                SendReq {
+                    to,
+                    space: a.space,
+                    data: a.data,
+                    len,
+                    delivery: a.delivery,
+                },
+            );
+        }
+        drive(&self.btl, &self.state, ep);
+        Ok(())
+    }
+
+    /// Posts a receive on endpoint `ep`.
+    pub fn recv(&self, ep: u16, a: RecvArgs) -> Result<(), PostError> {
+        {
+            let mut st = lock(&self.state);
+            let core = st
+                .eps
+                .get_mut(&ep)
+                .ok_or(PostError::State("no such endpoint"))?;
+            if let Some(from) = a.from {
+                let av = core
+                    .targets
+                    .av
+                    .clone()
+                    .ok_or(PostError::State("no address vector bound"))?;
+                lock(&av).lookup(from).map_err(|_| PostError::NoAddress)?;
+            }
+            let reserved = reserve(core.targets.rx.as_ref())?;
+            let (tag, ignore) = match a.space {
+                Space::Msg => (0, u64::MAX),
+                Space::Tagged(t) => (t, a.ignore),
+            };
+            let op = core.next_op;
+            core.next_op += 1;
+            let len = a.mem.map_or(0, |m| m.len());
+            if let Err(e) = core.rdm.post_recv(
+                op,
+                a.space,
+                Want {
+                    from: a.from,
+                    tag,
+                    ignore,
+                },
+                len,
+                a.multi,
+            ) {
+                if reserved {
+                    if let Some(cq) = &core.targets.rx {
+                        lock(cq).unreserve();
+                    }
+                }
+                return Err(PostError::Invalid(format!("{e:?}")));
+            }
+            core.ops.insert(
+                op,
+                Op {
+                    context: a.context,
+                    recv: true,
+                    space: a.space,
+                    mem: a.mem,
+                    completion: a.completion,
+                    reserved,
+                    multi: a.multi.is_some(),
+                    eager: None,
+                    reg: None,
+                },
+            );
+        }
+        drive(&self.btl, &self.state, ep);
+        Ok(())
+    }
+
+    /// Cancels the posted receive of `context` on endpoint `ep`: it
+    /// completes with FI_ECANCELED; false if none is posted.
+    pub fn cancel(&self, ep: u16, context: u64) -> bool {
+        let found = {
+            let mut st = lock(&self.state);
+            let Some(core) = st.eps.get_mut(&ep) else {
+                return false;
+            };
+            let mut ours: Vec<OpRef> = core
+                .ops
+                .iter()
+                .filter(|(_, o)| o.recv && o.context == context)
+                .map(|(&op, _)| op)
+                .collect();
+            ours.sort_unstable();
+            ours.into_iter().any(|op| core.rdm.cancel_recv(op))
+        };
+        if found {
+            drive(&self.btl, &self.state, ep);
+        }
+        found
+    }
+
+    /// Operations in flight on endpoint `ep` (sends, reads, receives).
+    pub fn in_flight(&self, ep: u16) -> (usize, usize, usize) {
+        lock(&self.state)
+            .eps
+            .get(&ep)
+            .map_or((0, 0, 0), |c| c.rdm.in_flight())
+    }
+}
+
+impl<C: Context> Drop for Engine<C> {
+    fn drop(&mut self) {
+        self.btl.deregister_am(AM_TAG);
+    }
+}
+
+/// Takes a place in `cq`, if there is one: Again when it is full.
+fn reserve(cq: Option<&SharedCq>) -> Result<bool, PostError> {
+    match cq {
+        None => Ok(false),
+        Some(cq) => {
+            if lock(cq).reserve() {
+                Ok(true)
+            } else {
+                Err(PostError::Again)
+            }
+        }
+    }
+}
+
+/// A message of the provider's from rank `src`.
+fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: &[u8]) {
+    let Ok((msg, _)) = crate::wire::Msg::decode(bytes) else {
+        // A malformed header names no endpoint to tell: dropped.
+        return;
+    };
+    let ep = msg.common().dst_ep;
+    {
+        let mut st = lock(state);
+        let Some(core) = st.eps.get_mut(&ep) else {
+            return;
+        };
+        let peer = PeerEp {
+            domain: src,
+            ep: msg.common().src_ep,
+        };
+        let source = match &core.targets.av {
+            Some(av) => match lock(av).source(&peer) {
+                NOT_AVAIL => Source::Unknown,
+                n => Source::Known(n),
+            },
+            None => Source::Unknown,
+        };
+        // An over-budget or malformed message is dropped; the Rdm has
+        // answered its sender where one waits.
+        let _ = core.rdm.handle_message(src, source, bytes);
+    }
+    drive(btl, state, ep);
+}
+
+/// What an action needs done outside the lock.
+enum Work {
+    Send {
+        op: Option<OpRef>,
+        to: u32,
+        header: Vec<u8>,
+        payload: Vec<u8>,
+    },
+    Expose {
+        op: OpRef,
+        mem: Option<UserMem>,
+    },
+    Read {
+        read: u64,
+        from: u32,
+        remote: Exposed,
+        mem: Option<UserMem>,
+        len: usize,
+    },
+    Unexpose(MemReg),
+}
+
+/// Runs endpoint `ep`'s actions until it has none.
+fn drive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, ep: u16) {
+    loop {
+        let work = {
+            let mut st = lock(state);
+            let Some(core) = st.eps.get_mut(&ep) else {
+                return;
+            };
+            take_work(core)
+        };
+        if work.is_empty() {
+            return;
+        }
+        for w in work {
+            run(btl, state, ep, w);
+        }
+    }
+}
+
+/// Takes the endpoint's actions: what needs no BTL is done here (copies,
+/// completions), the rest returned.
+fn take_work(core: &mut EpCore) -> Vec<Work> {
+    let mut work = Vec::new();
+    while let Some(a) = core.rdm.poll_action() {
+        match a {
+            Action::Send {
+                to,
+                header,
+                op,
+                payload_len,
+            } => {
+                let payload = op
+                    .and_then(|op| core.ops.get_mut(&op))
+                    .and_then(|o| o.eager.take())
+                    .map(|mut p| {
+                        p.truncate(payload_len);
+                        p
+                    })
+                    .unwrap_or_default();
+                work.push(Work::Send {
+                    op,
+                    to: to.domain,
+                    header,
+                    payload,
+                });
+            }
+            Action::Expose { op } => {
+                let mem = core.ops.get(&op).and_then(|o| o.mem);
+                work.push(Work::Expose { op, mem });
+            }
+            Action::CopyIn {
+                recv,
+                offset,
+                bytes,
+            } => {
+                if let Some(m) = core.ops.get(&recv).and_then(|o| o.mem) {
+                    // Within the receive (the Rdm cut it to fit).
+                    let _ = m.write(offset, &bytes);
+                }
+            }
+            Action::Read {
+                read,
+                from,
+                remote,
+                recv,
+                offset,
+                len,
+            } => {
+                let mem = core
+                    .ops
+                    .get(&recv)
+                    .and_then(|o| o.mem)
+                    .and_then(|m| m.slice(offset, len).ok());
+                work.push(Work::Read {
+                    read,
+                    from: from.domain,
+                    remote,
+                    mem,
+                    len,
+                });
+            }
+            Action::SendDone { op, outcome } => {
+                if let Some(o) = core.ops.remove(&op) {
+                    if let Some(reg) = o.reg {
+                        work.push(Work::Unexpose(reg));
+                    }
+                    complete_send(&core.targets, &o, outcome);
+                }
+            }
+            Action::RecvDone { recv, outcome, got } => {
+                let done = match core.ops.get(&recv) {
+                    Some(o) => {
+                        complete_recv(&core.targets, o, outcome, &got);
+                        got.released || !o.multi
+                    }
+                    None => false,
+                };
+                if done {
+                    core.ops.remove(&recv);
+                }
+            }
+            Action::Unexpose { op } => {
+                if let Some(reg) = core.ops.get_mut(&op).and_then(|o| o.reg.take()) {
+                    work.push(Work::Unexpose(reg));
+                }
+            }
+        }
+    }
+    work
+}
+
+fn space_flag(space: Space) -> u64 {
+    match space {
+        Space::Msg => MSG,
+        Space::Tagged(_) => TAGGED,
+    }
+}
+
+/// The error entry of an outcome other than Done.
+fn error_of(entry: Entry, outcome: Outcome) -> ErrEntry {
+    let (err, prov, olen) = match outcome {
+        Outcome::Truncated(n) => (sys::FI_ETRUNC, ProvErr::Truncated, n),
+        Outcome::Cancelled => (sys::FI_ECANCELED, ProvErr::Cancelled, 0),
+        Outcome::PeerLost => (sys::FI_EIO, ProvErr::PeerLost, 0),
+        Outcome::RemoteFailed(_) => (sys::FI_EIO, ProvErr::RemoteAccess, 0),
+        Outcome::Done => (0, ProvErr::None, 0),
+    };
+    ErrEntry {
+        entry,
+        olen,
+        err: err as i32,
+        prov_errno: prov as i32,
+    }
+}
+
+fn count(targets: &Targets, flag: u64, ok: bool) {
+    for (c, flags) in &targets.counters {
+        if flags & flag != 0 {
+            let mut c = lock(c);
+            if ok {
+                c.ok += 1;
+            } else {
+                c.err += 1;
+            }
+        }
+    }
+}
+
+/// Delivers a completion to `cq`: into the place the post reserved, or
+/// (a multi-receive buffer's later messages) a free one.
+fn deliver(cq: Option<&SharedCq>, reserved: bool, wanted: bool, c: Result<Entry, ErrEntry>) {
+    let Some(cq) = cq else { return };
+    let mut q = lock(cq);
+    match (reserved, wanted) {
+        (true, true) => q.push(c),
+        (true, false) => q.unreserve(),
+        (false, true) => {
+            // No place was promised: a full queue loses it (the caller
+            // sized the queue below what it keeps in flight).
+            let _ = q.try_push(c);
+        }
+        (false, false) => {}
+    }
+}
+
+fn complete_send(targets: &Targets, o: &Op, outcome: Outcome) {
+    let entry = Entry {
+        context: o.context,
+        flags: SEND | space_flag(o.space),
+        source: NOT_AVAIL,
+        ..Entry::default()
+    };
+    let ok = outcome == Outcome::Done;
+    let c = if ok {
+        Ok(entry)
+    } else {
+        Err(error_of(entry, outcome))
+    };
+    deliver(targets.tx.as_ref(), o.reserved, o.completion || !ok, c);
+    count(targets, SEND, ok);
+}
+
+fn complete_recv(targets: &Targets, o: &Op, outcome: Outcome, got: &Received) {
+    let mut flags = RECV | space_flag(o.space);
+    if got.data.is_some() {
+        flags |= REMOTE_CQ_DATA;
+    }
+    if o.multi && got.released {
+        flags |= MULTI_RECV;
+    }
+    let entry = Entry {
+        context: o.context,
+        flags,
+        len: got.len,
+        buf: o.mem.map_or(0, |m| (m.addr() + got.offset) as u64),
+        data: got.data.unwrap_or(0),
+        tag: got.tag,
+        source: match got.from {
+            Source::Known(n) => n,
+            Source::Unknown => NOT_AVAIL,
+        },
+    };
+    let ok = outcome == Outcome::Done;
+    let c = if ok {
+        Ok(entry)
+    } else {
+        Err(error_of(entry, outcome))
+    };
+    // A multi-receive buffer's place is its last completion's.
+    let reserved = o.reserved && (!o.multi || got.released);
+    deliver(targets.rx.as_ref(), reserved, o.completion || !ok, c);
+    count(targets, RECV, ok);
+}
+
+/// Does one piece of work against the BTL and feeds the result back.
+fn run<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, ep: u16, w: Work) {
+    match w {
+        Work::Send {
+            op,
+            to,
+            header,
+            payload,
+        } => {
+            let ok = btl.send(to, AM_TAG, &header, &payload).is_ok();
+            if let Some(op) = op {
+                with_core(state, ep, |c| c.rdm.handle_sent(op, ok));
+            }
+        }
+        Work::Expose { op, mem } => {
+            let reg = mem.and_then(|m| btl.register_mem(m, Access::REMOTE_READ).ok());
+            with_core(state, ep, |c| {
+                let exposed = reg.map(|r| Exposed {
+                    addr: r.addr(),
+                    key: r.remote().rkey,
+                });
+                match c.ops.get_mut(&op) {
+                    Some(o) => o.reg = reg,
+                    None => {
+                        if let Some(r) = reg {
+                            // The endpoint moved on: give it back.
+                            let _ = btl.deregister_mem(r);
+                        }
+                    }
+                }
+                c.rdm.handle_exposed(op, exposed);
+            });
+        }
+        Work::Read {
+            read,
+            from,
+            remote,
+            mem,
+            len,
+        } => {
+            let started = mem.and_then(|m| {
+                let reg = btl.register_mem(m, Access::NONE).ok()?;
+                let at = RemoteMem {
+                    addr: remote.addr,
+                    len: len as u64,
+                    rkey: remote.key,
+                }
+                .at(0);
+                let weak = Arc::downgrade(state);
+                let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+                    let _ = btl.deregister_mem(reg);
+                    if let Some(state) = weak.upgrade() {
+                        with_core(&state, ep, |c| c.rdm.handle_read(read, r.is_ok()));
+                        drive(btl, &state, ep);
+                    }
+                });
+                match btl.get(from, at, reg.at(0), len, Some(done)) {
+                    Ok(_) => Some(()),
+                    Err(_) => {
+                        let _ = btl.deregister_mem(reg);
+                        None
+                    }
+                }
+            });
+            if started.is_none() {
+                with_core(state, ep, |c| c.rdm.handle_read(read, false));
+            }
+        }
+        Work::Unexpose(reg) => {
+            let _ = btl.deregister_mem(reg);
+        }
+    }
+}
+
+fn with_core(state: &Arc<Mutex<State>>, ep: u16, f: impl FnOnce(&mut EpCore)) {
+    if let Some(core) = lock(state).eps.get_mut(&ep) {
+        f(core);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,262 @@
+//! Two domains on two nodes of a simulated job, each with an engine and
+//! an endpoint whose address vector holds both: messages of every size
+//! class land whole in the posted buffers, and the completions say what
+//! the libfabric contract says they should.
+
+use std::sync::{Arc, Mutex};
+
+use xrcbtl_btl::sim::SimJob;
+use xrcbtl_btl::MappedBuf;
+use xrcbtl_fabric::sim::{SimContext, SimDevice};
+
+use super::*;
+use crate::addr::EpAddr;
+use crate::av::AvKind;
+use crate::cq::Read;
+
+struct Side {
+    engine: Engine<SimContext>,
+    tx: SharedCq,
+    rx: SharedCq,
+    /// Address vector numbers: [A, B].
+    fi: [u64; 2],
+}
+
+struct Two {
+    job: SimJob,
+    sides: [Side; 2],
+}
+
+fn addr_of(btl: &Btl<SimContext>) -> EpAddr {
+    EpAddr {
+        rank: btl.rank(),
+        ep: 0,
+        listen: btl.listen_addr().unwrap(),
+        receive: btl.receive(),
+        ib: btl.listen_ib_addr(),
+    }
+}
+
+impl Two {
+    /// Ranks 0 and 2 of a 2 x 2 job: two nodes.
+    fn new(cq_size: usize) -> Two {
+        let mut job = SimJob::new(7, 2, 2, SimDevice::ib("sim0")).unwrap();
+        let btls = [job.btl(0).clone(), job.btl(2).clone()];
+        let addrs = [addr_of(&btls[0]), addr_of(&btls[1])];
+        let sides = btls.map(|btl| {
+            let av = Arc::new(Mutex::new(EpAv::new(AvKind::Table, 8)));
+            let fi = {
+                let mut t = av.lock().unwrap();
+                [t.insert(addrs[0]).unwrap(), t.insert(addrs[1]).unwrap()]
+            };
+            let tx = Arc::new(Mutex::new(CompletionQueue::new(cq_size)));
+            let rx = Arc::new(Mutex::new(CompletionQueue::new(cq_size)));
+            let engine = Engine::new(btl);
+            engine.open(
+                0,
+                Targets {
+                    av: Some(av),
+                    tx: Some(tx.clone()),
+                    rx: Some(rx.clone()),
+                    counters: Vec::new(),
+                },
+            );
+            Side { engine, tx, rx, fi }
+        });
+        Two { job, sides }
+    }
+
+    /// Steps the job until `cq` has something to read (or gives up).
+    fn wait(&mut self, cq: &SharedCq) -> Read {
+        for _ in 0..100_000 {
+            {
+                let mut q = cq.lock().unwrap();
+                match q.read(16) {
+                    Read::Empty => {}
+                    other => return other,
+                }
+            }
+            self.job.step();
+        }
+        panic!("no completion came: {}", self.job.dump());
+    }
+
+    fn send(
+        &self,
+        from: usize,
+        to: usize,
+        space: Space,
+        buf: &MappedBuf,
+        len: usize,
+        context: u64,
+    ) {
+        let mem = (len > 0).then(|| buf.user_mem().slice(0, len).unwrap());
+        self.sides[from]
+            .engine
+            .send(
+                0,
+                SendArgs {
+                    context,
+                    to: self.sides[from].fi[to],
+                    space,
+                    data: None,
+                    mem,
+                    completion: true,
+                    delivery: false,
+                },
+            )
+            .unwrap();
+    }
+
+    fn recv(&self, on: usize, space: Space, buf: &MappedBuf, len: usize, context: u64) {
+        let mem = (len > 0).then(|| buf.user_mem().slice(0, len).unwrap());
+        self.sides[on]
+            .engine
+            .recv(
+                0,
+                RecvArgs {
+                    context,
+                    from: None,
+                    space,
+                    ignore: 0,
+                    mem,
+                    completion: true,
+                    multi: None,
+                },
+            )
+            .unwrap();
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn one(r: Read) -> Entry {
+    match r {
+        Read::Entries(v) if v.len() == 1 => v[0],
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn messages_of_each_size_class_land_whole_with_their_completions() {
+    let mut t = Two::new(64);
+    let eager = t.sides[0].engine.eager_max();
+    for (i, len) in [0, 1, 100, eager, eager + 1, 256 << 10]
+        .into_iter()
+        .enumerate()
+    {
+        let src = MappedBuf::new((len + 1).max(4096)).unwrap();
+        let dst = MappedBuf::new((len + 1).max(4096)).unwrap();
+        let bytes = pattern(len, i as u8);
+        src.write(0, &bytes);
+        let tag = 100 + i as u64;
+        // Half the receives are posted first, half after the send.
+        let early = i % 2 == 0;
+        if early {
+            t.recv(1, Space::Tagged(tag), &dst, len + 1, 10 + i as u64);
+        }
+        t.send(0, 1, Space::Tagged(tag), &src, len, 20 + i as u64);
+        if !early {
+            t.recv(1, Space::Tagged(tag), &dst, len + 1, 10 + i as u64);
+        }
+        let rx = t.sides[1].rx.clone();
+        let got = one(t.wait(&rx));
+        assert_eq!(got.context, 10 + i as u64, "{len} B");
+        assert_eq!(got.len, len, "{len} B");
+        assert_eq!(got.tag, tag);
+        assert_eq!(got.flags, RECV | TAGGED);
+        assert_eq!(
+            got.source, t.sides[1].fi[0],
+            "FI_SOURCE: A's number in B's vector"
+        );
+        assert_eq!(dst.read(0, len), bytes, "{len} B");
+        assert_eq!(dst.read(len, 1), [0], "nothing past the message");
+        let tx = t.sides[0].tx.clone();
+        let sent = one(t.wait(&tx));
+        assert_eq!((sent.context, sent.flags), (20 + i as u64, SEND | TAGGED));
+    }
+    // The two messages past the eager size went by the provider's
+    // rendezvous: the receiver read them.
+    assert_eq!(t.sides[1].engine.btl().stats().rdma_frags, 2);
+    assert_eq!(t.sides[0].engine.btl().stats().rdma_frags, 0);
+    for s in &t.sides {
+        assert_eq!(s.engine.in_flight(0), (0, 0, 0), "nothing left over");
+        assert_eq!(s.tx.lock().unwrap().reserved(), 0);
+        assert_eq!(s.rx.lock().unwrap().reserved(), 0);
+    }
+}
+
+#[test]
+fn a_short_receive_truncates_and_a_cancelled_one_says_so() {
+    let mut t = Two::new(8);
+    let eager = t.sides[0].engine.eager_max();
+    for len in [200, eager + 500] {
+        let src = MappedBuf::new(len).unwrap();
+        let dst = MappedBuf::new(4096).unwrap();
+        src.write(0, &pattern(len, 3));
+        t.recv(1, Space::Msg, &dst, 100, 1);
+        t.send(0, 1, Space::Msg, &src, len, 2);
+        let rx = t.sides[1].rx.clone();
+        assert_eq!(t.wait(&rx), Read::ErrorFirst);
+        let e = rx.lock().unwrap().read_err().unwrap();
+        assert_eq!(e.err, sys::FI_ETRUNC as i32);
+        assert_eq!(e.olen, len - 100);
+        assert_eq!(e.entry.len, 100);
+        assert_eq!(dst.read(0, 100), pattern(len, 3)[..100]);
+        assert_eq!(dst.read(100, 1), [0]);
+        let tx = t.sides[0].tx.clone();
+        assert_eq!(one(t.wait(&tx)).context, 2, "the sender completes normally");
+    }
+    let dst = MappedBuf::new(4096).unwrap();
+    t.recv(1, Space::Tagged(5), &dst, 64, 77);
+    assert!(t.sides[1].engine.cancel(0, 77));
+    assert!(!t.sides[1].engine.cancel(0, 77), "once");
+    let rx = t.sides[1].rx.clone();
+    assert_eq!(t.wait(&rx), Read::ErrorFirst);
+    let e = rx.lock().unwrap().read_err().unwrap();
+    assert_eq!((e.entry.context, e.err), (77, sys::FI_ECANCELED as i32));
+}
+
+#[test]
+fn a_full_queue_refuses_the_post_and_takes_it_once_read() {
+    let mut t = Two::new(2);
+    let dst = MappedBuf::new(4096).unwrap();
+    t.recv(1, Space::Msg, &dst, 16, 1);
+    t.recv(1, Space::Msg, &dst, 16, 2);
+    let third = t.sides[1].engine.recv(
+        0,
+        RecvArgs {
+            context: 3,
+            from: None,
+            space: Space::Msg,
+            ignore: 0,
+            mem: Some(dst.user_mem().slice(0, 16).unwrap()),
+            completion: true,
+            multi: None,
+        },
+    );
+    assert_eq!(third, Err(PostError::Again));
+    // An unknown destination is refused at the call.
+    let src = MappedBuf::new(4096).unwrap();
+    let far = t.sides[0].engine.send(
+        0,
+        SendArgs {
+            context: 9,
+            to: 55,
+            space: Space::Msg,
+            data: None,
+            mem: Some(src.user_mem().slice(0, 8).unwrap()),
+            completion: true,
+            delivery: false,
+        },
+    );
+    assert_eq!(far, Err(PostError::NoAddress));
+    t.send(0, 1, Space::Msg, &src, 8, 4);
+    let rx = t.sides[1].rx.clone();
+    assert_eq!(one(t.wait(&rx)).context, 1);
+    t.recv(1, Space::Msg, &dst, 16, 3);
+}

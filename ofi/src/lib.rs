@@ -26,9 +26,9 @@
 //! provider's getinfo and the fids' ops tables, the crate's only unsafe
 //! code. So far it answers getinfo, opens fabrics, domains on the
 //! simulated fabric, address vectors, completion queues, counters and
-//! endpoints (their addresses, bindings, enabling and options); data
-//! transfer, registrations, `fi_query_atomic` and verbs domains answer
-//! -FI_ENOSYS until they are built.
+//! endpoints, which send and receive messages (FI_MSG, FI_TAGGED) of any
+//! size; RMA, atomics, registrations, `fi_query_atomic`, FI_PEEK /
+//! FI_CLAIM and verbs domains answer -FI_ENOSYS until they are built.
 
 pub mod addr;
 pub mod av;

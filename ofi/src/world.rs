@@ -132,8 +132,16 @@ impl Drop for SimRank {
 /// Returns the work found (0 when time moved or nothing can happen).
 pub fn step() -> usize {
     let mut guard = world();
-    match guard.as_mut().map(|w| w.job.step()) {
-        Some(Step::Worked(n)) => n,
+    let Some(w) = guard.as_mut() else { return 0 };
+    // The callers may have called into their ranks (posted sends,
+    // receives): each taken rank looks for work.
+    for (r, taken) in w.taken.iter().enumerate() {
+        if *taken {
+            w.job.rank(r as u32);
+        }
+    }
+    match w.job.step() {
+        Step::Worked(n) => n,
         _ => 0,
     }
 }

@@ -9,12 +9,13 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::domain::Domain;
 use super::{err, guard, object, Shared};
 use crate::addr::{self, EpAddr};
 use crate::av::{AvKind, EpAv, EpAvError, NOT_AVAIL};
+use crate::engine::SharedAv;
 use crate::sys;
 
 /// The provider's address vector: libfabric's `fid_av` first.
@@ -22,7 +23,7 @@ use crate::sys;
 pub(crate) struct AvObj {
     av: sys::fid_av,
     domain: *const Domain,
-    table: Mutex<EpAv>,
+    table: SharedAv,
     /// Endpoints bound to it: it closes only when none are.
     pub(crate) users: AtomicUsize,
 }
@@ -61,6 +62,11 @@ impl AvObj {
     /// Its domain.
     pub(crate) fn domain_ptr(&self) -> *const Domain {
         self.domain
+    }
+
+    /// Its table, as the engine shares it.
+    pub(crate) fn shared(&self) -> SharedAv {
+        Arc::clone(&self.table)
     }
 
     /// Its table, locked (a panic that poisoned it left it consistent).
@@ -110,7 +116,7 @@ pub(super) unsafe extern "C" fn open(
                 ops: AV_OPS.get(),
             },
             domain: d,
-            table: Mutex::new(EpAv::new(kind, u32::MAX as usize)),
+            table: Arc::new(Mutex::new(EpAv::new(kind, u32::MAX as usize))),
             users: AtomicUsize::new(0),
         });
         d.children.fetch_add(1, Ordering::AcqRel);

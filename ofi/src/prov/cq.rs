@@ -10,12 +10,13 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::domain::Domain;
 use super::{err, guard, object, Shared};
 use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr, Read};
+use crate::engine::{SharedCounter, SharedCq};
 use crate::info::QUEUE_SIZE;
 use crate::sys;
 
@@ -25,7 +26,7 @@ pub(crate) struct CqObj {
     cq: sys::fid_cq,
     domain: *const Domain,
     format: sys::fi_cq_format,
-    queue: Mutex<CompletionQueue>,
+    queue: SharedCq,
     /// `fi_cq_signal` was called: a waiting read returns.
     signalled: AtomicBool,
     /// Endpoint bindings to it: it closes only when none are left.
@@ -37,7 +38,7 @@ pub(crate) struct CqObj {
 pub(crate) struct CntrObj {
     cntr: sys::fid_cntr,
     domain: *const Domain,
-    counter: Mutex<Counter>,
+    counter: SharedCounter,
     /// Endpoint bindings to it: it closes only when none are left.
     pub(crate) users: AtomicUsize,
 }
@@ -94,6 +95,11 @@ impl CqObj {
         unsafe { object(fid, sys::FI_CLASS_CQ, &CQ_FID_OPS) }
     }
 
+    /// Its queue, as the engine shares it.
+    pub(crate) fn shared(&self) -> SharedCq {
+        Arc::clone(&self.queue)
+    }
+
     /// Its queue, locked.
     pub(crate) fn queue(&self) -> MutexGuard<'_, CompletionQueue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
@@ -118,6 +124,11 @@ impl CntrObj {
     pub(crate) unsafe fn from_fid<'a>(fid: *const sys::fid) -> Option<&'a CntrObj> {
         // SAFETY: the caller's promise; our counter fids start a `CntrObj`.
         unsafe { object(fid, sys::FI_CLASS_CNTR, &CNTR_FID_OPS) }
+    }
+
+    /// Its values, as the engine shares them.
+    pub(crate) fn shared(&self) -> SharedCounter {
+        Arc::clone(&self.counter)
     }
 
     /// Its values, locked.
@@ -187,7 +198,7 @@ pub(super) unsafe extern "C" fn cq_open(
             },
             domain: d,
             format,
-            queue: Mutex::new(CompletionQueue::new(size)),
+            queue: Arc::new(Mutex::new(CompletionQueue::new(size))),
             signalled: AtomicBool::new(false),
             users: AtomicUsize::new(0),
         });
@@ -477,7 +488,7 @@ pub(super) unsafe extern "C" fn cntr_open(
                 ops: CNTR_OPS.get(),
             },
             domain: d,
-            counter: Mutex::new(Counter::default()),
+            counter: Arc::new(Mutex::new(Counter::default())),
             users: AtomicUsize::new(0),
         });
         d.children.fetch_add(1, Ordering::AcqRel);

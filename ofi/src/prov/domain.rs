@@ -16,8 +16,10 @@ use super::fabric::Fabric;
 use super::{av, cq, ep, err, guard, object, Shared};
 use crate::addr::EpAddr;
 use crate::devices::{self, Which};
+use crate::engine::Engine;
 use crate::sys;
 use crate::world::{self, SimRank};
+use xrcbtl_fabric::sim::SimContext;
 
 /// Most simulated steps one progress call takes.
 const PROGRESS_STEPS: usize = 64;
@@ -30,6 +32,8 @@ pub(crate) struct Domain {
     /// Objects open on this domain (address vectors, queues, counters,
     /// endpoints, registrations): it closes only when none are left.
     pub(crate) children: AtomicUsize,
+    /// Its endpoints' engine (dropped before the rank it runs on).
+    pub(crate) engine: Engine<SimContext>,
     /// The BTL rank it is.
     pub(crate) rank: SimRank,
     /// Its address vector type when one is opened with FI_AV_UNSPEC.
@@ -183,6 +187,7 @@ pub(super) unsafe extern "C" fn open(
             },
             fabric: parent,
             children: AtomicUsize::new(0),
+            engine: Engine::new(rank.btl.clone()),
             rank,
             av_type: attr.av_type,
             threading: attr.threading,

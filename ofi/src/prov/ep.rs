@@ -3,9 +3,11 @@
 //! completion queues and counters of its domain), `fi_enable`, options,
 //! and closing.
 //!
-//! Data transfer is not built yet (issue 29 goes on): until it is, every
-//! message, tagged, RMA and atomic operation answers -FI_ENOSYS, and
-//! `fi_cancel` finds nothing to cancel.
+//! Messages (FI_MSG) and tagged messages (FI_TAGGED) go through the
+//! domain's [`crate::engine`] once the endpoint is enabled. Not built yet
+//! (issue 29 goes on): RMA and atomics (-FI_ENOSYS), FI_PEEK / FI_CLAIM
+//! (-FI_ENOSYS), and I/O vectors of more than one entry (-FI_EINVAL: the
+//! offered iov_limit is 1).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -14,9 +16,13 @@ use std::sync::Mutex;
 use super::av::AvObj;
 use super::cq::{CntrObj, CqObj};
 use super::domain::Domain;
-use super::{err, guard, object, Shared};
+use super::{err, guard, guard_size, object, Shared};
 use crate::addr;
+use crate::engine::{PostError, RecvArgs, SendArgs, Targets};
+use crate::info::INJECT_SIZE;
+use crate::rdm::Space;
 use crate::sys;
+use xrcbtl_btl::UserMem;
 
 // The flags as the u64 they travel in (bindgen types the small ones u32).
 const TRANSMIT: u64 = sys::FI_TRANSMIT as u64;
@@ -50,6 +56,11 @@ pub(crate) struct EpObj {
     /// Its number in its domain.
     number: u16,
     bound: Mutex<Bound>,
+    /// Default flags of its sends and receives (the info's op_flags).
+    tx_flags: u64,
+    rx_flags: u64,
+    /// Largest message (the info's max_msg_size).
+    max_msg: usize,
 }
 
 static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
@@ -106,24 +117,6 @@ type Ioc = *const sys::fi_ioc;
 type IocMut = *mut sys::fi_ioc;
 
 not_yet! {
-    msg_recv(Ep, Ptr, usize, Ptr, u64, Ptr) -> isize;
-    msg_recvv(Ep, Iov, Desc, usize, u64, Ptr) -> isize;
-    msg_recvmsg(Ep, *const sys::fi_msg, u64) -> isize;
-    msg_send(Ep, CPtr, usize, Ptr, u64, Ptr) -> isize;
-    msg_sendv(Ep, Iov, Desc, usize, u64, Ptr) -> isize;
-    msg_sendmsg(Ep, *const sys::fi_msg, u64) -> isize;
-    msg_inject(Ep, CPtr, usize, u64) -> isize;
-    msg_senddata(Ep, CPtr, usize, Ptr, u64, u64, Ptr) -> isize;
-    msg_injectdata(Ep, CPtr, usize, u64, u64) -> isize;
-    tag_recv(Ep, Ptr, usize, Ptr, u64, u64, u64, Ptr) -> isize;
-    tag_recvv(Ep, Iov, Desc, usize, u64, u64, u64, Ptr) -> isize;
-    tag_recvmsg(Ep, *const sys::fi_msg_tagged, u64) -> isize;
-    tag_send(Ep, CPtr, usize, Ptr, u64, u64, Ptr) -> isize;
-    tag_sendv(Ep, Iov, Desc, usize, u64, u64, Ptr) -> isize;
-    tag_sendmsg(Ep, *const sys::fi_msg_tagged, u64) -> isize;
-    tag_inject(Ep, CPtr, usize, u64, u64) -> isize;
-    tag_senddata(Ep, CPtr, usize, Ptr, u64, u64, u64, Ptr) -> isize;
-    tag_injectdata(Ep, CPtr, usize, u64, u64, u64) -> isize;
     rma_read(Ep, Ptr, usize, Ptr, u64, u64, u64, Ptr) -> isize;
     rma_readv(Ep, Iov, Desc, usize, u64, u64, u64, Ptr) -> isize;
     rma_readmsg(Ep, *const sys::fi_msg_rma, u64) -> isize;
@@ -146,6 +139,559 @@ not_yet! {
     amo_writevalid(Ep, Dt, Op, *mut usize) -> c_int;
     amo_readwritevalid(Ep, Dt, Op, *mut usize) -> c_int;
     amo_compwritevalid(Ep, Dt, Op, *mut usize) -> c_int;
+}
+
+const COMPLETION: u64 = sys::FI_COMPLETION as u64;
+const DELIVERY: u64 = sys::FI_DELIVERY_COMPLETE as u64;
+const INJECT: u64 = sys::FI_INJECT as u64;
+const DATA: u64 = sys::FI_REMOTE_CQ_DATA as u64;
+const MULTI: u64 = sys::FI_MULTI_RECV as u64;
+const PEEK_CLAIM: u64 = sys::FI_PEEK as u64 | sys::FI_CLAIM | sys::FI_DISCARD;
+/// FI_ADDR_UNSPEC: a receive from anyone.
+const ANY_SOURCE: u64 = u64::MAX;
+
+/// What a post's return says of a refusal.
+fn post_rc(r: Result<(), PostError>) -> isize {
+    match r {
+        Ok(()) => 0,
+        Err(PostError::Again) => err(sys::FI_EAGAIN) as isize,
+        Err(PostError::State(_)) => err(sys::FI_EOPBADSTATE) as isize,
+        Err(PostError::NoAddress | PostError::Invalid(_)) => err(sys::FI_EINVAL) as isize,
+    }
+}
+
+/// The caller's buffer as user memory the engine may read or write until
+/// the operation completes.
+///
+/// # Safety
+/// `buf` is null or `len` bytes the caller lends until the operation
+/// completes (libfabric's contract for every data transfer call).
+unsafe fn lent(buf: *const c_void, len: usize) -> Result<Option<UserMem>, isize> {
+    if len == 0 {
+        return Ok(None);
+    }
+    if buf.is_null() {
+        return Err(err(sys::FI_EINVAL) as isize);
+    }
+    // SAFETY: the caller's promise, which is UserMem's.
+    unsafe { UserMem::new(buf as *mut u8, len) }
+        .map(Some)
+        .map_err(|_| err(sys::FI_EINVAL) as isize)
+}
+
+/// One I/O vector of at most one entry, as (buffer, length).
+///
+/// # Safety
+/// `iov` is null or holds `count` entries.
+unsafe fn one_iov(iov: *const sys::iovec, count: usize) -> Result<(*const c_void, usize), isize> {
+    match count {
+        0 => Ok((std::ptr::null(), 0)),
+        1 if !iov.is_null() => {
+            // SAFETY: the caller's promise: one entry.
+            let v = unsafe { &*iov };
+            Ok((v.iov_base as *const c_void, v.iov_len))
+        }
+        _ => Err(err(sys::FI_EINVAL) as isize),
+    }
+}
+
+/// A send of `len` bytes at `buf` to `dest`.
+///
+/// # Safety
+/// `ep` is null or a live fid; `buf` as [`lent`] asks.
+#[allow(clippy::too_many_arguments)]
+unsafe fn post_send(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    space: Space,
+    data: Option<u64>,
+    context: *mut c_void,
+    flags: u64,
+) -> isize {
+    // SAFETY: a fid_ep starts with its fid.
+    let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
+        return err(sys::FI_EINVAL) as isize;
+    };
+    let inject = flags & INJECT != 0;
+    if len > ep.max_msg || (inject && len > INJECT_SIZE) {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    // SAFETY: the caller's promise.
+    let mem = match unsafe { lent(buf, len) } {
+        Ok(m) => m,
+        Err(rc) => return rc,
+    };
+    let selective = {
+        let b = ep.bound();
+        if !b.enabled {
+            return err(sys::FI_EOPBADSTATE) as isize;
+        }
+        b.selective
+    };
+    post_rc(ep.domain().engine.send(
+        ep.number,
+        SendArgs {
+            context: context as u64,
+            to: dest,
+            space,
+            data,
+            mem,
+            completion: !inject && (!selective || flags & COMPLETION != 0),
+            delivery: flags & DELIVERY != 0,
+        },
+    ))
+}
+
+/// A receive of up to `len` bytes into `buf`.
+///
+/// # Safety
+/// As [`post_send`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn post_recv(
+    ep: *mut sys::fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    src: u64,
+    space: Space,
+    ignore: u64,
+    context: *mut c_void,
+    flags: u64,
+) -> isize {
+    // SAFETY: a fid_ep starts with its fid.
+    let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
+        return err(sys::FI_EINVAL) as isize;
+    };
+    if flags & PEEK_CLAIM != 0 {
+        return err(sys::FI_ENOSYS) as isize;
+    }
+    // SAFETY: the caller's promise.
+    let mem = match unsafe { lent(buf, len) } {
+        Ok(m) => m,
+        Err(rc) => return rc,
+    };
+    let (selective, min_free) = {
+        let b = ep.bound();
+        if !b.enabled {
+            return err(sys::FI_EOPBADSTATE) as isize;
+        }
+        (b.selective, b.min_multi_recv)
+    };
+    let multi = flags & MULTI != 0;
+    if multi && !matches!(space, Space::Msg) {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    post_rc(ep.domain().engine.recv(
+        ep.number,
+        RecvArgs {
+            context: context as u64,
+            from: (src != ANY_SOURCE).then_some(src),
+            space,
+            ignore,
+            mem,
+            completion: !selective || flags & COMPLETION != 0,
+            multi: multi.then_some(min_free),
+        },
+    ))
+}
+
+/// The endpoint's default flags for a call without its own.
+///
+/// # Safety
+/// `ep` is null or a live fid.
+unsafe fn default_flags(ep: *mut sys::fid_ep, tx: bool) -> u64 {
+    // SAFETY: the caller's promise.
+    match unsafe { EpObj::from_fid(ep.cast()) } {
+        Some(e) if tx => e.tx_flags,
+        Some(e) => e.rx_flags,
+        None => 0,
+    }
+}
+
+unsafe extern "C" fn msg_recv(
+    ep: Ep,
+    buf: Ptr,
+    len: usize,
+    _desc: Ptr,
+    src: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: libfabric's arguments (each function below likewise).
+    guard_size(|| unsafe {
+        post_recv(
+            ep,
+            buf,
+            len,
+            src,
+            Space::Msg,
+            0,
+            context,
+            default_flags(ep, false),
+        )
+    })
+}
+
+unsafe extern "C" fn msg_recvv(
+    ep: Ep,
+    iov: Iov,
+    _desc: Desc,
+    count: usize,
+    src: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_iov(iov, count) {
+            Ok((buf, len)) => post_recv(
+                ep,
+                buf as Ptr,
+                len,
+                src,
+                Space::Msg,
+                0,
+                context,
+                default_flags(ep, false),
+            ),
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn msg_recvmsg(ep: Ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let Some(m) = msg.as_ref() else {
+            return err(sys::FI_EINVAL) as isize;
+        };
+        match one_iov(m.msg_iov, m.iov_count) {
+            Ok((buf, len)) => {
+                post_recv(ep, buf as Ptr, len, m.addr, Space::Msg, 0, m.context, flags)
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn msg_send(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    _desc: Ptr,
+    dest: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        post_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Space::Msg,
+            None,
+            context,
+            default_flags(ep, true),
+        )
+    })
+}
+
+unsafe extern "C" fn msg_sendv(
+    ep: Ep,
+    iov: Iov,
+    _desc: Desc,
+    count: usize,
+    dest: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_iov(iov, count) {
+            Ok((buf, len)) => post_send(
+                ep,
+                buf,
+                len,
+                dest,
+                Space::Msg,
+                None,
+                context,
+                default_flags(ep, true),
+            ),
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn msg_sendmsg(ep: Ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let Some(m) = msg.as_ref() else {
+            return err(sys::FI_EINVAL) as isize;
+        };
+        let data = (flags & DATA != 0).then_some(m.data);
+        match one_iov(m.msg_iov, m.iov_count) {
+            Ok((buf, len)) => post_send(ep, buf, len, m.addr, Space::Msg, data, m.context, flags),
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn msg_inject(ep: Ep, buf: CPtr, len: usize, dest: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        post_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Space::Msg,
+            None,
+            std::ptr::null_mut(),
+            INJECT,
+        )
+    })
+}
+
+unsafe extern "C" fn msg_senddata(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    _desc: Ptr,
+    data: u64,
+    dest: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        post_send(ep, buf, len, dest, Space::Msg, Some(data), context, flags)
+    })
+}
+
+unsafe extern "C" fn msg_injectdata(ep: Ep, buf: CPtr, len: usize, data: u64, dest: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        post_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Space::Msg,
+            Some(data),
+            std::ptr::null_mut(),
+            INJECT,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tag_recv(
+    ep: Ep,
+    buf: Ptr,
+    len: usize,
+    _desc: Ptr,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, false);
+        post_recv(
+            ep,
+            buf,
+            len,
+            src,
+            Space::Tagged(tag),
+            ignore,
+            context,
+            flags,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tag_recvv(
+    ep: Ep,
+    iov: Iov,
+    _desc: Desc,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_iov(iov, count) {
+            Ok((buf, len)) => {
+                let flags = default_flags(ep, false);
+                post_recv(
+                    ep,
+                    buf as Ptr,
+                    len,
+                    src,
+                    Space::Tagged(tag),
+                    ignore,
+                    context,
+                    flags,
+                )
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn tag_recvmsg(ep: Ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let Some(m) = msg.as_ref() else {
+            return err(sys::FI_EINVAL) as isize;
+        };
+        match one_iov(m.msg_iov, m.iov_count) {
+            Ok((buf, len)) => post_recv(
+                ep,
+                buf as Ptr,
+                len,
+                m.addr,
+                Space::Tagged(m.tag),
+                m.ignore,
+                m.context,
+                flags,
+            ),
+            Err(rc) => rc,
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tag_send(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    _desc: Ptr,
+    dest: u64,
+    tag: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        post_send(ep, buf, len, dest, Space::Tagged(tag), None, context, flags)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tag_sendv(
+    ep: Ep,
+    iov: Iov,
+    _desc: Desc,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_iov(iov, count) {
+            Ok((buf, len)) => {
+                let flags = default_flags(ep, true);
+                post_send(ep, buf, len, dest, Space::Tagged(tag), None, context, flags)
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn tag_sendmsg(ep: Ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let Some(m) = msg.as_ref() else {
+            return err(sys::FI_EINVAL) as isize;
+        };
+        let data = (flags & DATA != 0).then_some(m.data);
+        match one_iov(m.msg_iov, m.iov_count) {
+            Ok((buf, len)) => post_send(
+                ep,
+                buf,
+                len,
+                m.addr,
+                Space::Tagged(m.tag),
+                data,
+                m.context,
+                flags,
+            ),
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn tag_inject(ep: Ep, buf: CPtr, len: usize, dest: u64, tag: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        post_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Space::Tagged(tag),
+            None,
+            std::ptr::null_mut(),
+            INJECT,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn tag_senddata(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    _desc: Ptr,
+    data: u64,
+    dest: u64,
+    tag: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        post_send(
+            ep,
+            buf,
+            len,
+            dest,
+            Space::Tagged(tag),
+            Some(data),
+            context,
+            flags,
+        )
+    })
+}
+
+unsafe extern "C" fn tag_injectdata(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    data: u64,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let tagged = Space::Tagged(tag);
+        post_send(
+            ep,
+            buf,
+            len,
+            dest,
+            tagged,
+            Some(data),
+            std::ptr::null_mut(),
+            INJECT,
+        )
+    })
 }
 
 static MSG_OPS: Shared<sys::fi_ops_msg> = Shared::new(sys::fi_ops_msg {
@@ -246,11 +792,17 @@ pub(super) unsafe extern "C" fn open(
         // SAFETY: checked non-null; an fi_info from getinfo (or a copy).
         let info = unsafe { &*info };
         // SAFETY: null or a valid ep_attr.
-        if let Some(attr) = unsafe { info.ep_attr.as_ref() } {
-            if attr.type_ != sys::FI_EP_RDM && attr.type_ != sys::FI_EP_UNSPEC {
+        let max_msg = match unsafe { info.ep_attr.as_ref() } {
+            Some(attr) if attr.type_ != sys::FI_EP_RDM && attr.type_ != sys::FI_EP_UNSPEC => {
                 return err(sys::FI_EINVAL);
             }
-        }
+            Some(attr) if attr.max_msg_size > 0 => attr.max_msg_size,
+            _ => usize::MAX,
+        };
+        // SAFETY: null or valid attribute structs.
+        let tx_flags = unsafe { info.tx_attr.as_ref() }.map_or(0, |a| a.op_flags);
+        // SAFETY: as above.
+        let rx_flags = unsafe { info.rx_attr.as_ref() }.map_or(0, |a| a.op_flags);
         let Some(number) = d.take_ep_number() else {
             return err(sys::FI_ENOSPC);
         };
@@ -272,6 +824,9 @@ pub(super) unsafe extern "C" fn open(
             domain: d,
             number,
             bound: Mutex::new(Bound::default()),
+            tx_flags,
+            rx_flags,
+            max_msg,
         });
         d.children.fetch_add(1, Ordering::AcqRel);
         // SAFETY: libfabric's out-parameter, checked non-null; freed by
@@ -304,6 +859,7 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
                 unsafe { &*c }.users.fetch_sub(1, Ordering::AcqRel);
             }
         }
+        ep.domain().engine.close(ep.number);
         ep.domain().give_ep_number(ep.number);
         ep.domain().children.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: ours (checked), made by `open` with Box::into_raw, and
@@ -396,6 +952,26 @@ unsafe extern "C" fn control(fid: *mut sys::fid, command: c_int, _arg: *mut c_vo
         if b.tx_cq.is_none() && !counts(SEND | WRITE | READ) || b.rx_cq.is_none() && !counts(RECV) {
             return err(sys::FI_ENOCQ);
         }
+        let mut targets = Targets::default();
+        // SAFETY (each): bound objects are live while bound (their users
+        // count keeps them from closing).
+        if let Some(av) = b.av {
+            // SAFETY: as above.
+            targets.av = Some(unsafe { &*av }.shared());
+        }
+        if let Some(cq) = b.tx_cq {
+            // SAFETY: as above.
+            targets.tx = Some(unsafe { &*cq }.shared());
+        }
+        if let Some(cq) = b.rx_cq {
+            // SAFETY: as above.
+            targets.rx = Some(unsafe { &*cq }.shared());
+        }
+        for &(c, flags) in &b.cntrs {
+            // SAFETY: as above.
+            targets.counters.push((unsafe { &*c }.shared(), flags));
+        }
+        ep.domain().engine.open(ep.number, targets);
         b.enabled = true;
         0
     })
@@ -428,14 +1004,19 @@ unsafe extern "C" fn getname(fid: *mut sys::fid, addr: *mut c_void, addrlen: *mu
     })
 }
 
-/// Nothing can be posted yet, so nothing is found to cancel.
-unsafe extern "C" fn cancel(fid: *mut sys::fid, _context: *mut c_void) -> isize {
-    super::guard_size(|| {
+/// Cancels the posted receive of `context`: it completes with
+/// FI_ECANCELED; -FI_ENOENT when none is posted (sends run to their end).
+unsafe extern "C" fn cancel(fid: *mut sys::fid, context: *mut c_void) -> isize {
+    guard_size(|| {
         // SAFETY: libfabric passes the endpoint's fid.
-        if unsafe { EpObj::from_fid(fid) }.is_none() {
+        let Some(ep) = (unsafe { EpObj::from_fid(fid) }) else {
             return err(sys::FI_EINVAL) as isize;
+        };
+        if ep.domain().engine.cancel(ep.number, context as u64) {
+            0
+        } else {
+            err(sys::FI_ENOENT) as isize
         }
-        err(sys::FI_ENOENT) as isize
     })
 }
 

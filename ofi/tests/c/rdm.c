@@ -1,0 +1,265 @@
+/*
+ * Messages through the provider with libfabric's API alone, two endpoints
+ * in one process on the simulated fabric (XRCBTL_OFI_FABRIC=sim;
+ * scripts/test-ofi): fi_getinfo -> fabric -> domains -> av -> cq -> ep ->
+ * send/recv, tagged and untagged -> close.
+ *
+ * Endpoint A is on node 0, B on node 0 too (the XRC node's shared
+ * domain), C on node 1. Every size 0, each power of two from 1 B to 4 MiB
+ * and one byte either side goes A -> C tagged (half with the receive
+ * posted first, half after: unexpected), with every byte checked and
+ * nothing written past the message; then A -> B untagged; then remote CQ
+ * data, inject, FI_SOURCE, a truncated receive (FI_ETRUNC with olen), a
+ * cancelled one (FI_ECANCELED), a directed receive that takes only its
+ * source, and a tag mask.
+ *
+ *   rdm          (XRCBTL_OFI_SIM_NODES=2 XRCBTL_OFI_SIM_RANKS_PER_NODE=2)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                       \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fprintf(stderr, "\n");                                             \
+            failures++;                                                        \
+        }                                                                      \
+    } while (0)
+
+#define DIE(...)                                                               \
+    do {                                                                       \
+        fprintf(stderr, "rdm: " __VA_ARGS__);                                  \
+        fprintf(stderr, "\n");                                                 \
+        exit(1);                                                               \
+    } while (0)
+
+struct side {
+    struct fid_domain *domain;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct fid_ep *ep;
+    fi_addr_t peer[3]; /* every side's address in this side's vector */
+};
+
+static struct side s[3];
+
+static void open_side(struct fid_fabric *fabric, struct fi_info *info, struct side *x)
+{
+    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_TAGGED, .size = 64};
+    int rc;
+    if ((rc = fi_domain(fabric, info, &x->domain, NULL)) || (rc = fi_av_open(x->domain, &av_attr, &x->av, NULL)) ||
+        (rc = fi_cq_open(x->domain, &cq_attr, &x->cq, NULL)) || (rc = fi_endpoint(x->domain, info, &x->ep, NULL)) ||
+        (rc = fi_ep_bind(x->ep, &x->av->fid, 0)) || (rc = fi_ep_bind(x->ep, &x->cq->fid, FI_TRANSMIT | FI_RECV)) ||
+        (rc = fi_enable(x->ep)))
+        DIE("opening a side: %s", fi_strerror(-rc));
+}
+
+/* Reads one completion for `context` from side x's queue (stepping the
+ * simulated job meanwhile). An error completion is returned in *err. */
+static int wait_for(struct side *x, void *context, struct fi_cq_tagged_entry *out, fi_addr_t *src,
+                    struct fi_cq_err_entry *err)
+{
+    for (long i = 0; i < 2000000; i++) {
+        fi_addr_t from = FI_ADDR_NOTAVAIL;
+        ssize_t n = fi_cq_readfrom(x->cq, out, 1, &from);
+        if (n == 1) {
+            if (out->op_context != context)
+                DIE("completion for %p while waiting for %p", out->op_context, context);
+            if (src)
+                *src = from;
+            return 0;
+        }
+        if (n == -FI_EAVAIL) {
+            memset(err, 0, sizeof *err);
+            if (fi_cq_readerr(x->cq, err, 0) != 1)
+                DIE("readerr");
+            if (err->op_context != context)
+                DIE("error for %p while waiting for %p", err->op_context, context);
+            return -err->err;
+        }
+        if (n != -FI_EAGAIN)
+            DIE("fi_cq_read: %s", fi_strerror((int) -n));
+    }
+    DIE("no completion for %p", context);
+}
+
+static void fill(uint8_t *b, size_t len, unsigned seed)
+{
+    for (size_t i = 0; i < len; i++)
+        b[i] = (uint8_t) (i * 131 + seed);
+}
+
+/* One message of `len` bytes from x to y, checked. */
+static void one(struct side *x, struct side *y, int yi, size_t len, int tagged, int early, unsigned seed)
+{
+    uint8_t *src = malloc(len + 1), *dst = malloc(len + 2);
+    fill(src, len, seed);
+    memset(dst, 0xEE, len + 2);
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry ee;
+    int rctx, sctx;
+    uint64_t tag = 0x1000 + seed;
+    ssize_t rc;
+#define RECV()                                                                                             \
+    (tagged ? fi_trecv(y->ep, dst, len + 1, NULL, FI_ADDR_UNSPEC, tag, 0, &rctx)                           \
+            : fi_recv(y->ep, dst, len + 1, NULL, FI_ADDR_UNSPEC, &rctx))
+    if (early)
+        CHECK((rc = RECV()) == 0, "recv: %zd", rc);
+    rc = tagged ? fi_tsend(x->ep, src, len, NULL, x->peer[yi], tag, &sctx)
+                : fi_send(x->ep, src, len, NULL, x->peer[yi], &sctx);
+    CHECK(rc == 0, "send of %zu B: %s", len, fi_strerror((int) -rc));
+    if (!early)
+        CHECK((rc = RECV()) == 0, "late recv: %zd", rc);
+#undef RECV
+    fi_addr_t from;
+    int r = wait_for(y, &rctx, &e, &from, &ee);
+    CHECK(r == 0, "receive of %zu B: %s", len, fi_strerror(-r));
+    if (r == 0) {
+        CHECK(e.len == len, "%zu B arrived as %zu", len, e.len);
+        CHECK(e.flags == (FI_RECV | (tagged ? FI_TAGGED : FI_MSG)), "flags %#llx", (unsigned long long) e.flags);
+        CHECK(!tagged || e.tag == tag, "tag %#llx", (unsigned long long) e.tag);
+        CHECK(e.buf == dst, "buf %p, not %p", e.buf, (void *) dst);
+        int xi = (int) (x - s);
+        CHECK(from == y->peer[xi], "FI_SOURCE %llu, not %llu", (unsigned long long) from,
+              (unsigned long long) y->peer[xi]);
+        CHECK(!memcmp(dst, src, len), "%zu B: the bytes differ", len);
+        CHECK(dst[len] == 0xEE && dst[len + 1] == 0xEE, "%zu B: written past the message", len);
+    }
+    r = wait_for(x, &sctx, &e, NULL, &ee);
+    CHECK(r == 0 && e.flags == (FI_SEND | (tagged ? FI_TAGGED : FI_MSG)), "send completion of %zu B: %d", len, r);
+    free(src);
+    free(dst);
+}
+
+static void special(void)
+{
+    struct side *a = &s[0], *c = &s[2];
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry ee;
+    uint8_t buf[256], out[256];
+    fill(buf, sizeof buf, 9);
+    int rctx, sctx;
+
+    /* Remote CQ data. */
+    CHECK(fi_trecv(c->ep, out, sizeof out, NULL, FI_ADDR_UNSPEC, 5, 0, &rctx) == 0, "trecv");
+    CHECK(fi_tsenddata(a->ep, buf, 10, NULL, 0xfeedbeef, a->peer[2], 5, &sctx) == 0, "tsenddata");
+    CHECK(wait_for(c, &rctx, &e, NULL, &ee) == 0 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 0xfeedbeef,
+          "CQ data %#llx, flags %#llx", (unsigned long long) e.data, (unsigned long long) e.flags);
+    CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "tsenddata completion");
+
+    /* Inject: no completion at the sender, the bytes arrive. */
+    CHECK(fi_recv(c->ep, out, sizeof out, NULL, FI_ADDR_UNSPEC, &rctx) == 0, "recv");
+    CHECK(fi_inject(a->ep, buf, 64, a->peer[2]) == 0, "inject");
+    memset(buf, 0, 64); /* reusable at once */
+    CHECK(wait_for(c, &rctx, &e, NULL, &ee) == 0 && e.len == 64, "inject arrived");
+    fill(buf, sizeof buf, 9);
+    CHECK(!memcmp(out, buf, 64), "inject's bytes");
+    CHECK(fi_cq_read(a->cq, &e, 1) == -FI_EAGAIN, "inject completes nothing");
+    CHECK(fi_inject(a->ep, buf, 8192, a->peer[2]) == -FI_EINVAL, "inject past inject_size");
+
+    /* Truncation. */
+    CHECK(fi_trecv(c->ep, out, 100, NULL, FI_ADDR_UNSPEC, 6, 0, &rctx) == 0, "short trecv");
+    CHECK(fi_tsend(a->ep, buf, 200, NULL, a->peer[2], 6, &sctx) == 0, "tsend");
+    int r = wait_for(c, &rctx, &e, NULL, &ee);
+    CHECK(r == -FI_ETRUNC && ee.olen == 100 && ee.len == 100, "truncation: %d, olen %zu, len %zu", r, ee.olen,
+          ee.len);
+    const char *why = fi_cq_strerror(c->cq, ee.prov_errno, ee.err_data, NULL, 0);
+    CHECK(why && strstr(why, "smaller"), "strerror: %s", why ? why : "(null)");
+    CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "the truncated send completes");
+
+    /* Cancel. */
+    CHECK(fi_trecv(c->ep, out, 100, NULL, FI_ADDR_UNSPEC, 7, 0, &rctx) == 0, "trecv to cancel");
+    CHECK(fi_cancel(&c->ep->fid, &rctx) == 0, "cancel");
+    CHECK(fi_cancel(&c->ep->fid, &rctx) == -FI_ENOENT, "cancel twice");
+    CHECK(wait_for(c, &rctx, &e, NULL, &ee) == -FI_ECANCELED, "cancelled");
+
+    /* A directed receive takes only its source; a mask ignores bits. */
+    int from_b, any;
+    CHECK(fi_trecv(c->ep, out, 100, NULL, c->peer[1], 8, 0, &from_b) == 0, "directed trecv");
+    CHECK(fi_trecv(c->ep, out + 128, 100, NULL, FI_ADDR_UNSPEC, 0x708, 0x700, &any) == 0, "masked trecv");
+    CHECK(fi_tsend(a->ep, buf, 3, NULL, a->peer[2], 8, &sctx) == 0, "tsend from A");
+    r = wait_for(c, &any, &e, NULL, &ee);
+    CHECK(r == 0 && e.tag == 8, "A's message of tag 8 takes the masked receive (0x708 ignoring 0x700): %d", r);
+    CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "A's send");
+    struct side *b = &s[1];
+    CHECK(fi_tsend(b->ep, buf, 4, NULL, b->peer[2], 8, &sctx) == 0, "tsend from B");
+    r = wait_for(c, &from_b, &e, NULL, &ee);
+    CHECK(r == 0 && e.len == 4, "B's message takes the receive directed to B: %d", r);
+    CHECK(wait_for(b, &sctx, &e, NULL, &ee) == 0, "B's send");
+    CHECK(fi_tsend(a->ep, buf, 4, NULL, 77, 8, &sctx) == -FI_EINVAL, "an address not in the vector");
+}
+
+int main(void)
+{
+    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    hints->fabric_attr->prov_name = strdup("xrc");
+    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE;
+    hints->ep_attr->type = FI_EP_RDM;
+    uint32_t api = fi_version() < FI_VERSION(1, 18) ? fi_version() : FI_VERSION(1, 18);
+    int rc = fi_getinfo(api, NULL, NULL, 0, hints, &info);
+    if (rc)
+        DIE("fi_getinfo: %s", fi_strerror(-rc));
+    struct fid_fabric *fabric;
+    if ((rc = fi_fabric(info->fabric_attr, &fabric, NULL)))
+        DIE("fi_fabric: %s", fi_strerror(-rc));
+    for (int i = 0; i < 3; i++)
+        open_side(fabric, info, &s[i]);
+    uint8_t names[3][64];
+    for (int i = 0; i < 3; i++) {
+        size_t len = sizeof names[i];
+        if ((rc = fi_getname(&s[i].ep->fid, names[i], &len)))
+            DIE("fi_getname: %s", fi_strerror(-rc));
+    }
+    for (int i = 0; i < 3; i++)
+        if (fi_av_insert(s[i].av, names, 3, s[i].peer, 0, NULL) != 3)
+            DIE("fi_av_insert");
+
+    size_t sizes[80];
+    int n = 0;
+    sizes[n++] = 0;
+    for (size_t p = 1; p <= (4u << 20); p *= 2) {
+        if (p > 1)
+            sizes[n++] = p - 1;
+        sizes[n++] = p;
+        if (p < (4u << 20))
+            sizes[n++] = p + 1;
+    }
+    for (int i = 0; i < n; i++)
+        one(&s[0], &s[2], 2, sizes[i], 1, i % 2, (unsigned) i);
+    for (int i = 0; i < n; i += 3)
+        one(&s[0], &s[1], 1, sizes[i], 0, i % 2, (unsigned) i + 7);
+    special();
+
+    for (int i = 0; i < 3; i++) {
+        if ((rc = fi_close(&s[i].ep->fid)) || (rc = fi_close(&s[i].cq->fid)) || (rc = fi_close(&s[i].av->fid)) ||
+            (rc = fi_close(&s[i].domain->fid)))
+            DIE("closing: %s", fi_strerror(-rc));
+    }
+    if ((rc = fi_close(&fabric->fid)))
+        DIE("fi_close(fabric): %s", fi_strerror(-rc));
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    if (failures) {
+        fprintf(stderr, "rdm: %d failures\n", failures);
+        return 1;
+    }
+    printf("rdm: passed (%d sizes tagged A->C across nodes, %d untagged A->B on one node, and the special cases)\n",
+           n, (n + 2) / 3);
+    return 0;
+}

@@ -26,7 +26,7 @@ use xrcbtl_fabric::Context;
 use crate::addr::PeerEp;
 use crate::av::{EpAv, NOT_AVAIL};
 use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr};
-use crate::matching::{Source, Want};
+use crate::matching::{ClaimId, Header, Source, Want};
 use crate::rdm::{Action, Exposed, OpRef, Outcome, Rdm, Received, SendReq, Space};
 use crate::sys;
 
@@ -105,6 +105,24 @@ pub struct RecvArgs {
     pub completion: bool,
     /// A multi-receive buffer, released once less than this is free.
     pub multi: Option<usize>,
+}
+
+/// A tagged FI_PEEK, as the caller posts it.
+#[derive(Debug, Clone, Copy)]
+pub struct PeekArgs {
+    /// The caller's context (with `claim`, the message's claim from then
+    /// on).
+    pub context: u64,
+    /// The source's address vector number, or `None` for any.
+    pub from: Option<u64>,
+    /// The tag.
+    pub tag: u64,
+    /// Tag bits that do not take part.
+    pub ignore: u64,
+    /// FI_CLAIM: keep the message for a receive with this context.
+    pub claim: bool,
+    /// FI_DISCARD: drop the message found.
+    pub discard: bool,
 }
 
 /// Why a post was refused.
@@ -357,6 +375,130 @@ impl<C: Context> Engine<C> {
         Ok(())
     }
 
+    /// FI_PEEK in the tagged space: a completion with the length and tag
+    /// of the oldest matching message that waits (claimed for `context`
+    /// with FI_CLAIM, dropped with FI_DISCARD), or an FI_ENOMSG error
+    /// completion when none does.
+    pub fn peek(&self, ep: u16, a: PeekArgs) -> Result<(), PostError> {
+        {
+            let mut st = lock(&self.state);
+            let core = st
+                .eps
+                .get_mut(&ep)
+                .ok_or(PostError::State("no such endpoint"))?;
+            let reserved = reserve(core.targets.rx.as_ref())?;
+            let want = Want {
+                from: a.from,
+                tag: a.tag,
+                ignore: a.ignore,
+            };
+            // A discard without a claim of the caller's claims under a
+            // name of its own, which no caller's context can be (it is
+            // odd, and contexts are aligned pointers).
+            let claim = ClaimId(if a.discard && !a.claim {
+                u64::MAX
+            } else {
+                a.context
+            });
+            let found = core
+                .rdm
+                .peek(&want, (a.claim || a.discard).then_some(claim));
+            if a.discard && found.is_some() {
+                core.rdm.discard_claimed(claim);
+            }
+            let op = Op {
+                context: a.context,
+                recv: true,
+                space: Space::Tagged(a.tag),
+                mem: None,
+                completion: true,
+                reserved,
+                multi: false,
+                eager: None,
+                reg: None,
+            };
+            match found {
+                Some(h) => complete_recv(&core.targets, &op, Outcome::Done, &received(&h)),
+                None => {
+                    let entry = Entry {
+                        context: a.context,
+                        flags: RECV | TAGGED,
+                        source: NOT_AVAIL,
+                        ..Entry::default()
+                    };
+                    let e = ErrEntry {
+                        entry,
+                        olen: 0,
+                        err: sys::FI_ENOMSG as i32,
+                        prov_errno: ProvErr::None as i32,
+                    };
+                    deliver(core.targets.rx.as_ref(), reserved, true, Err(e));
+                }
+            }
+        }
+        drive(&self.btl, &self.state, ep);
+        Ok(())
+    }
+
+    /// FI_CLAIM: receives the message a peek claimed for `a.context`
+    /// into `a.mem`; FI_CLAIM | FI_DISCARD (`discard`): drops it. Either
+    /// completes as a receive. `Invalid` when nothing is claimed for it.
+    pub fn take_claimed(&self, ep: u16, a: RecvArgs, discard: bool) -> Result<(), PostError> {
+        {
+            let mut st = lock(&self.state);
+            let core = st
+                .eps
+                .get_mut(&ep)
+                .ok_or(PostError::State("no such endpoint"))?;
+            let reserved = reserve(core.targets.rx.as_ref())?;
+            let claim = ClaimId(a.context);
+            let op = core.next_op;
+            let taken = if discard {
+                core.rdm.discard_claimed(claim)
+            } else {
+                core.ops.insert(
+                    op,
+                    Op {
+                        context: a.context,
+                        recv: true,
+                        space: a.space,
+                        mem: a.mem,
+                        completion: a.completion,
+                        reserved,
+                        multi: false,
+                        eager: None,
+                        reg: None,
+                    },
+                );
+                core.next_op += 1;
+                core.rdm
+                    .take_claimed(op, claim, a.mem.map_or(0, |m| m.len()))
+            };
+            if !taken {
+                core.ops.remove(&op);
+                if reserved {
+                    if let Some(cq) = &core.targets.rx {
+                        lock(cq).unreserve();
+                    }
+                }
+                return Err(PostError::Invalid(
+                    "no message is claimed for this context".into(),
+                ));
+            }
+            if discard {
+                let entry = Entry {
+                    context: a.context,
+                    flags: RECV | space_flag(a.space),
+                    source: NOT_AVAIL,
+                    ..Entry::default()
+                };
+                deliver(core.targets.rx.as_ref(), reserved, a.completion, Ok(entry));
+            }
+        }
+        drive(&self.btl, &self.state, ep);
+        Ok(())
+    }
+
     /// Cancels the posted receive of `context` on endpoint `ep`: it
     /// completes with FI_ECANCELED; false if none is posted.
     pub fn cancel(&self, ep: u16, context: u64) -> bool {
@@ -570,6 +712,18 @@ fn take_work(core: &mut EpCore) -> Vec<Work> {
         }
     }
     work
+}
+
+/// What a peek reports of the message it found.
+fn received(h: &Header) -> Received {
+    Received {
+        from: h.from,
+        tag: h.tag,
+        len: h.len,
+        offset: 0,
+        data: None,
+        released: true,
+    }
 }
 
 fn space_flag(space: Space) -> u64 {

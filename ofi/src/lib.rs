@@ -26,9 +26,10 @@
 //! provider's getinfo and the fids' ops tables, the crate's only unsafe
 //! code. So far it answers getinfo, opens fabrics, domains on the
 //! simulated fabric, address vectors, completion queues, counters and
-//! endpoints, which send and receive messages (FI_MSG, FI_TAGGED) of any
-//! size; RMA, atomics, registrations, `fi_query_atomic`, FI_PEEK /
-//! FI_CLAIM and verbs domains answer -FI_ENOSYS until they are built.
+//! endpoints, which send and receive messages (FI_MSG, FI_TAGGED with
+//! FI_PEEK, FI_CLAIM and FI_DISCARD) of any size; RMA, atomics,
+//! registrations, `fi_query_atomic` and verbs domains answer -FI_ENOSYS
+//! until they are built.
 
 pub mod addr;
 pub mod av;

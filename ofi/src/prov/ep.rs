@@ -3,11 +3,11 @@
 //! completion queues and counters of its domain), `fi_enable`, options,
 //! and closing.
 //!
-//! Messages (FI_MSG) and tagged messages (FI_TAGGED) go through the
-//! domain's [`crate::engine`] once the endpoint is enabled. Not built yet
-//! (issue 29 goes on): RMA and atomics (-FI_ENOSYS), FI_PEEK / FI_CLAIM
-//! (-FI_ENOSYS), and I/O vectors of more than one entry (-FI_EINVAL: the
-//! offered iov_limit is 1).
+//! Messages (FI_MSG) and tagged messages (FI_TAGGED, with FI_PEEK,
+//! FI_CLAIM and FI_DISCARD) go through the domain's [`crate::engine`] once
+//! the endpoint is enabled. Not built yet (issue 29 goes on): RMA and
+//! atomics (-FI_ENOSYS). I/O vectors of more than one entry are -FI_EINVAL
+//! (the offered iov_limit is 1).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -18,7 +18,7 @@ use super::cq::{CntrObj, CqObj};
 use super::domain::Domain;
 use super::{err, guard, guard_size, object, Shared};
 use crate::addr;
-use crate::engine::{PostError, RecvArgs, SendArgs, Targets};
+use crate::engine::{PeekArgs, PostError, RecvArgs, SendArgs, Targets};
 use crate::info::INJECT_SIZE;
 use crate::rdm::Space;
 use crate::sys;
@@ -146,7 +146,9 @@ const DELIVERY: u64 = sys::FI_DELIVERY_COMPLETE as u64;
 const INJECT: u64 = sys::FI_INJECT as u64;
 const DATA: u64 = sys::FI_REMOTE_CQ_DATA as u64;
 const MULTI: u64 = sys::FI_MULTI_RECV as u64;
-const PEEK_CLAIM: u64 = sys::FI_PEEK as u64 | sys::FI_CLAIM | sys::FI_DISCARD;
+const PEEK: u64 = sys::FI_PEEK as u64;
+const CLAIM: u64 = sys::FI_CLAIM;
+const DISCARD: u64 = sys::FI_DISCARD;
 /// FI_ADDR_UNSPEC: a receive from anyone.
 const ANY_SOURCE: u64 = u64::MAX;
 
@@ -263,8 +265,11 @@ unsafe fn post_recv(
     let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
         return err(sys::FI_EINVAL) as isize;
     };
-    if flags & PEEK_CLAIM != 0 {
-        return err(sys::FI_ENOSYS) as isize;
+    let peek = flags & PEEK != 0;
+    let claim = flags & CLAIM != 0;
+    let discard = flags & DISCARD != 0;
+    if (peek || claim || discard) && !matches!(space, Space::Tagged(_)) {
+        return err(sys::FI_EINVAL) as isize;
     }
     // SAFETY: the caller's promise.
     let mem = match unsafe { lent(buf, len) } {
@@ -280,6 +285,38 @@ unsafe fn post_recv(
     };
     let multi = flags & MULTI != 0;
     if multi && !matches!(space, Space::Msg) {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    let engine = &ep.domain().engine;
+    if peek {
+        let Space::Tagged(tag) = space else {
+            return err(sys::FI_EINVAL) as isize;
+        };
+        return post_rc(engine.peek(
+            ep.number,
+            PeekArgs {
+                context: context as u64,
+                from: (src != ANY_SOURCE).then_some(src),
+                tag,
+                ignore,
+                claim,
+                discard,
+            },
+        ));
+    }
+    let args = RecvArgs {
+        context: context as u64,
+        from: (src != ANY_SOURCE).then_some(src),
+        space,
+        ignore,
+        mem,
+        completion: !selective || flags & COMPLETION != 0,
+        multi: multi.then_some(min_free),
+    };
+    if claim {
+        return post_rc(engine.take_claimed(ep.number, args, discard));
+    }
+    if discard {
         return err(sys::FI_EINVAL) as isize;
     }
     post_rc(ep.domain().engine.recv(

@@ -11,7 +11,7 @@
  * nothing written past the message; then A -> B untagged; then remote CQ
  * data, inject, FI_SOURCE, a truncated receive (FI_ETRUNC with olen), a
  * cancelled one (FI_ECANCELED), a directed receive that takes only its
- * source, and a tag mask.
+ * source, a tag mask, and FI_PEEK, FI_CLAIM and FI_DISCARD.
  *
  *   rdm          (XRCBTL_OFI_SIM_NODES=2 XRCBTL_OFI_SIM_RANKS_PER_NODE=2)
  */
@@ -203,6 +203,56 @@ static void special(void)
     CHECK(r == 0 && e.len == 4, "B's message takes the receive directed to B: %d", r);
     CHECK(wait_for(b, &sctx, &e, NULL, &ee) == 0, "B's send");
     CHECK(fi_tsend(a->ep, buf, 4, NULL, 77, 8, &sctx) == -FI_EINVAL, "an address not in the vector");
+
+    /* FI_PEEK, FI_CLAIM, FI_DISCARD (MPI_Probe, MPI_Mprobe/Mrecv). */
+    struct fi_context peek_ctx, claim_ctx, drop_ctx;
+    struct iovec iov = {.iov_base = out, .iov_len = sizeof out};
+    struct fi_msg_tagged m = {.msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 9};
+    m.context = &peek_ctx;
+    CHECK(fi_trecvmsg(c->ep, &m, FI_PEEK) == 0, "peek");
+    CHECK(wait_for(c, &peek_ctx, &e, NULL, &ee) == -FI_ENOMSG, "nothing to peek at yet");
+    CHECK(fi_tsend(a->ep, buf, 40, NULL, a->peer[2], 9, &sctx) == 0, "tsend tag 9");
+    CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "sent");
+    for (int tries = 0;; tries++) {
+        m.context = &claim_ctx;
+        CHECK(fi_trecvmsg(c->ep, &m, FI_PEEK | FI_CLAIM) == 0, "peek and claim");
+        r = wait_for(c, &claim_ctx, &e, NULL, &ee);
+        if (r != -FI_ENOMSG || tries > 1000)
+            break;
+    }
+    CHECK(r == 0 && e.len == 40 && e.tag == 9, "peeked: %d, %zu B, tag %llu", r, e.len, (unsigned long long) e.tag);
+    m.context = &peek_ctx;
+    CHECK(fi_trecvmsg(c->ep, &m, FI_PEEK) == 0, "peek again");
+    CHECK(wait_for(c, &peek_ctx, &e, NULL, &ee) == -FI_ENOMSG, "a claimed message is no one else's");
+    memset(out, 0, sizeof out);
+    m.context = &claim_ctx;
+    CHECK(fi_trecvmsg(c->ep, &m, FI_CLAIM) == 0, "receive the claimed message");
+    CHECK(wait_for(c, &claim_ctx, &e, NULL, &ee) == 0 && e.len == 40 && !memcmp(out, buf, 40), "claimed bytes");
+    m.context = &claim_ctx;
+    CHECK(fi_trecvmsg(c->ep, &m, FI_CLAIM) == -FI_EINVAL, "nothing claimed any more");
+
+    for (int how = 0; how < 2; how++) {
+        uint64_t tag = 10 + (uint64_t) how;
+        CHECK(fi_tsend(a->ep, buf, 16, NULL, a->peer[2], tag, &sctx) == 0, "tsend to drop");
+        CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "sent");
+        m.tag = tag;
+        for (int tries = 0;; tries++) {
+            m.context = &drop_ctx;
+            /* 0: peek and drop at once; 1: claim, then drop the claimed. */
+            CHECK(fi_trecvmsg(c->ep, &m, how ? FI_PEEK | FI_CLAIM : FI_PEEK | FI_DISCARD) == 0, "peek");
+            r = wait_for(c, &drop_ctx, &e, NULL, &ee);
+            if (r != -FI_ENOMSG || tries > 1000)
+                break;
+        }
+        CHECK(r == 0 && e.len == 16, "found the message to drop: %d", r);
+        if (how) {
+            CHECK(fi_trecvmsg(c->ep, &m, FI_CLAIM | FI_DISCARD) == 0, "drop the claimed");
+            CHECK(wait_for(c, &drop_ctx, &e, NULL, &ee) == 0, "dropped");
+        }
+        CHECK(fi_trecv(c->ep, out, sizeof out, NULL, FI_ADDR_UNSPEC, tag, 0, &rctx) == 0, "trecv of a dropped tag");
+        CHECK(fi_cancel(&c->ep->fid, &rctx) == 0 && wait_for(c, &rctx, &e, NULL, &ee) == -FI_ECANCELED,
+              "the dropped message is gone (%d)", how);
+    }
 }
 
 int main(void)

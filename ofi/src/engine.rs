@@ -8,6 +8,8 @@
 //! - A send up to the eager size is copied at the call and sent whole; a
 //!   larger one is registered through the BTL's cache and read by the
 //!   receiver straight into its posted buffer (the Rdm's rendezvous).
+//! - RMA reads and writes go straight to the BTL's get and put on the
+//!   caller's memory, registered through the cache for the operation.
 //! - Completions: a send or receive that asked for one (or any that
 //!   failed) takes a place in its queue when posted, so that a full queue
 //!   refuses the post (FI_EAGAIN) rather than lose a completion.
@@ -55,6 +57,9 @@ const MSG: u64 = sys::FI_MSG as u64;
 const TAGGED: u64 = sys::FI_TAGGED as u64;
 const REMOTE_CQ_DATA: u64 = sys::FI_REMOTE_CQ_DATA as u64;
 const MULTI_RECV: u64 = sys::FI_MULTI_RECV as u64;
+const RMA: u64 = sys::FI_RMA as u64;
+const READ: u64 = sys::FI_READ as u64;
+const WRITE: u64 = sys::FI_WRITE as u64;
 
 /// Where an endpoint's completions go (what `fi_ep_bind` bound).
 #[derive(Clone, Default)]
@@ -105,6 +110,28 @@ pub struct RecvArgs {
     pub completion: bool,
     /// A multi-receive buffer, released once less than this is free.
     pub multi: Option<usize>,
+}
+
+/// An RMA read or write, as the caller posts it.
+#[derive(Debug, Clone, Copy)]
+pub struct RmaArgs {
+    /// The caller's context.
+    pub context: u64,
+    /// The target's address vector number.
+    pub to: u64,
+    /// The local buffer (`None` for no bytes).
+    pub mem: Option<UserMem>,
+    /// Where in the target's memory (FI_MR_VIRT_ADDR: its address).
+    pub addr: u64,
+    /// The target registration's key (fi_mr_key on its side).
+    pub key: u64,
+    /// A write (else a read).
+    pub write: bool,
+    /// Copy the source at the call (fi_inject_write): no completion, and
+    /// the buffer is the caller's again at once.
+    pub inject: bool,
+    /// A successful completion is wanted.
+    pub completion: bool,
 }
 
 /// A tagged FI_PEEK, as the caller posts it.
@@ -373,6 +400,97 @@ impl<C: Context> Engine<C> {
         }
         drive(&self.btl, &self.state, ep);
         Ok(())
+    }
+
+    /// Posts an RMA read or write from endpoint `ep`: the local buffer is
+    /// registered through the BTL's cache (or, for an inject, copied into
+    /// memory of the BTL's), the target reached at `addr` with `key`; the
+    /// device checks the key against what the target registered.
+    pub fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError> {
+        let key = u32::try_from(a.key)
+            .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
+        let (to, targets, reserved) = {
+            let mut st = lock(&self.state);
+            let core = st
+                .eps
+                .get_mut(&ep)
+                .ok_or(PostError::State("no such endpoint"))?;
+            let av = core
+                .targets
+                .av
+                .clone()
+                .ok_or(PostError::State("no address vector bound"))?;
+            let (to, _) = lock(&av).lookup(a.to).map_err(|_| PostError::NoAddress)?;
+            let reserved = reserve(core.targets.tx.as_ref())?;
+            (to, core.targets.clone(), reserved)
+        };
+        let flags = RMA | if a.write { WRITE } else { READ };
+        let wanted = a.completion && !a.inject;
+        let finish = move |ok: bool| {
+            let entry = Entry {
+                context: a.context,
+                flags,
+                source: NOT_AVAIL,
+                ..Entry::default()
+            };
+            let c = if ok {
+                Ok(entry)
+            } else {
+                Err(error_of(entry, Outcome::RemoteFailed(0)))
+            };
+            deliver(targets.tx.as_ref(), reserved, wanted || !ok, c);
+            count(&targets, if a.write { WRITE } else { READ }, ok);
+        };
+        let Some(mem) = a.mem else {
+            finish(true);
+            return Ok(());
+        };
+        let len = mem.len();
+        let remote = RemoteMem {
+            addr: a.addr,
+            len: len as u64,
+            rkey: key,
+        }
+        .at(0);
+        let refused = |e: xrcbtl_fabric::Error| PostError::Invalid(e.to_string());
+        let started = if a.inject {
+            let bounce = self.btl.alloc_mem(len).map_err(refused)?;
+            bounce.write(0, &mem.read(0, len).map_err(refused)?);
+            let local = bounce.reg().at(0);
+            let done = Box::new(move |_: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+                drop(bounce);
+                finish(r.is_ok());
+            });
+            self.btl.put(to.domain, local, remote, len, Some(done))
+        } else {
+            let reg = self.btl.register_mem(mem, Access::NONE).map_err(refused)?;
+            let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+                let _ = btl.deregister_mem(reg);
+                finish(r.is_ok());
+            });
+            let r = if a.write {
+                self.btl.put(to.domain, reg.at(0), remote, len, Some(done))
+            } else {
+                self.btl.get(to.domain, remote, reg.at(0), len, Some(done))
+            };
+            if r.is_err() {
+                let _ = self.btl.deregister_mem(reg);
+            }
+            r
+        };
+        started.map(|_| ()).map_err(|e| {
+            // Never started: its place goes back.
+            if reserved {
+                if let Some(cq) = &self.targets_of(ep).and_then(|t| t.tx) {
+                    lock(cq).unreserve();
+                }
+            }
+            PostError::Invalid(e.to_string())
+        })
+    }
+
+    fn targets_of(&self, ep: u16) -> Option<Targets> {
+        lock(&self.state).eps.get(&ep).map(|c| c.targets.clone())
     }
 
     /// FI_PEEK in the tagged space: a completion with the length and tag

@@ -27,9 +27,10 @@
 //! code. So far it answers getinfo, opens fabrics, domains on the
 //! simulated fabric, address vectors, completion queues, counters and
 //! endpoints, which send and receive messages (FI_MSG, FI_TAGGED with
-//! FI_PEEK, FI_CLAIM and FI_DISCARD) of any size; RMA, atomics,
-//! registrations, `fi_query_atomic` and verbs domains answer -FI_ENOSYS
-//! until they are built.
+//! FI_PEEK, FI_CLAIM and FI_DISCARD) of any size, and read and write
+//! registered memory (FI_RMA); writes with remote CQ data, atomics,
+//! `fi_query_atomic` and verbs domains answer -FI_ENOSYS until they are
+//! built.
 
 pub mod addr;
 pub mod av;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::fabric::Fabric;
-use super::{av, cq, ep, err, guard, object, Shared};
+use super::{av, cq, ep, err, guard, mr, object, Shared};
 use crate::addr::EpAddr;
 use crate::devices::{self, Which};
 use crate::engine::Engine;
@@ -71,9 +71,9 @@ static DOMAIN_OPS: Shared<sys::fi_ops_domain> = Shared::new(sys::fi_ops_domain {
 
 static MR_OPS: Shared<sys::fi_ops_mr> = Shared::new(sys::fi_ops_mr {
     size: std::mem::size_of::<sys::fi_ops_mr>(),
-    reg: Some(not_yet_mr_reg),
-    regv: Some(not_yet_mr_regv),
-    regattr: Some(not_yet_mr_regattr),
+    reg: Some(mr::reg),
+    regv: Some(mr::regv),
+    regattr: Some(mr::regattr),
 });
 
 impl Domain {
@@ -287,8 +287,7 @@ unsafe extern "C" fn no_query_collective(
     err(sys::FI_ENOSYS)
 }
 
-// What issue 29 builds next: atomics and registrations. Until then each
-// says it is not there.
+// What issue 29 builds next: atomics. Until then it says it is not there.
 
 unsafe extern "C" fn endpoint(
     domain: *mut sys::fid_domain,
@@ -306,45 +305,6 @@ unsafe extern "C" fn not_yet_query_atomic(
     _: sys::fi_op,
     _: *mut sys::fi_atomic_attr,
     _: u64,
-) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn not_yet_mr_reg(
-    _: *mut sys::fid,
-    _: *const c_void,
-    _: usize,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: *mut *mut sys::fid_mr,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn not_yet_mr_regv(
-    _: *mut sys::fid,
-    _: *const sys::iovec,
-    _: usize,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: u64,
-    _: *mut *mut sys::fid_mr,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn not_yet_mr_regattr(
-    _: *mut sys::fid,
-    _: *const sys::fi_mr_attr,
-    _: u64,
-    _: *mut *mut sys::fid_mr,
 ) -> c_int {
     err(sys::FI_ENOSYS)
 }

@@ -5,9 +5,10 @@
 //!
 //! Messages (FI_MSG) and tagged messages (FI_TAGGED, with FI_PEEK,
 //! FI_CLAIM and FI_DISCARD) go through the domain's [`crate::engine`] once
-//! the endpoint is enabled. Not built yet (issue 29 goes on): RMA and
-//! atomics (-FI_ENOSYS). I/O vectors of more than one entry are -FI_EINVAL
-//! (the offered iov_limit is 1).
+//! the endpoint is enabled, and so do RMA reads and writes. Not built yet
+//! (issue 29 goes on): writes with remote CQ data and atomics
+//! (-FI_ENOSYS). I/O vectors of more than one entry are -FI_EINVAL (the
+//! offered iov_limit and rma_iov_limit are 1).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -18,7 +19,7 @@ use super::cq::{CntrObj, CqObj};
 use super::domain::Domain;
 use super::{err, guard, guard_size, object, Shared};
 use crate::addr;
-use crate::engine::{PeekArgs, PostError, RecvArgs, SendArgs, Targets};
+use crate::engine::{PeekArgs, PostError, RecvArgs, RmaArgs, SendArgs, Targets};
 use crate::info::INJECT_SIZE;
 use crate::rdm::Space;
 use crate::sys;
@@ -117,13 +118,6 @@ type Ioc = *const sys::fi_ioc;
 type IocMut = *mut sys::fi_ioc;
 
 not_yet! {
-    rma_read(Ep, Ptr, usize, Ptr, u64, u64, u64, Ptr) -> isize;
-    rma_readv(Ep, Iov, Desc, usize, u64, u64, u64, Ptr) -> isize;
-    rma_readmsg(Ep, *const sys::fi_msg_rma, u64) -> isize;
-    rma_write(Ep, CPtr, usize, Ptr, u64, u64, u64, Ptr) -> isize;
-    rma_writev(Ep, Iov, Desc, usize, u64, u64, u64, Ptr) -> isize;
-    rma_writemsg(Ep, *const sys::fi_msg_rma, u64) -> isize;
-    rma_inject(Ep, CPtr, usize, u64, u64, u64) -> isize;
     rma_writedata(Ep, CPtr, usize, Ptr, u64, u64, u64, u64, Ptr) -> isize;
     rma_injectdata(Ep, CPtr, usize, u64, u64, u64, u64) -> isize;
     amo_write(Ep, CPtr, usize, Ptr, u64, u64, u64, Dt, Op, Ptr) -> isize;
@@ -725,6 +719,214 @@ unsafe extern "C" fn tag_injectdata(
             dest,
             tagged,
             Some(data),
+            std::ptr::null_mut(),
+            INJECT,
+        )
+    })
+}
+
+/// An RMA read or write of `len` bytes at `buf` with the target's memory
+/// at `addr` under `key`.
+///
+/// # Safety
+/// As [`post_send`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn post_rma(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    write: bool,
+    context: *mut c_void,
+    flags: u64,
+) -> isize {
+    // SAFETY: a fid_ep starts with its fid.
+    let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
+        return err(sys::FI_EINVAL) as isize;
+    };
+    let inject = flags & INJECT != 0;
+    if len > ep.max_msg || (inject && (len > INJECT_SIZE || !write)) {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    // SAFETY: the caller's promise.
+    let mem = match unsafe { lent(buf, len) } {
+        Ok(m) => m,
+        Err(rc) => return rc,
+    };
+    let selective = {
+        let b = ep.bound();
+        if !b.enabled {
+            return err(sys::FI_EOPBADSTATE) as isize;
+        }
+        b.selective
+    };
+    post_rc(ep.domain().engine.rma(
+        ep.number,
+        RmaArgs {
+            context: context as u64,
+            to: dest,
+            mem,
+            addr,
+            key,
+            write,
+            inject,
+            completion: !selective || flags & COMPLETION != 0,
+        },
+    ))
+}
+
+/// The one RMA I/O vector entry of a message (rma_iov_limit 1).
+///
+/// # Safety
+/// `msg` is null or a valid message whose vectors hold their counts.
+unsafe fn one_rma<'a>(
+    msg: *const sys::fi_msg_rma,
+) -> Result<(&'a sys::fi_msg_rma, *const c_void, usize, u64, u64), isize> {
+    // SAFETY: the caller's promise.
+    let m = unsafe { msg.as_ref() }.ok_or(err(sys::FI_EINVAL) as isize)?;
+    // SAFETY: as above.
+    let (buf, len) = unsafe { one_iov(m.msg_iov, m.iov_count) }?;
+    if m.rma_iov_count != 1 || m.rma_iov.is_null() {
+        return Err(err(sys::FI_EINVAL) as isize);
+    }
+    // SAFETY: one entry, checked non-null.
+    let r = unsafe { &*m.rma_iov };
+    if r.len != len {
+        return Err(err(sys::FI_EINVAL) as isize);
+    }
+    Ok((m, buf, len, r.addr, r.key))
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_read(
+    ep: Ep,
+    buf: Ptr,
+    len: usize,
+    _desc: Ptr,
+    src: u64,
+    addr: u64,
+    key: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: libfabric's arguments (each function below likewise).
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        post_rma(ep, buf, len, src, addr, key, false, context, flags)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_readv(
+    ep: Ep,
+    iov: Iov,
+    _desc: Desc,
+    count: usize,
+    src: u64,
+    addr: u64,
+    key: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_iov(iov, count) {
+            Ok((buf, len)) => {
+                let flags = default_flags(ep, true);
+                post_rma(ep, buf, len, src, addr, key, false, context, flags)
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn rma_readmsg(ep: Ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_rma(msg) {
+            Ok((m, buf, len, addr, key)) => {
+                post_rma(ep, buf, len, m.addr, addr, key, false, m.context, flags)
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_write(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    _desc: Ptr,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        post_rma(ep, buf, len, dest, addr, key, true, context, flags)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_writev(
+    ep: Ep,
+    iov: Iov,
+    _desc: Desc,
+    count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_iov(iov, count) {
+            Ok((buf, len)) => {
+                let flags = default_flags(ep, true);
+                post_rma(ep, buf, len, dest, addr, key, true, context, flags)
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn rma_writemsg(ep: Ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        if flags & DATA != 0 {
+            // Write with remote CQ data: not built yet.
+            return err(sys::FI_ENOSYS) as isize;
+        }
+        match one_rma(msg) {
+            Ok((m, buf, len, addr, key)) => {
+                post_rma(ep, buf, len, m.addr, addr, key, true, m.context, flags)
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn rma_inject(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        post_rma(
+            ep,
+            buf,
+            len,
+            dest,
+            addr,
+            key,
+            true,
             std::ptr::null_mut(),
             INJECT,
         )

@@ -14,6 +14,7 @@ mod ep;
 mod fabric;
 mod getinfo;
 mod mem;
+mod mr;
 
 use std::cell::UnsafeCell;
 use std::ffi::c_int;

@@ -11,7 +11,10 @@
  * nothing written past the message; then A -> B untagged; then remote CQ
  * data, inject, FI_SOURCE, a truncated receive (FI_ETRUNC with olen), a
  * cancelled one (FI_ECANCELED), a directed receive that takes only its
- * source, a tag mask, and FI_PEEK, FI_CLAIM and FI_DISCARD.
+ * source, a tag mask, and FI_PEEK, FI_CLAIM and FI_DISCARD; then RMA
+ * writes and reads of memory C registered (every byte checked), an inject
+ * write, and refusals (a wrong key, a range past the registration) that
+ * leave the endpoints usable.
  *
  *   rdm          (XRCBTL_OFI_SIM_NODES=2 XRCBTL_OFI_SIM_RANKS_PER_NODE=2)
  */
@@ -22,6 +25,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
 #include <stdint.h>
@@ -255,11 +259,77 @@ static void special(void)
     }
 }
 
+/* RMA: A writes into and reads from memory C registered. */
+static void rma(void)
+{
+    struct side *a = &s[0], *c = &s[2];
+    const size_t win_len = 1u << 20;
+    uint8_t *win = calloc(1, win_len), *src = malloc(win_len), *back = malloc(win_len);
+    struct fid_mr *mr = NULL;
+    int rc = fi_mr_reg(c->domain, win, win_len, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL);
+    CHECK(rc == 0, "fi_mr_reg: %s", fi_strerror(-rc));
+    if (rc)
+        return;
+    CHECK(fi_mr_desc(mr) == NULL, "no local descriptor is needed");
+    uint64_t key = fi_mr_key(mr), base = (uint64_t) (uintptr_t) win;
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry ee;
+    int ctx;
+    const size_t sizes[] = {1, 8, 4095, 4096, 65537, win_len - 64};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t len = sizes[i], off = (i * 8) % 64;
+        fill(src, len, (unsigned) i + 40);
+        CHECK(fi_write(a->ep, src, len, NULL, a->peer[2], base + off, key, &ctx) == 0, "fi_write %zu B", len);
+        int r = wait_for(a, &ctx, &e, NULL, &ee);
+        CHECK(r == 0 && e.flags == (FI_RMA | FI_WRITE), "write of %zu B: %d, flags %#llx", len, r,
+              (unsigned long long) e.flags);
+        CHECK(!memcmp(win + off, src, len), "%zu B written", len);
+        memset(back, 0, len);
+        CHECK(fi_read(a->ep, back, len, NULL, a->peer[2], base + off, key, &ctx) == 0, "fi_read %zu B", len);
+        r = wait_for(a, &ctx, &e, NULL, &ee);
+        CHECK(r == 0 && e.flags == (FI_RMA | FI_READ), "read of %zu B: %d", len, r);
+        CHECK(!memcmp(back, src, len), "%zu B read back", len);
+    }
+    /* An inject: no completion; the bytes land. */
+    uint8_t small[16];
+    fill(small, sizeof small, 99);
+    CHECK(fi_inject_write(a->ep, small, sizeof small, a->peer[2], base + 100, key) == 0, "fi_inject_write");
+    memset(small, 0, sizeof small);
+    fill(back, sizeof small, 99);
+    int landed = 0;
+    for (long i = 0; i < 1000000 && !landed; i++) {
+        CHECK(fi_cq_read(a->cq, &e, 1) == -FI_EAGAIN, "an inject completes nothing");
+        landed = !memcmp(win + 100, back, sizeof small);
+    }
+    CHECK(landed, "the injected bytes landed");
+    /* A key the target never gave: the device refuses, the caller hears. */
+    CHECK(fi_write(a->ep, src, 64, NULL, a->peer[2], base, key + 1, &ctx) == 0, "fi_write with a wrong key");
+    int r = wait_for(a, &ctx, &e, NULL, &ee);
+    CHECK(r != 0, "a write with a wrong key completes in error");
+    /* Past the registration's pages: refused too. (Within its last page
+     * the key reaches: fi_mr_reg registers through the cache, whole
+     * pages; an exact registration is still to be built.) */
+    CHECK(fi_read(a->ep, back, 128, NULL, a->peer[2], base + win_len + 8192, key, &ctx) == 0,
+          "fi_read past the end");
+    r = wait_for(a, &ctx, &e, NULL, &ee);
+    CHECK(r != 0, "a read past the registration completes in error");
+    /* After both refusals, good work still goes through. */
+    fill(src, 32, 7);
+    CHECK(fi_write(a->ep, src, 32, NULL, a->peer[2], base, key, &ctx) == 0, "fi_write after the refusals");
+    r = wait_for(a, &ctx, &e, NULL, &ee);
+    CHECK(r == 0 && !memcmp(win, src, 32), "a good write after the refusals: %d", r);
+    CHECK(fi_close(&mr->fid) == 0, "fi_close(mr)");
+    free(win);
+    free(src);
+    free(back);
+}
+
 int main(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
     hints->fabric_attr->prov_name = strdup("xrc");
-    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE;
+    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE | FI_RMA;
+    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     hints->ep_attr->type = FI_EP_RDM;
     uint32_t api = fi_version() < FI_VERSION(1, 18) ? fi_version() : FI_VERSION(1, 18);
     int rc = fi_getinfo(api, NULL, NULL, 0, hints, &info);
@@ -295,6 +365,7 @@ int main(void)
     for (int i = 0; i < n; i += 3)
         one(&s[0], &s[1], 1, sizes[i], 0, i % 2, (unsigned) i + 7);
     special();
+    rma();
 
     for (int i = 0; i < 3; i++) {
         if ((rc = fi_close(&s[i].ep->fid)) || (rc = fi_close(&s[i].cq->fid)) || (rc = fi_close(&s[i].av->fid)) ||

@@ -1,0 +1,222 @@
+//! Memory registrations (`fi_mr_reg`, `fi_mr_regv`, `fi_mr_regattr`):
+//! the caller's memory registered through the BTL's cache for peers to
+//! reach with RMA and atomics. FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+//! FI_MR_PROV_KEY: peers name the memory by its virtual address and the
+//! key the provider chose (the registration's remote key); the device
+//! checks both against the region and rights registered. That region is
+//! the cache's: whole pages, so the key also reaches the rest of the first
+//! and last page of the caller's range (an exact registration for
+//! `fi_mr_reg` is still to be built). No caller needs to register local
+//! buffers (no FI_MR_LOCAL): `fi_mr_desc` is null.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::Ordering;
+
+use xrcbtl_btl::{Access, MemReg, UserMem};
+
+use super::domain::Domain;
+use super::{err, guard, object, Shared};
+use crate::sys;
+
+/// The provider's registration: libfabric's `fid_mr` first.
+#[repr(C)]
+pub(crate) struct MrObj {
+    mr: sys::fid_mr,
+    domain: *const Domain,
+    reg: MemReg,
+}
+
+static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
+    size: std::mem::size_of::<sys::fi_ops>(),
+    close: Some(close),
+    bind: Some(no_bind),
+    control: Some(no_control),
+    ops_open: Some(no_ops_open),
+    tostr: None,
+    ops_set: None,
+});
+
+const REMOTE_READ: u64 = sys::FI_REMOTE_READ as u64;
+const REMOTE_WRITE: u64 = sys::FI_REMOTE_WRITE as u64;
+/// Every access bit fi_mr_reg knows of.
+const ACCESS: u64 = sys::FI_READ as u64
+    | sys::FI_WRITE as u64
+    | REMOTE_READ
+    | REMOTE_WRITE
+    | sys::FI_SEND as u64
+    | sys::FI_RECV as u64;
+
+impl MrObj {
+    /// The provider's registration behind `fid`, or None.
+    ///
+    /// # Safety
+    /// `fid` is null or points to a live `struct fid`.
+    pub(crate) unsafe fn from_fid<'a>(fid: *const sys::fid) -> Option<&'a MrObj> {
+        // SAFETY: the caller's promise; our MR fids start an `MrObj`.
+        unsafe { object(fid, sys::FI_CLASS_MR, &FID_OPS) }
+    }
+}
+
+/// Registers `len` bytes at `buf` of domain `fid` for `access`.
+///
+/// # Safety
+/// `fid` is null or a live fid; `buf` is `len` bytes of the caller's that
+/// stay mapped while registered (libfabric's contract).
+unsafe fn register(
+    fid: *mut sys::fid,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
+    flags: u64,
+    mr: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    let Some(d) = (unsafe { Domain::from_fid(fid) }) else {
+        return err(sys::FI_EINVAL);
+    };
+    if mr.is_null() || buf.is_null() || len == 0 {
+        return err(sys::FI_EINVAL);
+    }
+    if flags != 0 || access & !ACCESS != 0 {
+        return err(sys::FI_EBADFLAGS);
+    }
+    // SAFETY: the caller's promise, which is UserMem's.
+    let Ok(mem) = (unsafe { UserMem::new(buf as *mut u8, len) }) else {
+        return err(sys::FI_EINVAL);
+    };
+    let btl = d.engine.btl();
+    let mut rights = Access::NONE;
+    if access & REMOTE_READ != 0 {
+        rights |= Access::REMOTE_READ;
+    }
+    if access & REMOTE_WRITE != 0 {
+        rights |= Access::REMOTE_WRITE;
+        if btl.caps().atomics {
+            // Atomics need FI_REMOTE_WRITE (and read, for fetching ones).
+            rights |= Access::REMOTE_ATOMIC;
+        }
+    }
+    let Ok(reg) = btl.register_mem(mem, rights) else {
+        return err(sys::FI_ENOMEM);
+    };
+    let object = Box::new(MrObj {
+        mr: sys::fid_mr {
+            fid: sys::fid {
+                fclass: sys::FI_CLASS_MR as usize,
+                context,
+                ops: FID_OPS.get(),
+            },
+            mem_desc: std::ptr::null_mut(),
+            key: u64::from(reg.remote().rkey),
+        },
+        domain: d,
+        reg,
+    });
+    d.children.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: libfabric's out-parameter, checked non-null; freed by
+    // `close`.
+    unsafe { *mr = Box::into_raw(object).cast() };
+    0
+}
+
+/// `fi_mr_reg`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "C" fn reg(
+    fid: *mut sys::fid,
+    buf: *const c_void,
+    len: usize,
+    access: u64,
+    _offset: u64,
+    _requested_key: u64,
+    flags: u64,
+    mr: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: libfabric's arguments, as `register` asks.
+    guard(|| unsafe { register(fid, buf, len, access, flags, mr, context) })
+}
+
+/// `fi_mr_regv`: one entry (mr_iov_limit 1).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "C" fn regv(
+    fid: *mut sys::fid,
+    iov: *const sys::iovec,
+    count: usize,
+    access: u64,
+    _offset: u64,
+    _requested_key: u64,
+    flags: u64,
+    mr: *mut *mut sys::fid_mr,
+    context: *mut c_void,
+) -> c_int {
+    guard(|| {
+        if count != 1 || iov.is_null() {
+            return err(sys::FI_EINVAL);
+        }
+        // SAFETY: one entry, checked non-null; then as `reg`.
+        unsafe {
+            let v = &*iov;
+            register(fid, v.iov_base, v.iov_len, access, flags, mr, context)
+        }
+    })
+}
+
+/// `fi_mr_regattr`: reads only the fields this build's headers have.
+pub(super) unsafe extern "C" fn regattr(
+    fid: *mut sys::fid,
+    attr: *const sys::fi_mr_attr,
+    flags: u64,
+    mr: *mut *mut sys::fid_mr,
+) -> c_int {
+    guard(|| {
+        // SAFETY: null or the caller's attr.
+        let Some(a) = (unsafe { attr.as_ref() }) else {
+            return err(sys::FI_EINVAL);
+        };
+        if a.iov_count != 1 || a.mr_iov.is_null() || a.iface != sys::FI_HMEM_SYSTEM {
+            return err(sys::FI_EINVAL);
+        }
+        // SAFETY: one entry, checked non-null; then as `reg`.
+        unsafe {
+            let v = &*a.mr_iov;
+            register(fid, v.iov_base, v.iov_len, a.access, flags, mr, a.context)
+        }
+    })
+}
+
+unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
+    guard(|| {
+        // SAFETY: libfabric passes the fid being closed.
+        let Some(mr) = (unsafe { MrObj::from_fid(fid) }) else {
+            return err(sys::FI_EINVAL);
+        };
+        // SAFETY: a registration's domain cannot close before it (EBUSY).
+        let d = unsafe { &*mr.domain };
+        let _ = d.engine.btl().deregister_mem(mr.reg);
+        d.children.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: ours (checked), made by `register` with Box::into_raw,
+        // and not used by libfabric after a successful close.
+        drop(unsafe { Box::from_raw(fid.cast::<MrObj>()) });
+        0
+    })
+}
+
+unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
+    // FI_MR_ENDPOINT is not a mode of the provider's: nothing to bind to.
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_ops_open(
+    _: *mut sys::fid,
+    _: *const c_char,
+    _: u64,
+    _: *mut *mut c_void,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
+}

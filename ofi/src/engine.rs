@@ -9,7 +9,9 @@
 //!   larger one is registered through the BTL's cache and read by the
 //!   receiver straight into its posted buffer (the Rdm's rendezvous).
 //! - RMA reads and writes go straight to the BTL's get and put on the
-//!   caller's memory, registered through the cache for the operation.
+//!   caller's memory, registered through the cache for the operation;
+//!   atomics to its add, fetch-and-add and compare-and-swap
+//!   ([`crate::atomic`]).
 //! - Completions: a send or receive that asked for one (or any that
 //!   failed) takes a place in its queue when posted, so that a full queue
 //!   refuses the post (FI_EAGAIN) rather than lose a completion.
@@ -60,6 +62,7 @@ const MULTI_RECV: u64 = sys::FI_MULTI_RECV as u64;
 const RMA: u64 = sys::FI_RMA as u64;
 const READ: u64 = sys::FI_READ as u64;
 const WRITE: u64 = sys::FI_WRITE as u64;
+const ATOMIC: u64 = sys::FI_ATOMIC as u64;
 
 /// Where an endpoint's completions go (what `fi_ep_bind` bound).
 #[derive(Clone, Default)]
@@ -131,6 +134,25 @@ pub struct RmaArgs {
     /// the buffer is the caller's again at once.
     pub inject: bool,
     /// A successful completion is wanted.
+    pub completion: bool,
+}
+
+/// An atomic, as the caller posts it (one 64-bit element).
+#[derive(Debug, Clone, Copy)]
+pub struct AtomicArgs {
+    /// The caller's context.
+    pub context: u64,
+    /// The target's address vector number.
+    pub to: u64,
+    /// The target word's address (8-byte aligned).
+    pub addr: u64,
+    /// The target registration's key.
+    pub key: u64,
+    /// What to do.
+    pub op: crate::atomic::Op,
+    /// Where the old value goes (fetching and compare atomics).
+    pub result: Option<UserMem>,
+    /// A successful completion is wanted (never for an inject).
     pub completion: bool,
 }
 
@@ -480,6 +502,85 @@ impl<C: Context> Engine<C> {
         };
         started.map(|_| ()).map_err(|e| {
             // Never started: its place goes back.
+            if reserved {
+                if let Some(cq) = &self.targets_of(ep).and_then(|t| t.tx) {
+                    lock(cq).unreserve();
+                }
+            }
+            PostError::Invalid(e.to_string())
+        })
+    }
+
+    /// Posts an atomic from endpoint `ep`: the BTL's add, fetch-and-add or
+    /// compare-and-swap on the target's word; the old value (if any) is
+    /// written to `result` before the completion.
+    pub fn atomic(&self, ep: u16, a: AtomicArgs) -> Result<(), PostError> {
+        use crate::atomic::Op;
+        let key = u32::try_from(a.key)
+            .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
+        if a.addr % 8 != 0 {
+            return Err(PostError::Invalid(
+                "the target of an atomic is not 8-byte aligned".into(),
+            ));
+        }
+        let fetching = !matches!(a.op, Op::Add(_));
+        if fetching && a.result.is_none_or(|m| m.len() < 8) {
+            return Err(PostError::Invalid(
+                "a fetching atomic needs 8 bytes for its result".into(),
+            ));
+        }
+        let (to, targets, reserved) = {
+            let mut st = lock(&self.state);
+            let core = st
+                .eps
+                .get_mut(&ep)
+                .ok_or(PostError::State("no such endpoint"))?;
+            let av = core
+                .targets
+                .av
+                .clone()
+                .ok_or(PostError::State("no address vector bound"))?;
+            let (to, _) = lock(&av).lookup(a.to).map_err(|_| PostError::NoAddress)?;
+            let reserved = reserve(core.targets.tx.as_ref())?;
+            (to, core.targets.clone(), reserved)
+        };
+        let kind = if fetching { READ } else { WRITE };
+        let result = a.result;
+        let done = Box::new(move |_: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+            let ok = match (r, result) {
+                (Ok(Some(old)), Some(m)) => m.write(0, &old.to_ne_bytes()).is_ok(),
+                (Ok(_), _) => true,
+                (Err(_), _) => false,
+            };
+            let entry = Entry {
+                context: a.context,
+                flags: ATOMIC | kind,
+                source: NOT_AVAIL,
+                ..Entry::default()
+            };
+            let c = if ok {
+                Ok(entry)
+            } else {
+                Err(error_of(entry, Outcome::RemoteFailed(0)))
+            };
+            deliver(targets.tx.as_ref(), reserved, a.completion || !ok, c);
+            count(&targets, kind, ok);
+        });
+        let at = RemoteMem {
+            addr: a.addr,
+            len: 8,
+            rkey: key,
+        }
+        .at(0);
+        let started = match a.op {
+            Op::Add(v) => self.btl.add(to.domain, at, v, Some(done)),
+            Op::FetchAdd(v) => self.btl.fetch_add(to.domain, at, v, Some(done)),
+            Op::CompareSwap { compare, swap } => {
+                self.btl
+                    .compare_swap(to.domain, at, compare, swap, Some(done))
+            }
+        };
+        started.map(|_| ()).map_err(|e| {
             if reserved {
                 if let Some(cq) = &self.targets_of(ep).and_then(|t| t.tx) {
                     lock(cq).unreserve();

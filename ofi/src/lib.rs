@@ -4,6 +4,7 @@
 //!
 //! - [`addr`]: an endpoint's address (`fi_getname`, `fi_av_insert`), 64
 //!   bytes whatever the endpoint, strictly decoded;
+//! - [`atomic`]: which atomics the provider does, and as what BTL atomic;
 //! - [`av`]: the address vector, FI_AV_TABLE and FI_AV_MAP numbers and the
 //!   way back from a peer to its number (FI_SOURCE);
 //! - [`cq`]: completion queue entries in order, errors in their place,
@@ -27,12 +28,13 @@
 //! code. So far it answers getinfo, opens fabrics, domains on the
 //! simulated fabric, address vectors, completion queues, counters and
 //! endpoints, which send and receive messages (FI_MSG, FI_TAGGED with
-//! FI_PEEK, FI_CLAIM and FI_DISCARD) of any size, and read and write
-//! registered memory (FI_RMA); writes with remote CQ data, atomics,
-//! `fi_query_atomic` and verbs domains answer -FI_ENOSYS until they are
-//! built.
+//! FI_PEEK, FI_CLAIM and FI_DISCARD) of any size, read and write
+//! registered memory (FI_RMA) and run 64-bit atomics on it (FI_ATOMIC:
+//! [`atomic`]); writes with remote CQ data and verbs domains answer
+//! -FI_ENOSYS until they are built.
 
 pub mod addr;
+pub mod atomic;
 pub mod av;
 pub mod cq;
 pub mod devices;

@@ -64,7 +64,7 @@ static DOMAIN_OPS: Shared<sys::fi_ops_domain> = Shared::new(sys::fi_ops_domain {
     poll_open: Some(no_poll),
     stx_ctx: Some(no_stx),
     srx_ctx: Some(no_srx),
-    query_atomic: Some(not_yet_query_atomic),
+    query_atomic: Some(query_atomic),
     query_collective: Some(no_query_collective),
     endpoint2: Some(ep::open),
 });
@@ -287,8 +287,6 @@ unsafe extern "C" fn no_query_collective(
     err(sys::FI_ENOSYS)
 }
 
-// What issue 29 builds next: atomics. Until then it says it is not there.
-
 unsafe extern "C" fn endpoint(
     domain: *mut sys::fid_domain,
     info: *mut sys::fi_info,
@@ -299,12 +297,31 @@ unsafe extern "C" fn endpoint(
     unsafe { ep::open(domain, info, ep, 0, context) }
 }
 
-unsafe extern "C" fn not_yet_query_atomic(
-    _: *mut sys::fid_domain,
-    _: sys::fi_datatype,
-    _: sys::fi_op,
-    _: *mut sys::fi_atomic_attr,
-    _: u64,
+/// `fi_query_atomic`: one 64-bit element for what [`crate::atomic`]
+/// offers on this device, -FI_EOPNOTSUPP for everything else.
+unsafe extern "C" fn query_atomic(
+    domain: *mut sys::fid_domain,
+    datatype: sys::fi_datatype,
+    op: sys::fi_op,
+    attr: *mut sys::fi_atomic_attr,
+    flags: u64,
 ) -> c_int {
-    err(sys::FI_ENOSYS)
+    guard(|| {
+        // SAFETY: a fid_domain starts with its fid.
+        let Some(d) = (unsafe { Domain::from_fid(domain.cast()) }) else {
+            return err(sys::FI_EINVAL);
+        };
+        let Some(class) = crate::atomic::Class::of_flags(flags) else {
+            return err(sys::FI_EBADFLAGS);
+        };
+        if !crate::atomic::supported(d.engine.btl().caps().atomics, datatype, op, class) {
+            return err(sys::FI_EOPNOTSUPP);
+        }
+        // SAFETY: null or the caller's attr.
+        if let Some(a) = unsafe { attr.as_mut() } {
+            a.count = 1;
+            a.size = 8;
+        }
+        0
+    })
 }

@@ -5,9 +5,9 @@
 //!
 //! Messages (FI_MSG) and tagged messages (FI_TAGGED, with FI_PEEK,
 //! FI_CLAIM and FI_DISCARD) go through the domain's [`crate::engine`] once
-//! the endpoint is enabled, and so do RMA reads and writes. Not built yet
-//! (issue 29 goes on): writes with remote CQ data and atomics
-//! (-FI_ENOSYS). I/O vectors of more than one entry are -FI_EINVAL (the
+//! the endpoint is enabled, and so do RMA reads and writes and the atomics
+//! [`crate::atomic`] lists. Not built yet (issue 29 goes on): writes with
+//! remote CQ data (-FI_ENOSYS). I/O vectors of more than one entry are -FI_EINVAL (the
 //! offered iov_limit and rma_iov_limit are 1).
 
 use std::ffi::{c_int, c_void};
@@ -19,7 +19,8 @@ use super::cq::{CntrObj, CqObj};
 use super::domain::Domain;
 use super::{err, guard, guard_size, object, Shared};
 use crate::addr;
-use crate::engine::{PeekArgs, PostError, RecvArgs, RmaArgs, SendArgs, Targets};
+use crate::atomic::{self, Class};
+use crate::engine::{AtomicArgs, PeekArgs, PostError, RecvArgs, RmaArgs, SendArgs, Targets};
 use crate::info::INJECT_SIZE;
 use crate::rdm::Space;
 use crate::sys;
@@ -120,19 +121,6 @@ type IocMut = *mut sys::fi_ioc;
 not_yet! {
     rma_writedata(Ep, CPtr, usize, Ptr, u64, u64, u64, u64, Ptr) -> isize;
     rma_injectdata(Ep, CPtr, usize, u64, u64, u64, u64) -> isize;
-    amo_write(Ep, CPtr, usize, Ptr, u64, u64, u64, Dt, Op, Ptr) -> isize;
-    amo_writev(Ep, Ioc, Desc, usize, u64, u64, u64, Dt, Op, Ptr) -> isize;
-    amo_writemsg(Ep, *const sys::fi_msg_atomic, u64) -> isize;
-    amo_inject(Ep, CPtr, usize, u64, u64, u64, Dt, Op) -> isize;
-    amo_readwrite(Ep, CPtr, usize, Ptr, Ptr, Ptr, u64, u64, u64, Dt, Op, Ptr) -> isize;
-    amo_readwritev(Ep, Ioc, Desc, usize, IocMut, Desc, usize, u64, u64, u64, Dt, Op, Ptr) -> isize;
-    amo_readwritemsg(Ep, *const sys::fi_msg_atomic, IocMut, Desc, usize, u64) -> isize;
-    amo_compwrite(Ep, CPtr, usize, Ptr, CPtr, Ptr, Ptr, Ptr, u64, u64, u64, Dt, Op, Ptr) -> isize;
-    amo_compwritev(Ep, Ioc, Desc, usize, Ioc, Desc, usize, IocMut, Desc, usize, u64, u64, u64, Dt, Op, Ptr) -> isize;
-    amo_compwritemsg(Ep, *const sys::fi_msg_atomic, Ioc, Desc, usize, IocMut, Desc, usize, u64) -> isize;
-    amo_writevalid(Ep, Dt, Op, *mut usize) -> c_int;
-    amo_readwritevalid(Ep, Dt, Op, *mut usize) -> c_int;
-    amo_compwritevalid(Ep, Dt, Op, *mut usize) -> c_int;
 }
 
 const COMPLETION: u64 = sys::FI_COMPLETION as u64;
@@ -931,6 +919,541 @@ unsafe extern "C" fn rma_inject(
             INJECT,
         )
     })
+}
+
+/// Reads the 8-byte operand at `p` (zero for null, as FI_ATOMIC_READ may
+/// pass).
+///
+/// # Safety
+/// `p` is null or 8 readable bytes.
+unsafe fn operand(p: *const c_void) -> u64 {
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: the caller's promise; unaligned reads are fine.
+        unsafe { p.cast::<u64>().read_unaligned() }
+    }
+}
+
+/// One atomic of `count` elements (1) of `dt` with `op`.
+///
+/// # Safety
+/// As [`post_send`]; `buf`, `compare` and `result` are null or hold one
+/// element each.
+#[allow(clippy::too_many_arguments)]
+unsafe fn post_atomic(
+    ep: *mut sys::fid_ep,
+    buf: *const c_void,
+    count: usize,
+    compare: *const c_void,
+    result: *mut c_void,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+    class: Class,
+    context: *mut c_void,
+    flags: u64,
+) -> isize {
+    // SAFETY: a fid_ep starts with its fid.
+    let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
+        return err(sys::FI_EINVAL) as isize;
+    };
+    if !atomic::supported(ep.domain().engine.btl().caps().atomics, dt, op, class) {
+        return err(sys::FI_EOPNOTSUPP) as isize;
+    }
+    if count != 1 || (class == Class::Compare && compare.is_null()) {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    if op != sys::FI_ATOMIC_READ && buf.is_null() {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    let selective = {
+        let b = ep.bound();
+        if !b.enabled {
+            return err(sys::FI_EOPBADSTATE) as isize;
+        }
+        b.selective
+    };
+    // SAFETY: the caller's promise, for each.
+    let (value, expected) = unsafe { (operand(buf), operand(compare)) };
+    let Some(what) = atomic::op_of(op, class, value, expected) else {
+        return err(sys::FI_EOPNOTSUPP) as isize;
+    };
+    // SAFETY: the caller's promise: the result lives until completion.
+    let result = match unsafe { lent(result, if class == Class::Plain { 0 } else { 8 }) } {
+        Ok(m) => m,
+        Err(rc) => return rc,
+    };
+    let inject = flags & INJECT != 0;
+    post_rc(ep.domain().engine.atomic(
+        ep.number,
+        AtomicArgs {
+            context: context as u64,
+            to: dest,
+            addr,
+            key,
+            op: what,
+            result,
+            completion: !inject && (!selective || flags & COMPLETION != 0),
+        },
+    ))
+}
+
+/// The one element of an atomic message: (origin, target address, key).
+///
+/// # Safety
+/// `msg` is null or a valid message whose vectors hold their counts.
+unsafe fn one_atomic<'a>(
+    msg: *const sys::fi_msg_atomic,
+) -> Result<(&'a sys::fi_msg_atomic, *const c_void, usize, u64, u64), isize> {
+    // SAFETY: the caller's promise.
+    let m = unsafe { msg.as_ref() }.ok_or(err(sys::FI_EINVAL) as isize)?;
+    if m.iov_count != 1 || m.msg_iov.is_null() || m.rma_iov_count != 1 || m.rma_iov.is_null() {
+        return Err(err(sys::FI_EINVAL) as isize);
+    }
+    // SAFETY: one entry each, checked non-null.
+    let (o, t) = unsafe { (&*m.msg_iov, &*m.rma_iov) };
+    Ok((m, o.addr as *const c_void, o.count, t.addr, t.key))
+}
+
+/// The one element of a result or compare vector.
+///
+/// # Safety
+/// `ioc` is null or holds `count` entries.
+unsafe fn one_ioc(ioc: *const sys::fi_ioc, count: usize) -> Result<*mut c_void, isize> {
+    if count != 1 || ioc.is_null() {
+        return Err(err(sys::FI_EINVAL) as isize);
+    }
+    // SAFETY: one entry, checked non-null.
+    Ok(unsafe { &*ioc }.addr)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn amo_write(
+    ep: Ep,
+    buf: CPtr,
+    count: usize,
+    _desc: Ptr,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+    context: Ptr,
+) -> isize {
+    // SAFETY: libfabric's arguments (each function below likewise).
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        let null = std::ptr::null_mut();
+        post_atomic(
+            ep,
+            buf,
+            count,
+            null,
+            null,
+            dest,
+            addr,
+            key,
+            dt,
+            op,
+            Class::Plain,
+            context,
+            flags,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn amo_writev(
+    ep: Ep,
+    iov: Ioc,
+    _desc: Desc,
+    count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        if count != 1 || iov.is_null() {
+            return err(sys::FI_EINVAL) as isize;
+        }
+        let v = &*iov;
+        let flags = default_flags(ep, true);
+        let null = std::ptr::null_mut();
+        post_atomic(
+            ep,
+            v.addr,
+            v.count,
+            null,
+            null,
+            dest,
+            addr,
+            key,
+            dt,
+            op,
+            Class::Plain,
+            context,
+            flags,
+        )
+    })
+}
+
+unsafe extern "C" fn amo_writemsg(ep: Ep, msg: *const sys::fi_msg_atomic, flags: u64) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        match one_atomic(msg) {
+            Ok((m, buf, count, addr, key)) => {
+                let null = std::ptr::null_mut();
+                let (dt, op) = (m.datatype, m.op);
+                post_atomic(
+                    ep,
+                    buf,
+                    count,
+                    null,
+                    null,
+                    m.addr,
+                    addr,
+                    key,
+                    dt,
+                    op,
+                    Class::Plain,
+                    m.context,
+                    flags,
+                )
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn amo_inject(
+    ep: Ep,
+    buf: CPtr,
+    count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let null = std::ptr::null_mut();
+        post_atomic(
+            ep,
+            buf,
+            count,
+            null,
+            null,
+            dest,
+            addr,
+            key,
+            dt,
+            op,
+            Class::Plain,
+            null,
+            INJECT,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn amo_readwrite(
+    ep: Ep,
+    buf: CPtr,
+    count: usize,
+    _desc: Ptr,
+    result: Ptr,
+    _result_desc: Ptr,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        let null = std::ptr::null();
+        post_atomic(
+            ep,
+            buf,
+            count,
+            null,
+            result,
+            dest,
+            addr,
+            key,
+            dt,
+            op,
+            Class::Fetch,
+            context,
+            flags,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn amo_readwritev(
+    ep: Ep,
+    iov: Ioc,
+    _desc: Desc,
+    count: usize,
+    resultv: IocMut,
+    _result_desc: Desc,
+    result_count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let result = match one_ioc(resultv, result_count) {
+            Ok(r) => r,
+            Err(rc) => return rc,
+        };
+        let (buf, n) = match (count, iov.is_null()) {
+            (0, _) => (std::ptr::null(), 1),
+            (1, false) => ((*iov).addr as CPtr, (*iov).count),
+            _ => return err(sys::FI_EINVAL) as isize,
+        };
+        let flags = default_flags(ep, true);
+        let null = std::ptr::null();
+        post_atomic(
+            ep,
+            buf,
+            n,
+            null,
+            result,
+            dest,
+            addr,
+            key,
+            dt,
+            op,
+            Class::Fetch,
+            context,
+            flags,
+        )
+    })
+}
+
+unsafe extern "C" fn amo_readwritemsg(
+    ep: Ep,
+    msg: *const sys::fi_msg_atomic,
+    resultv: IocMut,
+    _result_desc: Desc,
+    result_count: usize,
+    flags: u64,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let result = match one_ioc(resultv, result_count) {
+            Ok(r) => r,
+            Err(rc) => return rc,
+        };
+        match one_atomic(msg) {
+            Ok((m, buf, count, addr, key)) => {
+                let null = std::ptr::null();
+                let (dt, op) = (m.datatype, m.op);
+                post_atomic(
+                    ep,
+                    buf,
+                    count,
+                    null,
+                    result,
+                    m.addr,
+                    addr,
+                    key,
+                    dt,
+                    op,
+                    Class::Fetch,
+                    m.context,
+                    flags,
+                )
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn amo_compwrite(
+    ep: Ep,
+    buf: CPtr,
+    count: usize,
+    _desc: Ptr,
+    compare: CPtr,
+    _compare_desc: Ptr,
+    result: Ptr,
+    _result_desc: Ptr,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
+        post_atomic(
+            ep,
+            buf,
+            count,
+            compare,
+            result,
+            dest,
+            addr,
+            key,
+            dt,
+            op,
+            Class::Compare,
+            context,
+            flags,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn amo_compwritev(
+    ep: Ep,
+    iov: Ioc,
+    _desc: Desc,
+    count: usize,
+    comparev: Ioc,
+    _compare_desc: Desc,
+    compare_count: usize,
+    resultv: IocMut,
+    _result_desc: Desc,
+    result_count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    dt: Dt,
+    op: Op,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let (compare, result) = match (
+            one_ioc(comparev, compare_count),
+            one_ioc(resultv, result_count),
+        ) {
+            (Ok(c), Ok(r)) => (c, r),
+            (Err(rc), _) | (_, Err(rc)) => return rc,
+        };
+        if count != 1 || iov.is_null() {
+            return err(sys::FI_EINVAL) as isize;
+        }
+        let v = &*iov;
+        let flags = default_flags(ep, true);
+        post_atomic(
+            ep,
+            v.addr,
+            v.count,
+            compare,
+            result,
+            dest,
+            addr,
+            key,
+            dt,
+            op,
+            Class::Compare,
+            context,
+            flags,
+        )
+    })
+}
+
+unsafe extern "C" fn amo_compwritemsg(
+    ep: Ep,
+    msg: *const sys::fi_msg_atomic,
+    comparev: Ioc,
+    _compare_desc: Desc,
+    compare_count: usize,
+    resultv: IocMut,
+    _result_desc: Desc,
+    result_count: usize,
+    flags: u64,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let (compare, result) = match (
+            one_ioc(comparev, compare_count),
+            one_ioc(resultv, result_count),
+        ) {
+            (Ok(c), Ok(r)) => (c, r),
+            (Err(rc), _) | (_, Err(rc)) => return rc,
+        };
+        match one_atomic(msg) {
+            Ok((m, buf, count, addr, key)) => {
+                let (dt, op) = (m.datatype, m.op);
+                post_atomic(
+                    ep,
+                    buf,
+                    count,
+                    compare,
+                    result,
+                    m.addr,
+                    addr,
+                    key,
+                    dt,
+                    op,
+                    Class::Compare,
+                    m.context,
+                    flags,
+                )
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+/// `fi_atomicvalid` and its fetch and compare forms: one element where the
+/// provider does the operation, -FI_EOPNOTSUPP where it does not.
+///
+/// # Safety
+/// `ep` is null or a live fid; `count` is null or writable.
+unsafe fn valid(ep: Ep, dt: Dt, op: Op, count: *mut usize, class: Class) -> c_int {
+    // SAFETY: the caller's promise.
+    let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
+        return err(sys::FI_EINVAL);
+    };
+    if count.is_null() {
+        return err(sys::FI_EINVAL);
+    }
+    if !atomic::supported(ep.domain().engine.btl().caps().atomics, dt, op, class) {
+        return err(sys::FI_EOPNOTSUPP);
+    }
+    // SAFETY: checked non-null.
+    unsafe { *count = 1 };
+    0
+}
+
+unsafe extern "C" fn amo_writevalid(ep: Ep, dt: Dt, op: Op, count: *mut usize) -> c_int {
+    // SAFETY: as above.
+    guard(|| unsafe { valid(ep, dt, op, count, Class::Plain) })
+}
+
+unsafe extern "C" fn amo_readwritevalid(ep: Ep, dt: Dt, op: Op, count: *mut usize) -> c_int {
+    // SAFETY: as above.
+    guard(|| unsafe { valid(ep, dt, op, count, Class::Fetch) })
+}
+
+unsafe extern "C" fn amo_compwritevalid(ep: Ep, dt: Dt, op: Op, count: *mut usize) -> c_int {
+    // SAFETY: as above.
+    guard(|| unsafe { valid(ep, dt, op, count, Class::Compare) })
 }
 
 static MSG_OPS: Shared<sys::fi_ops_msg> = Shared::new(sys::fi_ops_msg {

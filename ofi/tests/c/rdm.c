@@ -14,7 +14,8 @@
  * source, a tag mask, and FI_PEEK, FI_CLAIM and FI_DISCARD; then RMA
  * writes and reads of memory C registered (every byte checked), an inject
  * write, and refusals (a wrong key, a range past the registration) that
- * leave the endpoints usable.
+ * leave the endpoints usable; then fi_query_atomic's answers and the
+ * atomics it offers, with A and B adding to one word of C's at once.
  *
  *   rdm          (XRCBTL_OFI_SIM_NODES=2 XRCBTL_OFI_SIM_RANKS_PER_NODE=2)
  */
@@ -24,6 +25,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -324,11 +326,107 @@ static void rma(void)
     free(back);
 }
 
+/* Atomics on a word of C's, from A (and B, at once). */
+static void atomics(void)
+{
+    struct side *a = &s[0], *b = &s[1], *c = &s[2];
+    struct fi_atomic_attr attr = {0};
+    CHECK(fi_query_atomic(a->domain, FI_UINT64, FI_SUM, &attr, 0) == 0 && attr.count == 1 && attr.size == 8,
+          "query SUM");
+    CHECK(fi_query_atomic(a->domain, FI_INT64, FI_SUM, &attr, FI_FETCH_ATOMIC) == 0, "query fetching SUM");
+    CHECK(fi_query_atomic(a->domain, FI_UINT64, FI_CSWAP, &attr, FI_COMPARE_ATOMIC) == 0, "query CSWAP");
+    CHECK(fi_query_atomic(a->domain, FI_UINT64, FI_ATOMIC_READ, &attr, FI_FETCH_ATOMIC) == 0, "query READ");
+    CHECK(fi_query_atomic(a->domain, FI_UINT64, FI_ATOMIC_WRITE, &attr, FI_FETCH_ATOMIC) == -FI_EOPNOTSUPP,
+          "no swap");
+    CHECK(fi_query_atomic(a->domain, FI_UINT32, FI_SUM, &attr, 0) == -FI_EOPNOTSUPP, "no 32-bit");
+    CHECK(fi_query_atomic(a->domain, FI_UINT64, FI_PROD, &attr, 0) == -FI_EOPNOTSUPP, "no product");
+    CHECK(fi_query_atomic(a->domain, FI_UINT64, FI_SUM, &attr, 1) == -FI_EBADFLAGS, "bad flags");
+    size_t n = 0;
+    CHECK(fi_atomicvalid(a->ep, FI_UINT64, FI_SUM, &n) == 0 && n == 1, "atomicvalid");
+    CHECK(fi_compare_atomicvalid(a->ep, FI_UINT64, FI_CSWAP, &n) == 0, "compare_atomicvalid");
+    CHECK(fi_fetch_atomicvalid(a->ep, FI_UINT64, FI_MIN, &n) == -FI_EOPNOTSUPP, "no fetching MIN");
+
+    uint64_t *words = aligned_alloc(4096, 4096);
+    memset(words, 0, 4096);
+    struct fid_mr *mr;
+    int rc = fi_mr_reg(c->domain, words, 4096, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL);
+    CHECK(rc == 0, "fi_mr_reg: %s", fi_strerror(-rc));
+    if (rc)
+        return;
+    uint64_t key = fi_mr_key(mr), at = (uint64_t) (uintptr_t) &words[1];
+    words[1] = 10;
+    struct fi_cq_tagged_entry e;
+    struct fi_cq_err_entry ee;
+    int ctx;
+    uint64_t v = 5, old = 0, cmp;
+    CHECK(fi_atomic(a->ep, &v, 1, NULL, a->peer[2], at, key, FI_UINT64, FI_SUM, &ctx) == 0, "fi_atomic");
+    CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && e.flags == (FI_ATOMIC | FI_WRITE) && words[1] == 15,
+          "add: %llu, flags %#llx", (unsigned long long) words[1], (unsigned long long) e.flags);
+    v = 3;
+    CHECK(fi_fetch_atomic(a->ep, &v, 1, NULL, &old, NULL, a->peer[2], at, key, FI_UINT64, FI_SUM, &ctx) == 0, "fetch");
+    CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && e.flags == (FI_ATOMIC | FI_READ) && old == 15 && words[1] == 18,
+          "fetch-add: old %llu, now %llu", (unsigned long long) old, (unsigned long long) words[1]);
+    CHECK(fi_fetch_atomic(a->ep, NULL, 1, NULL, &old, NULL, a->peer[2], at, key, FI_UINT64, FI_ATOMIC_READ, &ctx) == 0,
+          "atomic read");
+    CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && old == 18 && words[1] == 18, "read: %llu", (unsigned long long) old);
+    v = 100;
+    cmp = 18;
+    CHECK(fi_compare_atomic(a->ep, &v, 1, NULL, &cmp, NULL, &old, NULL, a->peer[2], at, key, FI_UINT64, FI_CSWAP,
+                            &ctx) == 0,
+          "cswap");
+    CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && old == 18 && words[1] == 100, "cswap that matches");
+    cmp = 5;
+    v = 7;
+    CHECK(fi_compare_atomic(a->ep, &v, 1, NULL, &cmp, NULL, &old, NULL, a->peer[2], at, key, FI_UINT64, FI_CSWAP,
+                            &ctx) == 0,
+          "cswap");
+    CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && old == 100 && words[1] == 100, "cswap that does not");
+    CHECK(fi_atomic(a->ep, &v, 1, NULL, a->peer[2], at + 4, key, FI_UINT64, FI_SUM, &ctx) == -FI_EINVAL,
+          "a misaligned target");
+    CHECK(fi_atomic(a->ep, &v, 2, NULL, a->peer[2], at, key, FI_UINT64, FI_SUM, &ctx) == -FI_EINVAL,
+          "two elements");
+    CHECK(fi_atomic(a->ep, &v, 1, NULL, a->peer[2], at, key, FI_UINT64, FI_ATOMIC_WRITE, &ctx) == -FI_EOPNOTSUPP,
+          "a swap");
+
+    /* A and B fetch-and-add 1 on one word, their operations interleaved:
+     * every value they fetch is different, and none is lost. */
+    enum { N = 64 };
+    words[2] = 1000;
+    uint64_t one = 1, got_a[N], got_b[N];
+    int ca[N], cb[N];
+    at = (uint64_t) (uintptr_t) &words[2];
+    for (int i = 0; i < N; i++) {
+        CHECK(fi_fetch_atomic(a->ep, &one, 1, NULL, &got_a[i], NULL, a->peer[2], at, key, FI_UINT64, FI_SUM, &ca[i]) ==
+                  0,
+              "A's fetch-add");
+        CHECK(fi_fetch_atomic(b->ep, &one, 1, NULL, &got_b[i], NULL, b->peer[2], at, key, FI_UINT64, FI_SUM, &cb[i]) ==
+                  0,
+              "B's fetch-add");
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK(wait_for(a, &ca[i], &e, NULL, &ee) == 0, "A's %d", i);
+        CHECK(wait_for(b, &cb[i], &e, NULL, &ee) == 0, "B's %d", i);
+    }
+    CHECK(words[2] == 1000 + 2 * N, "the word: %llu", (unsigned long long) words[2]);
+    uint8_t seen[2 * N] = {0};
+    for (int i = 0; i < N; i++) {
+        uint64_t x[2] = {got_a[i], got_b[i]};
+        for (int k = 0; k < 2; k++) {
+            CHECK(x[k] >= 1000 && x[k] < 1000 + 2 * N && !seen[x[k] - 1000], "fetched %llu twice or out of range",
+                  (unsigned long long) x[k]);
+            if (x[k] >= 1000 && x[k] < 1000 + 2 * N)
+                seen[x[k] - 1000] = 1;
+        }
+    }
+    CHECK(fi_close(&mr->fid) == 0, "fi_close(mr)");
+    free(words);
+}
+
 int main(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
     hints->fabric_attr->prov_name = strdup("xrc");
-    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE | FI_RMA;
+    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE | FI_RMA | FI_ATOMIC;
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     hints->ep_attr->type = FI_EP_RDM;
     uint32_t api = fi_version() < FI_VERSION(1, 18) ? fi_version() : FI_VERSION(1, 18);
@@ -366,6 +464,7 @@ int main(void)
         one(&s[0], &s[1], 1, sizes[i], 0, i % 2, (unsigned) i + 7);
     special();
     rma();
+    atomics();
 
     for (int i = 0; i < 3; i++) {
         if ((rc = fi_close(&s[i].ep->fid)) || (rc = fi_close(&s[i].cq->fid)) || (rc = fi_close(&s[i].av->fid)) ||

@@ -63,6 +63,7 @@ const RMA: u64 = sys::FI_RMA as u64;
 const READ: u64 = sys::FI_READ as u64;
 const WRITE: u64 = sys::FI_WRITE as u64;
 const ATOMIC: u64 = sys::FI_ATOMIC as u64;
+const REMOTE_WRITE: u64 = sys::FI_REMOTE_WRITE as u64;
 
 /// Where an endpoint's completions go (what `fi_ep_bind` bound).
 #[derive(Clone, Default)]
@@ -130,6 +131,9 @@ pub struct RmaArgs {
     pub key: u64,
     /// A write (else a read).
     pub write: bool,
+    /// Remote CQ data a write delivers to the target endpoint once it has
+    /// landed (`fi_writedata`).
+    pub data: Option<u64>,
     /// Copy the source at the call (fi_inject_write): no completion, and
     /// the buffer is the caller's again at once.
     pub inject: bool,
@@ -448,6 +452,19 @@ impl<C: Context> Engine<C> {
         };
         let flags = RMA | if a.write { WRITE } else { READ };
         let wanted = a.completion && !a.inject;
+        let notice = a.data.map(|data| {
+            let mut header = Vec::with_capacity(16);
+            crate::wire::Msg::WriteData {
+                common: crate::wire::Common {
+                    flags: 0,
+                    dst_ep: to.ep,
+                    src_ep: ep,
+                },
+                data,
+            }
+            .encode(&mut header);
+            header
+        });
         let finish = move |ok: bool| {
             let entry = Entry {
                 context: a.context,
@@ -479,16 +496,18 @@ impl<C: Context> Engine<C> {
             let bounce = self.btl.alloc_mem(len).map_err(refused)?;
             bounce.write(0, &mem.read(0, len).map_err(refused)?);
             let local = bounce.reg().at(0);
-            let done = Box::new(move |_: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+            let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
                 drop(bounce);
-                finish(r.is_ok());
+                let ok = r.is_ok() && notify(btl, to.domain, notice.as_deref());
+                finish(ok);
             });
             self.btl.put(to.domain, local, remote, len, Some(done))
         } else {
             let reg = self.btl.register_mem(mem, Access::NONE).map_err(refused)?;
             let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
                 let _ = btl.deregister_mem(reg);
-                finish(r.is_ok());
+                let ok = r.is_ok() && notify(btl, to.domain, notice.as_deref());
+                finish(ok);
             });
             let r = if a.write {
                 self.btl.put(to.domain, reg.at(0), remote, len, Some(done))
@@ -770,6 +789,12 @@ fn reserve(cq: Option<&SharedCq>) -> Result<bool, PostError> {
     }
 }
 
+/// Sends a write's notice (its remote CQ data) to the target, if it has
+/// one; false if the target cannot be told.
+fn notify<C: Context>(btl: &Btl<C>, to: u32, notice: Option<&[u8]>) -> bool {
+    notice.is_none_or(|h| btl.send(to, AM_TAG, h, &[]).is_ok())
+}
+
 /// A message of the provider's from rank `src`.
 fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: &[u8]) {
     let Ok((msg, _)) = crate::wire::Msg::decode(bytes) else {
@@ -782,6 +807,10 @@ fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: 
         let Some(core) = st.eps.get_mut(&ep) else {
             return;
         };
+        if let crate::wire::Msg::WriteData { data, common } = msg {
+            remote_write(core, src, common.src_ep, data);
+            return;
+        }
         let peer = PeerEp {
             domain: src,
             ep: msg.common().src_ep,
@@ -798,6 +827,31 @@ fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: 
         let _ = core.rdm.handle_message(src, source, bytes);
     }
     drive(btl, state, ep);
+}
+
+/// A peer's write with remote CQ data landed in this endpoint's memory:
+/// a receive completion with the data, taking no posted receive (the
+/// provider asks no FI_RX_CQ_DATA of the caller), and the remote-write
+/// counters.
+fn remote_write(core: &EpCore, src: u32, src_ep: u16, data: u64) {
+    let peer = PeerEp {
+        domain: src,
+        ep: src_ep,
+    };
+    let source = core
+        .targets
+        .av
+        .as_ref()
+        .map_or(NOT_AVAIL, |av| lock(av).source(&peer));
+    let entry = Entry {
+        context: 0,
+        flags: RMA | REMOTE_WRITE | REMOTE_CQ_DATA,
+        data,
+        source,
+        ..Entry::default()
+    };
+    deliver(core.targets.rx.as_ref(), false, true, Ok(entry));
+    count(&core.targets, REMOTE_WRITE, true);
 }
 
 /// What an action needs done outside the lock.

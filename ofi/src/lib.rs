@@ -29,8 +29,8 @@
 //! simulated fabric, address vectors, completion queues, counters and
 //! endpoints, which send and receive messages (FI_MSG, FI_TAGGED with
 //! FI_PEEK, FI_CLAIM and FI_DISCARD) of any size, read and write
-//! registered memory (FI_RMA) and run 64-bit atomics on it (FI_ATOMIC:
-//! [`atomic`]); writes with remote CQ data and verbs domains answer
+//! registered memory (FI_RMA, writes with remote CQ data too) and run
+//! 64-bit atomics on it (FI_ATOMIC: [`atomic`]); verbs domains answer
 //! -FI_ENOSYS until they are built.
 
 pub mod addr;

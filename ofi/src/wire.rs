@@ -15,6 +15,7 @@
 //! | Rts | tag, data, message id (u64), length (u64), address (u64), key (u32) | none |
 //! | Fin | message id (u64), status (u32) | none |
 //! | Ack | message id (u64) | none |
+//! | WriteData | remote CQ data (u64) | none |
 //!
 //! - Eager: a message whole. With [`flags::DELIVERY`] it carries an id, and
 //!   the receiver answers with Ack naming it once the message was matched
@@ -25,6 +26,8 @@
 //! - Fin: the receiver is done with the sender's buffer; status 0, or a
 //!   nonzero code when the read failed (the sender's operation fails).
 //! - Ack: an eager message sent with [`flags::DELIVERY`] was delivered.
+//! - WriteData: an RMA write with remote CQ data completed at its origin;
+//!   the target endpoint reports the data (`fi_writedata`).
 #![forbid(unsafe_code)]
 
 /// The version this provider speaks.
@@ -50,6 +53,7 @@ const EAGER: u8 = 1;
 const RTS: u8 = 2;
 const FIN: u8 = 3;
 const ACK: u8 = 4;
+const WRITE_DATA: u8 = 5;
 
 /// The common header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +114,14 @@ pub enum Msg {
         /// The sender's id.
         msg_id: u64,
     },
+    /// An RMA write with remote CQ data has landed: the target endpoint
+    /// reports the data (sent once the write completed at its origin).
+    WriteData {
+        /// Common fields.
+        common: Common,
+        /// The remote CQ data.
+        data: u64,
+    },
 }
 
 impl Msg {
@@ -119,7 +131,8 @@ impl Msg {
             Msg::Eager { common, .. }
             | Msg::Rts { common, .. }
             | Msg::Fin { common, .. }
-            | Msg::Ack { common, .. } => common,
+            | Msg::Ack { common, .. }
+            | Msg::WriteData { common, .. } => common,
         }
     }
 
@@ -130,7 +143,7 @@ impl Msg {
                 Msg::Eager { ack, .. } => 16 + if ack.is_some() { 8 } else { 0 },
                 Msg::Rts { .. } => 44,
                 Msg::Fin { .. } => 12,
-                Msg::Ack { .. } => 8,
+                Msg::Ack { .. } | Msg::WriteData { .. } => 8,
             }
     }
 
@@ -146,6 +159,7 @@ impl Msg {
             Msg::Rts { common, .. } => (RTS, common),
             Msg::Fin { common, .. } => (FIN, common),
             Msg::Ack { common, .. } => (ACK, common),
+            Msg::WriteData { common, .. } => (WRITE_DATA, common),
         };
         out.push(VERSION);
         out.push(kind);
@@ -189,6 +203,7 @@ impl Msg {
                 out.extend_from_slice(&status.to_le_bytes());
             }
             Msg::Ack { msg_id, .. } => out.extend_from_slice(&msg_id.to_le_bytes()),
+            Msg::WriteData { data, .. } => out.extend_from_slice(&data.to_le_bytes()),
         }
     }
 
@@ -240,6 +255,10 @@ impl Msg {
             ACK => Msg::Ack {
                 common,
                 msg_id: r.u64()?,
+            },
+            WRITE_DATA => Msg::WriteData {
+                common,
+                data: r.u64()?,
             },
             k => return Err(format!("unknown message kind {k}")),
         };
@@ -341,6 +360,10 @@ mod tests {
             Msg::Ack {
                 common: control,
                 msg_id: 10,
+            },
+            Msg::WriteData {
+                common: control,
+                data: 0xfeed,
             },
         ]
     }

@@ -5,10 +5,10 @@
 //!
 //! Messages (FI_MSG) and tagged messages (FI_TAGGED, with FI_PEEK,
 //! FI_CLAIM and FI_DISCARD) go through the domain's [`crate::engine`] once
-//! the endpoint is enabled, and so do RMA reads and writes and the atomics
-//! [`crate::atomic`] lists. Not built yet (issue 29 goes on): writes with
-//! remote CQ data (-FI_ENOSYS). I/O vectors of more than one entry are -FI_EINVAL (the
-//! offered iov_limit and rma_iov_limit are 1).
+//! the endpoint is enabled, and so do RMA reads and writes (with remote CQ
+//! data too) and the atomics [`crate::atomic`] lists. I/O vectors of more
+//! than one entry are -FI_EINVAL (the offered iov_limit and rma_iov_limit
+//! are 1).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -118,10 +118,7 @@ type Op = sys::fi_op;
 type Ioc = *const sys::fi_ioc;
 type IocMut = *mut sys::fi_ioc;
 
-not_yet! {
-    rma_writedata(Ep, CPtr, usize, Ptr, u64, u64, u64, u64, Ptr) -> isize;
-    rma_injectdata(Ep, CPtr, usize, u64, u64, u64, u64) -> isize;
-}
+not_yet! {}
 
 const COMPLETION: u64 = sys::FI_COMPLETION as u64;
 const DELIVERY: u64 = sys::FI_DELIVERY_COMPLETE as u64;
@@ -727,6 +724,7 @@ unsafe fn post_rma(
     addr: u64,
     key: u64,
     write: bool,
+    data: Option<u64>,
     context: *mut c_void,
     flags: u64,
 ) -> isize {
@@ -759,6 +757,7 @@ unsafe fn post_rma(
             addr,
             key,
             write,
+            data,
             inject,
             completion: !selective || flags & COMPLETION != 0,
         },
@@ -801,7 +800,7 @@ unsafe extern "C" fn rma_read(
     // SAFETY: libfabric's arguments (each function below likewise).
     guard_size(|| unsafe {
         let flags = default_flags(ep, true);
-        post_rma(ep, buf, len, src, addr, key, false, context, flags)
+        post_rma(ep, buf, len, src, addr, key, false, None, context, flags)
     })
 }
 
@@ -821,7 +820,7 @@ unsafe extern "C" fn rma_readv(
         match one_iov(iov, count) {
             Ok((buf, len)) => {
                 let flags = default_flags(ep, true);
-                post_rma(ep, buf, len, src, addr, key, false, context, flags)
+                post_rma(ep, buf, len, src, addr, key, false, None, context, flags)
             }
             Err(rc) => rc,
         }
@@ -832,9 +831,9 @@ unsafe extern "C" fn rma_readmsg(ep: Ep, msg: *const sys::fi_msg_rma, flags: u64
     // SAFETY: as above.
     guard_size(|| unsafe {
         match one_rma(msg) {
-            Ok((m, buf, len, addr, key)) => {
-                post_rma(ep, buf, len, m.addr, addr, key, false, m.context, flags)
-            }
+            Ok((m, buf, len, addr, key)) => post_rma(
+                ep, buf, len, m.addr, addr, key, false, None, m.context, flags,
+            ),
             Err(rc) => rc,
         }
     })
@@ -854,7 +853,7 @@ unsafe extern "C" fn rma_write(
     // SAFETY: as above.
     guard_size(|| unsafe {
         let flags = default_flags(ep, true);
-        post_rma(ep, buf, len, dest, addr, key, true, context, flags)
+        post_rma(ep, buf, len, dest, addr, key, true, None, context, flags)
     })
 }
 
@@ -874,7 +873,7 @@ unsafe extern "C" fn rma_writev(
         match one_iov(iov, count) {
             Ok((buf, len)) => {
                 let flags = default_flags(ep, true);
-                post_rma(ep, buf, len, dest, addr, key, true, context, flags)
+                post_rma(ep, buf, len, dest, addr, key, true, None, context, flags)
             }
             Err(rc) => rc,
         }
@@ -884,13 +883,12 @@ unsafe extern "C" fn rma_writev(
 unsafe extern "C" fn rma_writemsg(ep: Ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
     // SAFETY: as above.
     guard_size(|| unsafe {
-        if flags & DATA != 0 {
-            // Write with remote CQ data: not built yet.
-            return err(sys::FI_ENOSYS) as isize;
-        }
         match one_rma(msg) {
             Ok((m, buf, len, addr, key)) => {
-                post_rma(ep, buf, len, m.addr, addr, key, true, m.context, flags)
+                let data = (flags & DATA != 0).then_some(m.data);
+                post_rma(
+                    ep, buf, len, m.addr, addr, key, true, data, m.context, flags,
+                )
             }
             Err(rc) => rc,
         }
@@ -907,6 +905,26 @@ unsafe extern "C" fn rma_inject(
 ) -> isize {
     // SAFETY: as above.
     guard_size(|| unsafe {
+        let null = std::ptr::null_mut();
+        post_rma(ep, buf, len, dest, addr, key, true, None, null, INJECT)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_writedata(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    _desc: Ptr,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    context: Ptr,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let flags = default_flags(ep, true);
         post_rma(
             ep,
             buf,
@@ -915,7 +933,36 @@ unsafe extern "C" fn rma_inject(
             addr,
             key,
             true,
-            std::ptr::null_mut(),
+            Some(data),
+            context,
+            flags,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_injectdata(
+    ep: Ep,
+    buf: CPtr,
+    len: usize,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    // SAFETY: as above.
+    guard_size(|| unsafe {
+        let null = std::ptr::null_mut();
+        post_rma(
+            ep,
+            buf,
+            len,
+            dest,
+            addr,
+            key,
+            true,
+            Some(data),
+            null,
             INJECT,
         )
     })

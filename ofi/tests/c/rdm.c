@@ -13,7 +13,8 @@
  * cancelled one (FI_ECANCELED), a directed receive that takes only its
  * source, a tag mask, and FI_PEEK, FI_CLAIM and FI_DISCARD; then RMA
  * writes and reads of memory C registered (every byte checked), an inject
- * write, and refusals (a wrong key, a range past the registration) that
+ * write, a write with remote CQ data, and refusals (a wrong key, a range
+ * past the registration) that
  * leave the endpoints usable; then fi_query_atomic's answers and the
  * atomics it offers, with A and B adding to one word of C's at once.
  *
@@ -304,6 +305,18 @@ static void rma(void)
         landed = !memcmp(win + 100, back, sizeof small);
     }
     CHECK(landed, "the injected bytes landed");
+    /* A write with remote CQ data: the target endpoint hears of it, from
+     * A, once the bytes are there, and no receive of its is taken. */
+    fill(src, 300, 5);
+    CHECK(fi_writedata(a->ep, src, 300, NULL, 0xabcdef, a->peer[2], base + 512, key, &ctx) == 0, "fi_writedata");
+    CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && e.flags == (FI_RMA | FI_WRITE), "writedata completes");
+    fi_addr_t from = 0;
+    CHECK(wait_for(c, NULL, &e, &from, &ee) == 0, "the target's notice");
+    CHECK(e.flags == (FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA) && e.data == 0xabcdef && from == c->peer[0],
+          "notice: flags %#llx, data %#llx, from %llu", (unsigned long long) e.flags, (unsigned long long) e.data,
+          (unsigned long long) from);
+    CHECK(!memcmp(win + 512, src, 300), "the bytes before the notice");
+
     /* A key the target never gave: the device refuses, the caller hears. */
     CHECK(fi_write(a->ep, src, 64, NULL, a->peer[2], base, key + 1, &ctx) == 0, "fi_write with a wrong key");
     int r = wait_for(a, &ctx, &e, NULL, &ee);

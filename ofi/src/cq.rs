@@ -68,6 +68,9 @@ pub enum ProvErr {
     RemoteAccess = 4,
     /// The endpoint closed with the operation pending.
     Closed = 5,
+    /// A message arrived while the endpoint held as many unexpected bytes
+    /// as it may, and was dropped.
+    Overrun = 6,
 }
 
 impl ProvErr {
@@ -85,6 +88,7 @@ impl ProvErr {
             3 => c"xrc: the operation was cancelled",
             4 => c"xrc: the peer refused the access (key, range or rights)",
             5 => c"xrc: the endpoint was closed with the operation pending",
+            6 => c"xrc: a message arrived while the endpoint held XRCBTL_OFI_UNEXPECTED_MAX bytes of unexpected messages, and was dropped",
             _ => c"xrc: unknown provider error",
         }
     }

@@ -12,6 +12,9 @@
 //!   caller's memory, registered through the cache for the operation;
 //!   atomics to its add, fetch-and-add and compare-and-swap
 //!   ([`crate::atomic`]).
+//! - Unexpected messages (arrived before their receive) are held within a
+//!   budget per endpoint ([`UNEXPECTED_VAR`]); one past it is dropped and
+//!   the receiving side reads an FI_EOVERRUN error completion.
 //! - Completions: a send or receive that asked for one (or any that
 //!   failed) takes a place in its queue when posted, so that a full queue
 //!   refuses the post (FI_EAGAIN) rather than lose a completion.
@@ -31,15 +34,32 @@ use crate::addr::PeerEp;
 use crate::av::{EpAv, NOT_AVAIL};
 use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr};
 use crate::matching::{ClaimId, Header, Source, Want};
-use crate::rdm::{Action, Exposed, OpRef, Outcome, Rdm, Received, SendReq, Space};
+use crate::rdm::{Action, Exposed, OpRef, Outcome, Rdm, RdmError, Received, SendReq, Space};
 use crate::sys;
 
 /// The BTL tag of the provider's messages.
 pub const AM_TAG: Tag = 1;
 /// Bytes the provider's header may take in an eager message.
 const HEADER_MAX: usize = 64;
-/// Unexpected messages each endpoint holds, in bytes (per matching space).
+/// Unexpected messages each endpoint holds by default, in bytes (per
+/// matching space).
 pub const UNEXPECTED_MAX: usize = 64 << 20;
+/// The setting that changes it.
+pub const UNEXPECTED_VAR: &str = "XRCBTL_OFI_UNEXPECTED_MAX";
+
+/// The unexpected-message budget `XRCBTL_OFI_UNEXPECTED_MAX` sets (bytes,
+/// at least 4096), or why its value is refused.
+pub fn unexpected_max(value: Option<&str>) -> Result<usize, String> {
+    match value {
+        None => Ok(UNEXPECTED_MAX),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n >= 4096 => Ok(n),
+            _ => Err(format!(
+                "{UNEXPECTED_VAR}={v:?}: a number of bytes, at least 4096"
+            )),
+        },
+    }
+}
 
 /// A completion queue, shared by the caller's handle and the engine.
 pub type SharedCq = Arc<Mutex<CompletionQueue>>;
@@ -225,6 +245,7 @@ pub struct Engine<C: Context> {
     btl: Arc<Btl<C>>,
     state: Arc<Mutex<State>>,
     eager_max: usize,
+    unexpected_max: usize,
 }
 
 impl<C: Context> std::fmt::Debug for Engine<C> {
@@ -235,8 +256,10 @@ impl<C: Context> std::fmt::Debug for Engine<C> {
 
 impl<C: Context> Engine<C> {
     /// The engine of a BTL rank: it takes the BTL's messages of
-    /// [`AM_TAG`] and its peer failures.
-    pub fn new(btl: Arc<Btl<C>>) -> Engine<C> {
+    /// [`AM_TAG`] and its peer failures. Each endpoint holds at most
+    /// `unexpected_max` bytes of unexpected messages per matching space;
+    /// a message past that is dropped and reported (FI_EOVERRUN).
+    pub fn new(btl: Arc<Btl<C>>, unexpected_max: usize) -> Engine<C> {
         let state = Arc::new(Mutex::new(State::default()));
         let weak = Arc::downgrade(&state);
         btl.register_am(AM_TAG, move |btl, inc| {
@@ -264,6 +287,7 @@ impl<C: Context> Engine<C> {
             btl,
             state,
             eager_max,
+            unexpected_max,
         }
     }
 
@@ -282,7 +306,7 @@ impl<C: Context> Engine<C> {
         lock(&self.state).eps.insert(
             ep,
             EpCore {
-                rdm: Rdm::new(ep, self.eager_max, UNEXPECTED_MAX),
+                rdm: Rdm::new(ep, self.eager_max, self.unexpected_max),
                 targets,
                 ops: HashMap::new(),
                 next_op: 1,
@@ -822,9 +846,28 @@ fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: 
             },
             None => Source::Unknown,
         };
-        // An over-budget or malformed message is dropped; the Rdm has
-        // answered its sender where one waits.
-        let _ = core.rdm.handle_message(src, source, bytes);
+        // A malformed message is dropped. One over the budget is dropped
+        // too (the Rdm has answered its sender where one waits), and the
+        // endpoint's owner hears of it.
+        if let Err(RdmError::OverBudget) = core.rdm.handle_message(src, source, bytes) {
+            let tagged = msg.common().flags & crate::wire::flags::TAGGED != 0;
+            let entry = Entry {
+                flags: RECV | if tagged { TAGGED } else { MSG },
+                source: match source {
+                    Source::Known(n) => n,
+                    Source::Unknown => NOT_AVAIL,
+                },
+                ..Entry::default()
+            };
+            let e = ErrEntry {
+                entry,
+                olen: 0,
+                err: sys::FI_EOVERRUN as i32,
+                prov_errno: ProvErr::Overrun as i32,
+            };
+            deliver(core.targets.rx.as_ref(), false, true, Err(e));
+            count(&core.targets, RECV, false);
+        }
     }
     drive(btl, state, ep);
 }

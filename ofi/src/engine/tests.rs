@@ -40,6 +40,10 @@ fn addr_of(btl: &Btl<SimContext>) -> EpAddr {
 impl Two {
     /// Ranks 0 and 2 of a 2 x 2 job: two nodes.
     fn new(cq_size: usize) -> Two {
+        Two::with_budget(cq_size, UNEXPECTED_MAX)
+    }
+
+    fn with_budget(cq_size: usize, budget: usize) -> Two {
         let mut job = SimJob::new(7, 2, 2, SimDevice::ib("sim0")).unwrap();
         let btls = [job.btl(0).clone(), job.btl(2).clone()];
         let addrs = [addr_of(&btls[0]), addr_of(&btls[1])];
@@ -51,7 +55,7 @@ impl Two {
             };
             let tx = Arc::new(Mutex::new(CompletionQueue::new(cq_size)));
             let rx = Arc::new(Mutex::new(CompletionQueue::new(cq_size)));
-            let engine = Engine::new(btl);
+            let engine = Engine::new(btl, budget);
             engine.open(
                 0,
                 Targets {
@@ -259,4 +263,42 @@ fn a_full_queue_refuses_the_post_and_takes_it_once_read() {
     let rx = t.sides[1].rx.clone();
     assert_eq!(one(t.wait(&rx)).context, 1);
     t.recv(1, Space::Msg, &dst, 16, 3);
+}
+
+#[test]
+fn a_message_past_the_unexpected_budget_is_dropped_and_reported() {
+    assert_eq!(unexpected_max(None), Ok(UNEXPECTED_MAX));
+    assert_eq!(unexpected_max(Some("8192")), Ok(8192));
+    assert!(unexpected_max(Some("10"))
+        .unwrap_err()
+        .contains(UNEXPECTED_VAR));
+    let mut t = Two::with_budget(16, 4096);
+    let src = MappedBuf::new(4096).unwrap();
+    src.write(0, &pattern(3000, 1));
+    // Two unexpected messages of 3000 B: the first is held, the second
+    // would pass 4096 B.
+    t.send(0, 1, Space::Tagged(1), &src, 3000, 1);
+    t.send(0, 1, Space::Tagged(2), &src, 3000, 2);
+    let rx = t.sides[1].rx.clone();
+    assert_eq!(t.wait(&rx), Read::ErrorFirst);
+    let e = rx.lock().unwrap().read_err().unwrap();
+    assert_eq!(e.err, sys::FI_EOVERRUN as i32);
+    assert_eq!(e.prov_errno, ProvErr::Overrun as i32);
+    assert_eq!(e.entry.source, t.sides[1].fi[0]);
+    // The held one is still there for its receive.
+    let dst = MappedBuf::new(4096).unwrap();
+    t.recv(1, Space::Tagged(1), &dst, 4096, 3);
+    let got = one(t.wait(&rx));
+    assert_eq!((got.context, got.len), (3, 3000));
+    assert_eq!(dst.read(0, 3000), pattern(3000, 1));
+    // Both eager sends completed at the sender.
+    let tx = t.sides[0].tx.clone();
+    let mut sent = Vec::new();
+    while sent.len() < 2 {
+        match t.wait(&tx) {
+            Read::Entries(v) => sent.extend(v.iter().map(|e| e.context)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(sent, [1, 2]);
 }

@@ -175,6 +175,11 @@ pub(super) unsafe extern "C" fn open(
                 }
             }
         };
+        let Ok(unexpected) = crate::engine::unexpected_max(
+            std::env::var(crate::engine::UNEXPECTED_VAR).ok().as_deref(),
+        ) else {
+            return err(sys::FI_EINVAL);
+        };
         let object = Box::new(Domain {
             domain: sys::fid_domain {
                 fid: sys::fid {
@@ -187,7 +192,7 @@ pub(super) unsafe extern "C" fn open(
             },
             fabric: parent,
             children: AtomicUsize::new(0),
-            engine: Engine::new(rank.btl.clone()),
+            engine: Engine::new(rank.btl.clone(), unexpected),
             rank,
             av_type: attr.av_type,
             threading: attr.threading,

@@ -11,7 +11,8 @@
  * nothing written past the message; then A -> B untagged; then remote CQ
  * data, inject, FI_SOURCE, a truncated receive (FI_ETRUNC with olen), a
  * cancelled one (FI_ECANCELED), a directed receive that takes only its
- * source, a tag mask, and FI_PEEK, FI_CLAIM and FI_DISCARD; then RMA
+ * source, a tag mask, a multi-receive buffer, and FI_PEEK, FI_CLAIM and
+ * FI_DISCARD; then RMA
  * writes and reads of memory C registered (every byte checked), an inject
  * write, a write with remote CQ data, and refusals (a wrong key, a range
  * past the registration) that
@@ -210,6 +211,43 @@ static void special(void)
     CHECK(r == 0 && e.len == 4, "B's message takes the receive directed to B: %d", r);
     CHECK(wait_for(b, &sctx, &e, NULL, &ee) == 0, "B's send");
     CHECK(fi_tsend(a->ep, buf, 4, NULL, 77, 8, &sctx) == -FI_EINVAL, "an address not in the vector");
+
+    /* A multi-receive buffer (MPICH's active messages): messages land one
+     * after the other in it, each with its own completion, and the one
+     * after which less than FI_OPT_MIN_MULTI_RECV is free releases it
+     * (FI_MULTI_RECV). */
+    size_t min_free = 1024;
+    CHECK(fi_setopt(&c->ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free, sizeof min_free) == 0,
+          "min_multi_recv");
+    uint8_t *mbuf = calloc(1, 4096);
+    struct fi_context mctx;
+    struct iovec miov = {.iov_base = mbuf, .iov_len = 4096};
+    struct fi_msg mm = {.msg_iov = &miov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &mctx};
+    CHECK(fi_recvmsg(c->ep, &mm, FI_MULTI_RECV) == 0, "post a multi-receive buffer");
+    for (int k = 0; k < 5; k++) {
+        fill(buf, 200, (unsigned) k);
+        CHECK(fi_send(a->ep, buf, 200, NULL, a->peer[2], &sctx) == 0, "send %d", k);
+        CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "sent %d", k);
+    }
+    for (int k = 0; k < 5; k++) {
+        r = wait_for(c, &mctx, &e, NULL, &ee);
+        fill(buf, 200, (unsigned) k);
+        CHECK(r == 0 && e.len == 200 && e.buf == mbuf + 200 * k && !memcmp(e.buf, buf, 200),
+              "message %d at offset %td", k, (uint8_t *) e.buf - mbuf);
+        CHECK(!(e.flags & FI_MULTI_RECV), "not released after %d messages", k + 1);
+    }
+    /* More of 200 B: the 16th, after which 896 B are free, releases it. */
+    for (int k = 5; k < 20; k++) {
+        CHECK(fi_send(a->ep, buf, 200, NULL, a->peer[2], &sctx) == 0, "send %d", k);
+        CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "sent %d", k);
+        r = wait_for(c, &mctx, &e, NULL, &ee);
+        int last = 4096 - 200 * (k + 1) < 1024;
+        CHECK(r == 0 && e.buf == mbuf + 200 * k && !!(e.flags & FI_MULTI_RECV) == last,
+              "message %d: flags %#llx", k, (unsigned long long) e.flags);
+        if (last)
+            break;
+    }
+    free(mbuf);
 
     /* FI_PEEK, FI_CLAIM, FI_DISCARD (MPI_Probe, MPI_Mprobe/Mrecv). */
     struct fi_context peek_ctx, claim_ctx, drop_ctx;

@@ -302,3 +302,132 @@ fn a_message_past_the_unexpected_budget_is_dropped_and_reported() {
     }
     assert_eq!(sent, [1, 2]);
 }
+
+/// Several provider endpoints per node, each sending to every endpoint of
+/// the other nodes: under them, each process holds one XRC INI QP per
+/// remote node, and each node one TGT QP per sending process, opened by
+/// every rank of the node that receives through it; all of it goes when
+/// the job shuts down.
+#[test]
+fn endpoints_of_a_node_share_its_xrc_connections() {
+    const NODES: usize = 3;
+    const PER_NODE: usize = 2;
+    const EPS: u16 = 2;
+    let mut job = SimJob::new(11, NODES, PER_NODE, SimDevice::ib("sim0")).unwrap();
+    let ranks = (NODES * PER_NODE) as u32;
+    let btls: Vec<_> = (0..ranks).map(|r| job.btl(r).clone()).collect();
+    let mut addrs = Vec::new();
+    for b in &btls {
+        for ep in 0..EPS {
+            addrs.push(EpAddr { ep, ..addr_of(b) });
+        }
+    }
+    let node = |r: u32| r as usize / PER_NODE;
+    // Each rank: its engine, one vector of every endpoint, one queue.
+    let mut sides = Vec::new();
+    for b in &btls {
+        let av = Arc::new(Mutex::new(EpAv::new(AvKind::Table, 64)));
+        for a in &addrs {
+            av.lock().unwrap().insert(*a).unwrap();
+        }
+        let cq = Arc::new(Mutex::new(CompletionQueue::new(1024)));
+        let engine = Engine::new(b.clone(), UNEXPECTED_MAX);
+        for ep in 0..EPS {
+            engine.open(
+                ep,
+                Targets {
+                    av: Some(av.clone()),
+                    tx: Some(cq.clone()),
+                    rx: Some(cq.clone()),
+                    counters: Vec::new(),
+                },
+            );
+        }
+        sides.push((engine, cq));
+    }
+    let bufs: Vec<MappedBuf> = (0..addrs.len())
+        .map(|_| MappedBuf::new(4096).unwrap())
+        .collect();
+    let mut expected = 0;
+    for (i, from) in addrs.iter().enumerate() {
+        for (j, to) in addrs.iter().enumerate() {
+            if node(from.rank) == node(to.rank) {
+                continue;
+            }
+            let (engine, _) = &sides[from.rank as usize];
+            let tag = (i * 100 + j) as u64;
+            engine
+                .send(
+                    from.ep,
+                    SendArgs {
+                        context: tag,
+                        to: j as u64,
+                        space: Space::Tagged(tag),
+                        data: None,
+                        mem: Some(bufs[i].user_mem().slice(0, 16).unwrap()),
+                        completion: true,
+                        delivery: false,
+                    },
+                )
+                .unwrap();
+            let (engine, _) = &sides[to.rank as usize];
+            engine
+                .recv(
+                    to.ep,
+                    RecvArgs {
+                        context: 1 << 32 | tag,
+                        from: Some(i as u64),
+                        space: Space::Tagged(tag),
+                        ignore: 0,
+                        mem: Some(bufs[j].user_mem().slice(64 + 16 * (i % 200), 16).unwrap()),
+                        completion: true,
+                        multi: None,
+                    },
+                )
+                .unwrap();
+            expected += 2;
+        }
+    }
+    let mut got = 0;
+    for _ in 0..200_000 {
+        for (_, cq) in &sides {
+            if let Read::Entries(v) = cq.lock().unwrap().read(64) {
+                got += v.len();
+            }
+        }
+        if got == expected {
+            break;
+        }
+        job.step();
+    }
+    assert_eq!(got, expected, "every send and receive completed");
+    for r in 0..ranks {
+        assert_eq!(
+            btls[r as usize].with_manager(|m| m.live_qps()),
+            NODES - 1,
+            "rank {r}: one INI QP per remote node, for all its endpoints"
+        );
+    }
+    for n in 0..NODES {
+        let opens: Vec<usize> = job
+            .sim
+            .node_view(n)
+            .tgt_qps
+            .iter()
+            .map(|t| t.open_count)
+            .collect();
+        assert_eq!(
+            opens,
+            vec![PER_NODE; (NODES - 1) * PER_NODE],
+            "node {n}: a TGT QP per sending process, opened by each rank here"
+        );
+    }
+    drop(sides);
+    job.shutdown(std::time::Duration::from_secs(5)).unwrap();
+    for n in 0..NODES {
+        assert!(
+            job.sim.node_view(n).tgt_qps.is_empty(),
+            "node {n}: TGT QPs released"
+        );
+    }
+}

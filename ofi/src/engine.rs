@@ -33,6 +33,9 @@ use xrcbtl_fabric::Context;
 use crate::addr::PeerEp;
 use crate::av::{EpAv, NOT_AVAIL};
 use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr};
+use crate::flags::{
+    ATOMIC, MSG, MULTI_RECV, READ, RECV, REMOTE_CQ_DATA, REMOTE_WRITE, RMA, SEND, TAGGED, WRITE,
+};
 use crate::matching::{ClaimId, Header, Source, Want};
 use crate::rdm::{Action, Exposed, OpRef, Outcome, Rdm, RdmError, Received, SendReq, Space};
 use crate::sys;
@@ -71,19 +74,6 @@ pub type SharedAv = Arc<Mutex<EpAv>>;
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
-
-// The flags as the u64 completions carry.
-const SEND: u64 = sys::FI_SEND as u64;
-const RECV: u64 = sys::FI_RECV as u64;
-const MSG: u64 = sys::FI_MSG as u64;
-const TAGGED: u64 = sys::FI_TAGGED as u64;
-const REMOTE_CQ_DATA: u64 = sys::FI_REMOTE_CQ_DATA as u64;
-const MULTI_RECV: u64 = sys::FI_MULTI_RECV as u64;
-const RMA: u64 = sys::FI_RMA as u64;
-const READ: u64 = sys::FI_READ as u64;
-const WRITE: u64 = sys::FI_WRITE as u64;
-const ATOMIC: u64 = sys::FI_ATOMIC as u64;
-const REMOTE_WRITE: u64 = sys::FI_REMOTE_WRITE as u64;
 
 /// Where an endpoint's completions go (what `fi_ep_bind` bound).
 #[derive(Clone, Default)]
@@ -228,6 +218,23 @@ struct Op {
     reg: Option<MemReg>,
 }
 
+impl Op {
+    /// A posted receive (`reserved`: it holds a place in its queue).
+    fn receive(a: &RecvArgs, reserved: bool) -> Op {
+        Op {
+            context: a.context,
+            recv: true,
+            space: a.space,
+            mem: a.mem,
+            completion: a.completion,
+            reserved,
+            multi: a.multi.is_some(),
+            eager: None,
+            reg: None,
+        }
+    }
+}
+
 struct EpCore {
     rdm: Rdm,
     targets: Targets,
@@ -341,12 +348,7 @@ impl<C: Context> Engine<C> {
                 .eps
                 .get_mut(&ep)
                 .ok_or(PostError::State("no such endpoint"))?;
-            let av = core
-                .targets
-                .av
-                .clone()
-                .ok_or(PostError::State("no address vector bound"))?;
-            let (to, _) = lock(&av).lookup(a.to).map_err(|_| PostError::NoAddress)?;
+            let to = peer_of(&core.targets, a.to)?;
             let len = a.mem.map_or(0, |m| m.len());
             let reserved = reserve(core.targets.tx.as_ref())?;
             let eager = if len <= self.eager_max {
@@ -400,12 +402,7 @@ impl<C: Context> Engine<C> {
                 .get_mut(&ep)
                 .ok_or(PostError::State("no such endpoint"))?;
             if let Some(from) = a.from {
-                let av = core
-                    .targets
-                    .av
-                    .clone()
-                    .ok_or(PostError::State("no address vector bound"))?;
-                lock(&av).lookup(from).map_err(|_| PostError::NoAddress)?;
+                peer_of(&core.targets, from)?;
             }
             let reserved = reserve(core.targets.rx.as_ref())?;
             let (tag, ignore) = match a.space {
@@ -433,20 +430,7 @@ impl<C: Context> Engine<C> {
                 }
                 return Err(PostError::Invalid(format!("{e:?}")));
             }
-            core.ops.insert(
-                op,
-                Op {
-                    context: a.context,
-                    recv: true,
-                    space: a.space,
-                    mem: a.mem,
-                    completion: a.completion,
-                    reserved,
-                    multi: a.multi.is_some(),
-                    eager: None,
-                    reg: None,
-                },
-            );
+            core.ops.insert(op, Op::receive(&a, reserved));
         }
         drive(&self.btl, &self.state, ep);
         Ok(())
@@ -459,21 +443,7 @@ impl<C: Context> Engine<C> {
     pub fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError> {
         let key = u32::try_from(a.key)
             .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
-        let (to, targets, reserved) = {
-            let mut st = lock(&self.state);
-            let core = st
-                .eps
-                .get_mut(&ep)
-                .ok_or(PostError::State("no such endpoint"))?;
-            let av = core
-                .targets
-                .av
-                .clone()
-                .ok_or(PostError::State("no address vector bound"))?;
-            let (to, _) = lock(&av).lookup(a.to).map_err(|_| PostError::NoAddress)?;
-            let reserved = reserve(core.targets.tx.as_ref())?;
-            (to, core.targets.clone(), reserved)
-        };
+        let (to, targets, reserved) = self.one_sided(ep, a.to)?;
         let flags = RMA | if a.write { WRITE } else { READ };
         let wanted = a.completion && !a.inject;
         let notice = a.data.map(|data| {
@@ -572,21 +542,7 @@ impl<C: Context> Engine<C> {
                 "a fetching atomic needs 8 bytes for its result".into(),
             ));
         }
-        let (to, targets, reserved) = {
-            let mut st = lock(&self.state);
-            let core = st
-                .eps
-                .get_mut(&ep)
-                .ok_or(PostError::State("no such endpoint"))?;
-            let av = core
-                .targets
-                .av
-                .clone()
-                .ok_or(PostError::State("no address vector bound"))?;
-            let (to, _) = lock(&av).lookup(a.to).map_err(|_| PostError::NoAddress)?;
-            let reserved = reserve(core.targets.tx.as_ref())?;
-            (to, core.targets.clone(), reserved)
-        };
+        let (to, targets, reserved) = self.one_sided(ep, a.to)?;
         let kind = if fetching { READ } else { WRITE };
         let result = a.result;
         let done = Box::new(move |_: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
@@ -631,6 +587,20 @@ impl<C: Context> Engine<C> {
             }
             PostError::Invalid(e.to_string())
         })
+    }
+
+    /// What an RMA or atomic from `ep` to `to` needs before it starts:
+    /// the peer, the endpoint's targets, and a place in its transmit queue
+    /// (whether one was taken).
+    fn one_sided(&self, ep: u16, to: u64) -> Result<(PeerEp, Targets, bool), PostError> {
+        let mut st = lock(&self.state);
+        let core = st
+            .eps
+            .get_mut(&ep)
+            .ok_or(PostError::State("no such endpoint"))?;
+        let peer = peer_of(&core.targets, to)?;
+        let reserved = reserve(core.targets.tx.as_ref())?;
+        Ok((peer, core.targets.clone(), reserved))
     }
 
     fn targets_of(&self, ep: u16) -> Option<Targets> {
@@ -688,12 +658,7 @@ impl<C: Context> Engine<C> {
                         source: NOT_AVAIL,
                         ..Entry::default()
                     };
-                    let e = ErrEntry {
-                        entry,
-                        olen: 0,
-                        err: sys::FI_ENOMSG as i32,
-                        prov_errno: ProvErr::None as i32,
-                    };
+                    let e = failed(entry, sys::FI_ENOMSG, ProvErr::None, 0);
                     deliver(core.targets.rx.as_ref(), reserved, true, Err(e));
                 }
             }
@@ -718,20 +683,8 @@ impl<C: Context> Engine<C> {
             let taken = if discard {
                 core.rdm.discard_claimed(claim)
             } else {
-                core.ops.insert(
-                    op,
-                    Op {
-                        context: a.context,
-                        recv: true,
-                        space: a.space,
-                        mem: a.mem,
-                        completion: a.completion,
-                        reserved,
-                        multi: false,
-                        eager: None,
-                        reg: None,
-                    },
-                );
+                let single = RecvArgs { multi: None, ..a };
+                core.ops.insert(op, Op::receive(&single, reserved));
                 core.next_op += 1;
                 core.rdm
                     .take_claimed(op, claim, a.mem.map_or(0, |m| m.len()))
@@ -799,6 +752,16 @@ impl<C: Context> Drop for Engine<C> {
     }
 }
 
+/// The endpoint an address vector number names.
+fn peer_of(targets: &Targets, number: u64) -> Result<PeerEp, PostError> {
+    let av = targets
+        .av
+        .as_ref()
+        .ok_or(PostError::State("no address vector bound"))?;
+    let (peer, _) = lock(av).lookup(number).map_err(|_| PostError::NoAddress)?;
+    Ok(peer)
+}
+
 /// Takes a place in `cq`, if there is one: Again when it is full.
 fn reserve(cq: Option<&SharedCq>) -> Result<bool, PostError> {
     match cq {
@@ -859,12 +822,7 @@ fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: 
                 },
                 ..Entry::default()
             };
-            let e = ErrEntry {
-                entry,
-                olen: 0,
-                err: sys::FI_EOVERRUN as i32,
-                prov_errno: ProvErr::Overrun as i32,
-            };
+            let e = failed(entry, sys::FI_EOVERRUN, ProvErr::Overrun, 0);
             deliver(core.targets.rx.as_ref(), false, true, Err(e));
             count(&core.targets, RECV, false);
         }
@@ -1058,6 +1016,12 @@ fn error_of(entry: Entry, outcome: Outcome) -> ErrEntry {
         Outcome::RemoteFailed(_) => (sys::FI_EIO, ProvErr::RemoteAccess, 0),
         Outcome::Done => (0, ProvErr::None, 0),
     };
+    failed(entry, err, prov, olen)
+}
+
+/// An error completion: `err` (a positive FI_E* value), the provider's
+/// detail, and the bytes that did not fit.
+fn failed(entry: Entry, err: u32, prov: ProvErr, olen: usize) -> ErrEntry {
     ErrEntry {
         entry,
         olen,

@@ -37,17 +37,9 @@ pub const API_VERSION: u32 = fi_version(1, 18);
 /// The oldest API version a caller may ask for.
 pub const API_VERSION_MIN: u32 = fi_version(1, 5);
 
-const MSG: u64 = sys::FI_MSG as u64;
-const RMA: u64 = sys::FI_RMA as u64;
-const TAGGED: u64 = sys::FI_TAGGED as u64;
-const ATOMIC: u64 = sys::FI_ATOMIC as u64;
-const READ: u64 = sys::FI_READ as u64;
-const WRITE: u64 = sys::FI_WRITE as u64;
-const RECV: u64 = sys::FI_RECV as u64;
-const SEND: u64 = sys::FI_SEND as u64;
-const REMOTE_READ: u64 = sys::FI_REMOTE_READ as u64;
-const REMOTE_WRITE: u64 = sys::FI_REMOTE_WRITE as u64;
-const MULTI_RECV: u64 = sys::FI_MULTI_RECV as u64;
+use crate::flags::{
+    ATOMIC, MSG, MULTI_RECV, READ, RECV, REMOTE_READ, REMOTE_WRITE, RMA, SEND, TAGGED, WRITE,
+};
 const LOCAL_COMM: u64 = sys::FI_LOCAL_COMM;
 const REMOTE_COMM: u64 = sys::FI_REMOTE_COMM;
 const SOURCE: u64 = sys::FI_SOURCE;

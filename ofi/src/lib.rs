@@ -11,6 +11,7 @@
 //!   places reserved at post time; counters;
 //! - [`engine`]: one domain's endpoints driven over its BTL rank
 //!   (messages eager and by rendezvous, completions, counters, cancel);
+//! - [`flags`]: libfabric's flags as `u64`;
 //! - [`devices`]: the devices `fi_getinfo` offers (verbs, or the simulated
 //!   fabric with `XRCBTL_OFI_FABRIC=sim`);
 //! - [`info`]: what `fi_getinfo` offers on a device and how hints narrow it;
@@ -39,6 +40,7 @@ pub mod av;
 pub mod cq;
 pub mod devices;
 pub mod engine;
+pub mod flags;
 pub mod info;
 pub mod matching;
 mod prov;

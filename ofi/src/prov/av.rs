@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::domain::Domain;
-use super::{err, guard, object, Shared};
+use super::{err, fid_ops, guard, object, Shared};
 use crate::addr::{self, EpAddr};
 use crate::av::{AvKind, EpAv, EpAvError, NOT_AVAIL};
 use crate::engine::SharedAv;
@@ -28,15 +28,8 @@ pub(crate) struct AvObj {
     pub(crate) users: AtomicUsize,
 }
 
-static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: None,
-    ops_set: None,
-});
+// No event queue binds to it: insertion is synchronous.
+static FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(close, None, None));
 
 static AV_OPS: Shared<sys::fi_ops_av> = Shared::new(sys::fi_ops_av {
     size: std::mem::size_of::<sys::fi_ops_av>(),
@@ -308,25 +301,6 @@ unsafe extern "C" fn straddr(
     } else {
         std::ptr::null()
     }
-}
-
-unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
-    // No event queue: insertion is synchronous.
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_ops_open(
-    _: *mut sys::fid,
-    _: *const c_char,
-    _: u64,
-    _: *mut *mut c_void,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
 }
 
 unsafe extern "C" fn no_insertsvc(

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::domain::Domain;
-use super::{err, guard, object, Shared};
+use super::{err, fid_ops, guard, object, Shared};
 use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr, Read};
 use crate::engine::{SharedCounter, SharedCq};
 use crate::info::QUEUE_SIZE;
@@ -43,15 +43,9 @@ pub(crate) struct CntrObj {
     pub(crate) users: AtomicUsize,
 }
 
-static CQ_FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(cq_close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: None,
-    ops_set: None,
-});
+// No wait set binds to a queue or counter, and no wait object is handed
+// out (FI_GETWAIT): -FI_ENOSYS.
+static CQ_FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(cq_close, None, None));
 
 static CQ_OPS: Shared<sys::fi_ops_cq> = Shared::new(sys::fi_ops_cq {
     size: std::mem::size_of::<sys::fi_ops_cq>(),
@@ -64,15 +58,7 @@ static CQ_OPS: Shared<sys::fi_ops_cq> = Shared::new(sys::fi_ops_cq {
     strerror: Some(cq_strerror),
 });
 
-static CNTR_FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(cntr_close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: None,
-    ops_set: None,
-});
+static CNTR_FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(cntr_close, None, None));
 
 static CNTR_OPS: Shared<sys::fi_ops_cntr> = Shared::new(sys::fi_ops_cntr {
     size: std::mem::size_of::<sys::fi_ops_cntr>(),
@@ -612,24 +598,4 @@ unsafe extern "C" fn cntr_wait(cntr: *mut sys::fid_cntr, threshold: u64, timeout
             std::thread::yield_now();
         }
     })
-}
-
-unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
-    // No wait sets or event queues to bind to.
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
-    // No wait object to hand out (FI_GETWAIT).
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_ops_open(
-    _: *mut sys::fid,
-    _: *const c_char,
-    _: u64,
-    _: *mut *mut c_void,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
 }

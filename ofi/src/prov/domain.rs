@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::fabric::Fabric;
-use super::{av, cq, ep, err, guard, mr, object, Shared};
+use super::{av, cq, ep, err, fid_ops, guard, mr, object, Shared};
 use crate::addr::EpAddr;
 use crate::devices::{self, Which};
 use crate::engine::Engine;
@@ -44,15 +44,9 @@ pub(crate) struct Domain {
     ep_numbers: Mutex<BTreeSet<u16>>,
 }
 
-static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: None,
-    ops_set: None,
-});
+// No event queue binds to it: asynchronous errors come as error
+// completions.
+static FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(close, None, None));
 
 static DOMAIN_OPS: Shared<sys::fi_ops_domain> = Shared::new(sys::fi_ops_domain {
     size: std::mem::size_of::<sys::fi_ops_domain>(),
@@ -224,25 +218,6 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         drop(unsafe { Box::from_raw(fid.cast::<Domain>()) });
         0
     })
-}
-
-unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
-    // No event queue: asynchronous errors come as error completions.
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_ops_open(
-    _: *mut sys::fid,
-    _: *const c_char,
-    _: u64,
-    _: *mut *mut c_void,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
 }
 
 // What the domain does not offer at all (FI_EP_RDM with one context, no

@@ -17,26 +17,23 @@ use std::sync::Mutex;
 use super::av::AvObj;
 use super::cq::{CntrObj, CqObj};
 use super::domain::Domain;
-use super::{err, guard, guard_size, object, Shared};
+use super::{err, fid_ops, guard, guard_size, object, Shared};
 use crate::addr;
 use crate::atomic::{self, Class};
 use crate::engine::{AtomicArgs, PeekArgs, PostError, RecvArgs, RmaArgs, SendArgs, Targets};
+use crate::flags::{
+    CLAIM, COMPLETION, DELIVERY_COMPLETE, DISCARD, INJECT, MULTI_RECV, PEEK, READ, RECV,
+    REMOTE_CQ_DATA, REMOTE_READ, REMOTE_WRITE, SEND, TRANSMIT, WRITE,
+};
 use crate::info::INJECT_SIZE;
 use crate::rdm::Space;
 use crate::sys;
 use xrcbtl_btl::UserMem;
 
-// The flags as the u64 they travel in (bindgen types the small ones u32).
-const TRANSMIT: u64 = sys::FI_TRANSMIT as u64;
-const RECV: u64 = sys::FI_RECV as u64;
-const SEND: u64 = sys::FI_SEND as u64;
-const READ: u64 = sys::FI_READ as u64;
-const WRITE: u64 = sys::FI_WRITE as u64;
 /// Completion queue bind flags.
 const CQ_FLAGS: u64 = TRANSMIT | RECV | sys::FI_SELECTIVE_COMPLETION;
 /// Counter bind flags.
-const CNTR_FLAGS: u64 =
-    SEND | RECV | READ | WRITE | sys::FI_REMOTE_READ as u64 | sys::FI_REMOTE_WRITE as u64;
+const CNTR_FLAGS: u64 = SEND | RECV | READ | WRITE | REMOTE_READ | REMOTE_WRITE;
 
 /// What an endpoint is bound to (the objects' users counts hold them open).
 #[derive(Default)]
@@ -65,15 +62,7 @@ pub(crate) struct EpObj {
     max_msg: usize,
 }
 
-static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(close),
-    bind: Some(bind),
-    control: Some(control),
-    ops_open: Some(no_ops_open),
-    tostr: None,
-    ops_set: None,
-});
+static FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(close, Some(bind), Some(control)));
 
 static EP_OPS: Shared<sys::fi_ops_ep> = Shared::new(sys::fi_ops_ep {
     size: std::mem::size_of::<sys::fi_ops_ep>(),
@@ -120,14 +109,6 @@ type IocMut = *mut sys::fi_ioc;
 
 not_yet! {}
 
-const COMPLETION: u64 = sys::FI_COMPLETION as u64;
-const DELIVERY: u64 = sys::FI_DELIVERY_COMPLETE as u64;
-const INJECT: u64 = sys::FI_INJECT as u64;
-const DATA: u64 = sys::FI_REMOTE_CQ_DATA as u64;
-const MULTI: u64 = sys::FI_MULTI_RECV as u64;
-const PEEK: u64 = sys::FI_PEEK as u64;
-const CLAIM: u64 = sys::FI_CLAIM;
-const DISCARD: u64 = sys::FI_DISCARD;
 /// FI_ADDR_UNSPEC: a receive from anyone.
 const ANY_SOURCE: u64 = u64::MAX;
 
@@ -220,7 +201,7 @@ unsafe fn post_send(
             data,
             mem,
             completion: !inject && (!selective || flags & COMPLETION != 0),
-            delivery: flags & DELIVERY != 0,
+            delivery: flags & DELIVERY_COMPLETE != 0,
         },
     ))
 }
@@ -262,7 +243,7 @@ unsafe fn post_recv(
         }
         (b.selective, b.min_multi_recv)
     };
-    let multi = flags & MULTI != 0;
+    let multi = flags & MULTI_RECV != 0;
     if multi && !matches!(space, Space::Msg) {
         return err(sys::FI_EINVAL) as isize;
     }
@@ -444,7 +425,7 @@ unsafe extern "C" fn msg_sendmsg(ep: Ep, msg: *const sys::fi_msg, flags: u64) ->
         let Some(m) = msg.as_ref() else {
             return err(sys::FI_EINVAL) as isize;
         };
-        let data = (flags & DATA != 0).then_some(m.data);
+        let data = (flags & REMOTE_CQ_DATA != 0).then_some(m.data);
         match one_iov(m.msg_iov, m.iov_count) {
             Ok((buf, len)) => post_send(ep, buf, len, m.addr, Space::Msg, data, m.context, flags),
             Err(rc) => rc,
@@ -626,7 +607,7 @@ unsafe extern "C" fn tag_sendmsg(ep: Ep, msg: *const sys::fi_msg_tagged, flags: 
         let Some(m) = msg.as_ref() else {
             return err(sys::FI_EINVAL) as isize;
         };
-        let data = (flags & DATA != 0).then_some(m.data);
+        let data = (flags & REMOTE_CQ_DATA != 0).then_some(m.data);
         match one_iov(m.msg_iov, m.iov_count) {
             Ok((buf, len)) => post_send(
                 ep,
@@ -885,7 +866,7 @@ unsafe extern "C" fn rma_writemsg(ep: Ep, msg: *const sys::fi_msg_rma, flags: u6
     guard_size(|| unsafe {
         match one_rma(msg) {
             Ok((m, buf, len, addr, key)) => {
-                let data = (flags & DATA != 0).then_some(m.data);
+                let data = (flags & REMOTE_CQ_DATA != 0).then_some(m.data);
                 post_rma(
                     ep, buf, len, m.addr, addr, key, true, data, m.context, flags,
                 )
@@ -1887,16 +1868,6 @@ unsafe extern "C" fn setopt(
         ep.bound().min_multi_recv = unsafe { *optval.cast::<usize>() };
         0
     })
-}
-
-unsafe extern "C" fn no_ops_open(
-    _: *mut sys::fid,
-    _: *const std::ffi::c_char,
-    _: u64,
-    _: *mut *mut c_void,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
 }
 
 // What an FI_EP_RDM endpoint with one context does not have.

@@ -8,7 +8,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{err, guard, object, Shared};
+use super::{err, fid_ops, guard, object, Shared};
 use crate::info::FABRIC_NAME;
 use crate::sys;
 
@@ -23,15 +23,8 @@ pub(crate) struct Fabric {
     pub(crate) api_version: u32,
 }
 
-static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: None,
-    ops_set: None,
-});
+// Nothing binds to the fabric.
+static FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(close, None, None));
 
 static FABRIC_OPS: Shared<sys::fi_ops_fabric> = Shared::new(sys::fi_ops_fabric {
     size: std::mem::size_of::<sys::fi_ops_fabric>(),
@@ -108,24 +101,6 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         drop(unsafe { Box::from_raw(fid.cast::<Fabric>()) });
         0
     })
-}
-
-unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_ops_open(
-    _: *mut sys::fid,
-    _: *const c_char,
-    _: u64,
-    _: *mut *mut c_void,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
 }
 
 unsafe extern "C" fn domain(

@@ -17,7 +17,7 @@ mod mem;
 mod mr;
 
 use std::cell::UnsafeCell;
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::info::{API_VERSION, PROVIDER_VERSION};
@@ -86,6 +86,56 @@ impl<T> Shared<T> {
     pub(crate) const fn get(&self) -> *mut T {
         self.0.get()
     }
+}
+
+/// A fid's `close`.
+pub(crate) type CloseFn = unsafe extern "C" fn(*mut sys::fid) -> c_int;
+/// A fid's `bind`.
+pub(crate) type BindFn = unsafe extern "C" fn(*mut sys::fid, *mut sys::fid, u64) -> c_int;
+/// A fid's `control`.
+pub(crate) type ControlFn = unsafe extern "C" fn(*mut sys::fid, c_int, *mut c_void) -> c_int;
+
+/// The generic ops of one kind of fid: its `close`, its `bind` and
+/// `control` where it has them (-FI_ENOSYS where it does not: nothing to
+/// bind to it, no commands), and no extensions (`ops_open`).
+pub(crate) const fn fid_ops(
+    close: CloseFn,
+    bind: Option<BindFn>,
+    control: Option<ControlFn>,
+) -> sys::fi_ops {
+    sys::fi_ops {
+        size: std::mem::size_of::<sys::fi_ops>(),
+        close: Some(close),
+        bind: match bind {
+            Some(b) => Some(b),
+            None => Some(no_bind),
+        },
+        control: match control {
+            Some(c) => Some(c),
+            None => Some(no_control),
+        },
+        ops_open: Some(no_ops_open),
+        tostr: None,
+        ops_set: None,
+    }
+}
+
+unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
+    err(sys::FI_ENOSYS)
+}
+
+unsafe extern "C" fn no_ops_open(
+    _: *mut sys::fid,
+    _: *const c_char,
+    _: u64,
+    _: *mut *mut c_void,
+    _: *mut c_void,
+) -> c_int {
+    err(sys::FI_ENOSYS)
 }
 
 static PROVIDER: Shared<sys::fi_provider> = Shared::new(sys::fi_provider {

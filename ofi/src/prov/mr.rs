@@ -9,13 +9,14 @@
 //! `fi_mr_reg` is still to be built). No caller needs to register local
 //! buffers (no FI_MR_LOCAL): `fi_mr_desc` is null.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
 use xrcbtl_btl::{Access, MemReg, UserMem};
 
 use super::domain::Domain;
-use super::{err, guard, object, Shared};
+use super::{err, fid_ops, guard, object, Shared};
+use crate::flags::{READ, RECV, REMOTE_READ, REMOTE_WRITE, SEND, WRITE};
 use crate::sys;
 
 /// The provider's registration: libfabric's `fid_mr` first.
@@ -26,25 +27,12 @@ pub(crate) struct MrObj {
     reg: MemReg,
 }
 
-static FID_OPS: Shared<sys::fi_ops> = Shared::new(sys::fi_ops {
-    size: std::mem::size_of::<sys::fi_ops>(),
-    close: Some(close),
-    bind: Some(no_bind),
-    control: Some(no_control),
-    ops_open: Some(no_ops_open),
-    tostr: None,
-    ops_set: None,
-});
+// FI_MR_ENDPOINT is not a mode of the provider's: a registration binds
+// to nothing.
+static FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(close, None, None));
 
-const REMOTE_READ: u64 = sys::FI_REMOTE_READ as u64;
-const REMOTE_WRITE: u64 = sys::FI_REMOTE_WRITE as u64;
 /// Every access bit fi_mr_reg knows of.
-const ACCESS: u64 = sys::FI_READ as u64
-    | sys::FI_WRITE as u64
-    | REMOTE_READ
-    | REMOTE_WRITE
-    | sys::FI_SEND as u64
-    | sys::FI_RECV as u64;
+const ACCESS: u64 = READ | WRITE | REMOTE_READ | REMOTE_WRITE | SEND | RECV;
 
 impl MrObj {
     /// The provider's registration behind `fid`, or None.
@@ -200,23 +188,4 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         drop(unsafe { Box::from_raw(fid.cast::<MrObj>()) });
         0
     })
-}
-
-unsafe extern "C" fn no_bind(_: *mut sys::fid, _: *mut sys::fid, _: u64) -> c_int {
-    // FI_MR_ENDPOINT is not a mode of the provider's: nothing to bind to.
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_control(_: *mut sys::fid, _: c_int, _: *mut c_void) -> c_int {
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_ops_open(
-    _: *mut sys::fid,
-    _: *const c_char,
-    _: u64,
-    _: *mut *mut c_void,
-    _: *mut c_void,
-) -> c_int {
-    err(sys::FI_ENOSYS)
 }

@@ -20,21 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
+#include "check.h"
+
 static const char *want_domain;
 /* The newest API both the loaded libfabric and the provider (1.18) know:
  * libfabric refuses a version newer than its own. */
 static uint32_t api;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
 
 /* Hints that name the provider, as FI_PROVIDER=xrc does. */
 static struct fi_info *xrc_hints(void)

@@ -37,24 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
-
-#define DIE(...)                                                               \
-    do {                                                                       \
-        fprintf(stderr, "rdm: " __VA_ARGS__);                                  \
-        fprintf(stderr, "\n");                                                 \
-        exit(1);                                                               \
-    } while (0)
+#include "check.h"
 
 struct side {
     struct fid_domain *domain;
@@ -75,7 +58,7 @@ static void open_side(struct fid_fabric *fabric, struct fi_info *info, struct si
         (rc = fi_cq_open(x->domain, &cq_attr, &x->cq, NULL)) || (rc = fi_endpoint(x->domain, info, &x->ep, NULL)) ||
         (rc = fi_ep_bind(x->ep, &x->av->fid, 0)) || (rc = fi_ep_bind(x->ep, &x->cq->fid, FI_TRANSMIT | FI_RECV)) ||
         (rc = fi_enable(x->ep)))
-        DIE("opening a side: %s", fi_strerror(-rc));
+        DIE("rdm: opening a side: %s", fi_strerror(-rc));
 }
 
 /* Reads one completion for `context` from side x's queue (stepping the
@@ -88,7 +71,7 @@ static int wait_for(struct side *x, void *context, struct fi_cq_tagged_entry *ou
         ssize_t n = fi_cq_readfrom(x->cq, out, 1, &from);
         if (n == 1) {
             if (out->op_context != context)
-                DIE("completion for %p while waiting for %p", out->op_context, context);
+                DIE("rdm: completion for %p while waiting for %p", out->op_context, context);
             if (src)
                 *src = from;
             return 0;
@@ -96,15 +79,15 @@ static int wait_for(struct side *x, void *context, struct fi_cq_tagged_entry *ou
         if (n == -FI_EAVAIL) {
             memset(err, 0, sizeof *err);
             if (fi_cq_readerr(x->cq, err, 0) != 1)
-                DIE("readerr");
+                DIE("rdm: readerr");
             if (err->op_context != context)
-                DIE("error for %p while waiting for %p", err->op_context, context);
+                DIE("rdm: error for %p while waiting for %p", err->op_context, context);
             return -err->err;
         }
         if (n != -FI_EAGAIN)
-            DIE("fi_cq_read: %s", fi_strerror((int) -n));
+            DIE("rdm: fi_cq_read: %s", fi_strerror((int) -n));
     }
-    DIE("no completion for %p", context);
+    DIE("rdm: no completion for %p", context);
 }
 
 static void fill(uint8_t *b, size_t len, unsigned seed)
@@ -483,21 +466,21 @@ int main(void)
     uint32_t api = fi_version() < FI_VERSION(1, 18) ? fi_version() : FI_VERSION(1, 18);
     int rc = fi_getinfo(api, NULL, NULL, 0, hints, &info);
     if (rc)
-        DIE("fi_getinfo: %s", fi_strerror(-rc));
+        DIE("rdm: fi_getinfo: %s", fi_strerror(-rc));
     struct fid_fabric *fabric;
     if ((rc = fi_fabric(info->fabric_attr, &fabric, NULL)))
-        DIE("fi_fabric: %s", fi_strerror(-rc));
+        DIE("rdm: fi_fabric: %s", fi_strerror(-rc));
     for (int i = 0; i < 3; i++)
         open_side(fabric, info, &s[i]);
     uint8_t names[3][64];
     for (int i = 0; i < 3; i++) {
         size_t len = sizeof names[i];
         if ((rc = fi_getname(&s[i].ep->fid, names[i], &len)))
-            DIE("fi_getname: %s", fi_strerror(-rc));
+            DIE("rdm: fi_getname: %s", fi_strerror(-rc));
     }
     for (int i = 0; i < 3; i++)
         if (fi_av_insert(s[i].av, names, 3, s[i].peer, 0, NULL) != 3)
-            DIE("fi_av_insert");
+            DIE("rdm: fi_av_insert");
 
     size_t sizes[80];
     int n = 0;
@@ -520,10 +503,10 @@ int main(void)
     for (int i = 0; i < 3; i++) {
         if ((rc = fi_close(&s[i].ep->fid)) || (rc = fi_close(&s[i].cq->fid)) || (rc = fi_close(&s[i].av->fid)) ||
             (rc = fi_close(&s[i].domain->fid)))
-            DIE("closing: %s", fi_strerror(-rc));
+            DIE("rdm: closing: %s", fi_strerror(-rc));
     }
     if ((rc = fi_close(&fabric->fid)))
-        DIE("fi_close(fabric): %s", fi_strerror(-rc));
+        DIE("rdm: fi_close(fabric): %s", fi_strerror(-rc));
     fi_freeinfo(info);
     fi_freeinfo(hints);
     if (failures) {

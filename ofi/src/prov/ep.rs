@@ -23,7 +23,7 @@ use crate::atomic::{self, Class};
 use crate::engine::{AtomicArgs, PeekArgs, PostError, RecvArgs, RmaArgs, SendArgs, Targets};
 use crate::flags::{
     CLAIM, COMPLETION, DELIVERY_COMPLETE, DISCARD, INJECT, MULTI_RECV, PEEK, READ, RECV,
-    REMOTE_CQ_DATA, REMOTE_READ, REMOTE_WRITE, SEND, TRANSMIT, WRITE,
+    REMOTE_CQ_DATA, REMOTE_READ, REMOTE_WRITE, SEND, TRANSMIT, TRANSMIT_COMPLETE, WRITE,
 };
 use crate::info::INJECT_SIZE;
 use crate::rdm::Space;
@@ -201,7 +201,11 @@ unsafe fn post_send(
             data,
             mem,
             completion: !inject && (!selective || flags & COMPLETION != 0),
-            delivery: flags & DELIVERY_COMPLETE != 0,
+            // An eager send otherwise completes once copied into the BTL's
+            // buffer (FI_INJECT_COMPLETE): one asked to complete once
+            // transmitted waits for the receiver's Ack, as a delivery does,
+            // the provider having no sign of transmission short of it.
+            delivery: flags & (DELIVERY_COMPLETE | TRANSMIT_COMPLETE) != 0,
         },
     ))
 }

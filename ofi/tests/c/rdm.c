@@ -9,7 +9,7 @@
  * and one byte either side goes A -> C tagged (half with the receive
  * posted first, half after: unexpected), with every byte checked and
  * nothing written past the message; then A -> B untagged; then remote CQ
- * data, inject, FI_SOURCE, a truncated receive (FI_ETRUNC with olen), a
+ * data, inject, a send that completes only once delivered, FI_SOURCE, a truncated receive (FI_ETRUNC with olen), a
  * cancelled one (FI_ECANCELED), a directed receive that takes only its
  * source, a tag mask, a multi-receive buffer, and FI_PEEK, FI_CLAIM and
  * FI_DISCARD; then RMA
@@ -163,6 +163,20 @@ static void special(void)
     CHECK(!memcmp(out, buf, 64), "inject's bytes");
     CHECK(fi_cq_read(a->cq, &e, 1) == -FI_EAGAIN, "inject completes nothing");
     CHECK(fi_inject(a->ep, buf, 8192, a->peer[2]) == -FI_EINVAL, "inject past inject_size");
+
+    /* FI_TRANSMIT_COMPLETE (as FI_DELIVERY_COMPLETE): the send completes
+     * only once the receiver has the message, here once its receive is
+     * posted. */
+    struct iovec tiov = {.iov_base = buf, .iov_len = 32};
+    struct fi_msg_tagged tmsg = {.msg_iov = &tiov, .iov_count = 1, .addr = a->peer[2], .tag = 31, .context = &sctx};
+    CHECK(fi_tsendmsg(a->ep, &tmsg, FI_TRANSMIT_COMPLETE | FI_COMPLETION) == 0, "tsendmsg");
+    for (int i = 0; i < 20000; i++) {
+        CHECK(fi_cq_read(a->cq, &e, 1) == -FI_EAGAIN, "complete before the receiver has it");
+        (void) fi_cq_read(c->cq, &e, 1);
+    }
+    CHECK(fi_trecv(c->ep, out, sizeof out, NULL, FI_ADDR_UNSPEC, 31, 0, &rctx) == 0, "trecv");
+    CHECK(wait_for(c, &rctx, &e, NULL, &ee) == 0 && e.len == 32, "received");
+    CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "then the send completes");
 
     /* Truncation. */
     CHECK(fi_trecv(c->ep, out, 100, NULL, FI_ADDR_UNSPEC, 6, 0, &rctx) == 0, "short trecv");

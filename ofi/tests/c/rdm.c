@@ -17,7 +17,8 @@
  * write, a write with remote CQ data, and refusals (a wrong key, a range
  * past the registration) that
  * leave the endpoints usable; then fi_query_atomic's answers and the
- * atomics it offers, with A and B adding to one word of C's at once.
+ * atomics it offers, with A and B adding to one word of C's at once; last,
+ * one thread sending while another receives.
  *
  *   rdm          (XRCBTL_OFI_SIM_NODES=2 XRCBTL_OFI_SIM_RANKS_PER_NODE=2)
  */
@@ -32,6 +33,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -470,6 +472,55 @@ static void atomics(void)
     free(words);
 }
 
+/* Two threads at once (FI_THREAD_SAFE's promise, and more than
+ * FI_THREAD_DOMAIN's): one sends N tagged messages A -> C, the other
+ * receives them on C; each reads its own queue, both drive progress. */
+enum { THREAD_N = 300 };
+static uint8_t thread_in[THREAD_N][16];
+
+static void *thread_recv(void *arg)
+{
+    (void) arg;
+    struct side *c = &s[2];
+    struct fi_cq_tagged_entry e;
+    static int ctx[THREAD_N];
+    int posted = 0, done = 0;
+    for (long spins = 0; done < THREAD_N && spins < 20000000; spins++) {
+        if (posted < THREAD_N &&
+            fi_trecv(c->ep, thread_in[posted], 16, NULL, FI_ADDR_UNSPEC, 0x5000 + (uint64_t) posted, 0,
+                     &ctx[posted]) == 0)
+            posted++;
+        if (fi_cq_read(c->cq, &e, 1) == 1)
+            done++;
+    }
+    return (void *) (intptr_t) done;
+}
+
+static void threads(void)
+{
+    struct side *a = &s[0];
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, thread_recv, NULL) == 0, "pthread_create");
+    static int ctx[THREAD_N];
+    struct fi_cq_tagged_entry e;
+    int sent = 0, done = 0;
+    for (long spins = 0; done < THREAD_N && spins < 20000000; spins++) {
+        uint8_t msg[16];
+        memset(msg, sent & 0xff, sizeof msg);
+        if (sent < THREAD_N && fi_tsend(a->ep, msg, sizeof msg, NULL, a->peer[2], 0x5000 + (uint64_t) sent,
+                                        &ctx[sent]) == 0)
+            sent++;
+        if (fi_cq_read(a->cq, &e, 1) == 1)
+            done++;
+    }
+    void *got;
+    pthread_join(t, &got);
+    CHECK(done == THREAD_N && (intptr_t) got == THREAD_N, "sent %d, received %d of %d", done, (int) (intptr_t) got,
+          THREAD_N);
+    for (int i = 0; i < THREAD_N; i++)
+        CHECK(thread_in[i][0] == (uint8_t) i && thread_in[i][15] == (uint8_t) i, "message %d", i);
+}
+
 int main(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
@@ -513,6 +564,7 @@ int main(void)
     special();
     rma();
     atomics();
+    threads();
 
     for (int i = 0; i < 3; i++) {
         if ((rc = fi_close(&s[i].ep->fid)) || (rc = fi_close(&s[i].cq->fid)) || (rc = fi_close(&s[i].av->fid)) ||

@@ -431,3 +431,48 @@ fn endpoints_of_a_node_share_its_xrc_connections() {
         );
     }
 }
+
+/// A message from an endpoint the receiver's vector does not hold lands
+/// all the same, its source FI_ADDR_NOTAVAIL; a receive directed to a
+/// known peer does not take it.
+#[test]
+fn a_sender_missing_from_the_vector_is_received_as_not_available() {
+    let mut t = Two::new(8);
+    // B's vector forgets A.
+    {
+        let st = t.sides[1].engine.state.lock().unwrap();
+        let av = st.eps[&0].targets.av.clone().unwrap();
+        drop(st);
+        av.lock().unwrap().remove(t.sides[1].fi[0]).unwrap();
+    }
+    let src = MappedBuf::new(4096).unwrap();
+    let dst = MappedBuf::new(4096).unwrap();
+    src.write(0, b"from nowhere");
+    // Directed to B itself (in its vector): A's message must not match.
+    t.sides[1]
+        .engine
+        .recv(
+            0,
+            RecvArgs {
+                context: 5,
+                from: Some(t.sides[1].fi[1]),
+                space: Space::Msg,
+                ignore: 0,
+                mem: Some(dst.user_mem().slice(0, 64).unwrap()),
+                completion: true,
+                multi: None,
+            },
+        )
+        .unwrap();
+    t.send(0, 1, Space::Msg, &src, 12, 6);
+    t.recv(1, Space::Msg, &dst, 64, 7);
+    let rx = t.sides[1].rx.clone();
+    let got = one(t.wait(&rx));
+    assert_eq!((got.context, got.len), (7, 12), "the receive from anyone");
+    assert_eq!(got.source, NOT_AVAIL);
+    assert_eq!(dst.read(0, 12), b"from nowhere");
+    assert!(
+        t.sides[1].engine.cancel(0, 5),
+        "the directed one still waits"
+    );
+}

@@ -112,6 +112,10 @@ pub struct Stats {
     pub deregistrations: u64,
     /// Misses that absorbed overlapping registrations.
     pub merges: u64,
+    /// Misses that overlapped registrations but did not absorb them (the
+    /// union would have been more than twice the request): the request
+    /// was registered alone and the others left the index.
+    pub unmerged: u64,
     /// Registrations made for one use only (memory the monitor cannot watch,
     /// or no monitor).
     pub uncached: u64,
@@ -293,7 +297,13 @@ impl<R: Registrar, M: Monitor> RegCache<R, M> {
             }
         }
         self.stats.misses += 1;
-        // Absorb every registration the request overlaps.
+        // Absorb every registration the request overlaps, unless that would
+        // more than double what is registered: the fragments of one large
+        // transfer, each overlapping the last one's final page (a buffer
+        // that does not start on a page), would otherwise re-register an
+        // ever larger region, pinning quadratically many pages. The
+        // overlapping ones then leave the index (their holders keep them)
+        // and the request is registered alone.
         let (mut lo, mut hi, mut want) = (start, end, access);
         let overlapping: Vec<u32> = self
             .index
@@ -302,14 +312,19 @@ impl<R: Registrar, M: Monitor> RegCache<R, M> {
             .map(|(_, &s)| s)
             .take_while(|&s| self.entry(s).end > start)
             .collect();
-        if !overlapping.is_empty() {
-            self.stats.merges += 1;
-        }
-        for s in overlapping {
+        for &s in &overlapping {
             let e = self.entry(s);
             lo = lo.min(e.start);
             hi = hi.max(e.end);
             want |= e.access;
+        }
+        if hi - lo > 2 * (end - start) {
+            (lo, hi, want) = (start, end, access);
+            self.stats.unmerged += 1;
+        } else if !overlapping.is_empty() {
+            self.stats.merges += 1;
+        }
+        for s in overlapping {
             self.unindex(s);
         }
         self.make_room(hi - lo);

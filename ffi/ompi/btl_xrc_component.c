@@ -61,8 +61,9 @@ static int xrc_register(void)
 
     c->verbose = 0;
     (void) mca_base_component_var_register(v, "verbose",
-                                           "Verbosity of the xrc BTL (0: errors only, 1: set-up and the counters of "
-                                           "what it carried, printed at finalize, 2: every peer)",
+                                           "Verbosity of the xrc BTL (0: errors only, 1: set-up, what xrcbtl "
+                                           "refused (registrations, puts, gets, atomics) and why, and the counters "
+                                           "of what it carried, printed at finalize, 2: every peer)",
                                            MCA_BASE_VAR_TYPE_INT, NULL, 0, 0, OPAL_INFO_LVL_5,
                                            MCA_BASE_VAR_SCOPE_LOCAL, &c->verbose);
     device_param = "";

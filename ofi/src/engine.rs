@@ -335,22 +335,13 @@ impl<C: Context> Engine<C> {
         }
     }
 
-    /// Runs the BTL's progress once (its callbacks drive the endpoints).
-    pub fn progress(&self) -> usize {
-        self.btl.progress()
-    }
-
     /// Posts a send from endpoint `ep`.
     pub fn send(&self, ep: u16, a: SendArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
-            let core = st
-                .eps
-                .get_mut(&ep)
-                .ok_or(PostError::State("no such endpoint"))?;
+            let core = core_mut(&mut st, ep)?;
             let to = peer_of(&core.targets, a.to)?;
             let len = a.mem.map_or(0, |m| m.len());
-            let reserved = reserve(core.targets.tx.as_ref())?;
             let eager = if len <= self.eager_max {
                 match a.mem {
                     Some(m) => Some(
@@ -362,6 +353,7 @@ impl<C: Context> Engine<C> {
             } else {
                 None
             };
+            let reserved = reserve(core.targets.tx.as_ref())?;
             let op = core.next_op;
             core.next_op += 1;
             core.ops.insert(
@@ -397,10 +389,7 @@ impl<C: Context> Engine<C> {
     pub fn recv(&self, ep: u16, a: RecvArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
-            let core = st
-                .eps
-                .get_mut(&ep)
-                .ok_or(PostError::State("no such endpoint"))?;
+            let core = core_mut(&mut st, ep)?;
             if let Some(from) = a.from {
                 peer_of(&core.targets, from)?;
             }
@@ -423,11 +412,7 @@ impl<C: Context> Engine<C> {
                 len,
                 a.multi,
             ) {
-                if reserved {
-                    if let Some(cq) = &core.targets.rx {
-                        lock(cq).unreserve();
-                    }
-                }
+                give_back(core.targets.rx.as_ref(), reserved);
                 return Err(PostError::Invalid(format!("{e:?}")));
             }
             core.ops.insert(op, Op::receive(&a, reserved));
@@ -444,6 +429,7 @@ impl<C: Context> Engine<C> {
         let key = u32::try_from(a.key)
             .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
         let (to, targets, reserved) = self.one_sided(ep, a.to)?;
+        let tx = targets.tx.clone();
         let flags = RMA | if a.write { WRITE } else { READ };
         let wanted = a.completion && !a.inject;
         let notice = a.data.map(|data| {
@@ -459,21 +445,8 @@ impl<C: Context> Engine<C> {
             .encode(&mut header);
             header
         });
-        let finish = move |ok: bool| {
-            let entry = Entry {
-                context: a.context,
-                flags,
-                source: NOT_AVAIL,
-                ..Entry::default()
-            };
-            let c = if ok {
-                Ok(entry)
-            } else {
-                Err(error_of(entry, Outcome::RemoteFailed(0)))
-            };
-            deliver(targets.tx.as_ref(), reserved, wanted || !ok, c);
-            count(&targets, if a.write { WRITE } else { READ }, ok);
-        };
+        let finish =
+            move |ok: bool| complete_one_sided(&targets, a.context, flags, reserved, wanted, ok);
         let Some(mem) = a.mem else {
             finish(true);
             return Ok(());
@@ -485,19 +458,19 @@ impl<C: Context> Engine<C> {
             rkey: key,
         }
         .at(0);
-        let refused = |e: xrcbtl_fabric::Error| PostError::Invalid(e.to_string());
-        let started = if a.inject {
-            let bounce = self.btl.alloc_mem(len).map_err(refused)?;
-            bounce.write(0, &mem.read(0, len).map_err(refused)?);
-            let local = bounce.reg().at(0);
-            let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
-                drop(bounce);
-                let ok = r.is_ok() && notify(btl, to.domain, notice.as_deref());
-                finish(ok);
-            });
-            self.btl.put(to.domain, local, remote, len, Some(done))
-        } else {
-            let reg = self.btl.register_mem(mem, Access::NONE).map_err(refused)?;
+        let started = (|| {
+            if a.inject {
+                let bounce = self.btl.alloc_mem(len)?;
+                bounce.write(0, &mem.read(0, len)?);
+                let local = bounce.reg().at(0);
+                let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+                    drop(bounce);
+                    let ok = r.is_ok() && notify(btl, to.domain, notice.as_deref());
+                    finish(ok);
+                });
+                return self.btl.put(to.domain, local, remote, len, Some(done));
+            }
+            let reg = self.btl.register_mem(mem, Access::NONE)?;
             let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
                 let _ = btl.deregister_mem(reg);
                 let ok = r.is_ok() && notify(btl, to.domain, notice.as_deref());
@@ -512,14 +485,10 @@ impl<C: Context> Engine<C> {
                 let _ = self.btl.deregister_mem(reg);
             }
             r
-        };
+        })();
         started.map(|_| ()).map_err(|e| {
             // Never started: its place goes back.
-            if reserved {
-                if let Some(cq) = &self.targets_of(ep).and_then(|t| t.tx) {
-                    lock(cq).unreserve();
-                }
-            }
+            give_back(tx.as_ref(), reserved);
             PostError::Invalid(e.to_string())
         })
     }
@@ -543,7 +512,8 @@ impl<C: Context> Engine<C> {
             ));
         }
         let (to, targets, reserved) = self.one_sided(ep, a.to)?;
-        let kind = if fetching { READ } else { WRITE };
+        let tx = targets.tx.clone();
+        let kind = ATOMIC | if fetching { READ } else { WRITE };
         let result = a.result;
         let done = Box::new(move |_: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
             let ok = match (r, result) {
@@ -551,19 +521,7 @@ impl<C: Context> Engine<C> {
                 (Ok(_), _) => true,
                 (Err(_), _) => false,
             };
-            let entry = Entry {
-                context: a.context,
-                flags: ATOMIC | kind,
-                source: NOT_AVAIL,
-                ..Entry::default()
-            };
-            let c = if ok {
-                Ok(entry)
-            } else {
-                Err(error_of(entry, Outcome::RemoteFailed(0)))
-            };
-            deliver(targets.tx.as_ref(), reserved, a.completion || !ok, c);
-            count(&targets, kind, ok);
+            complete_one_sided(&targets, a.context, kind, reserved, a.completion, ok);
         });
         let at = RemoteMem {
             addr: a.addr,
@@ -580,11 +538,7 @@ impl<C: Context> Engine<C> {
             }
         };
         started.map(|_| ()).map_err(|e| {
-            if reserved {
-                if let Some(cq) = &self.targets_of(ep).and_then(|t| t.tx) {
-                    lock(cq).unreserve();
-                }
-            }
+            give_back(tx.as_ref(), reserved);
             PostError::Invalid(e.to_string())
         })
     }
@@ -594,17 +548,10 @@ impl<C: Context> Engine<C> {
     /// (whether one was taken).
     fn one_sided(&self, ep: u16, to: u64) -> Result<(PeerEp, Targets, bool), PostError> {
         let mut st = lock(&self.state);
-        let core = st
-            .eps
-            .get_mut(&ep)
-            .ok_or(PostError::State("no such endpoint"))?;
+        let core = core_mut(&mut st, ep)?;
         let peer = peer_of(&core.targets, to)?;
         let reserved = reserve(core.targets.tx.as_ref())?;
         Ok((peer, core.targets.clone(), reserved))
-    }
-
-    fn targets_of(&self, ep: u16) -> Option<Targets> {
-        lock(&self.state).eps.get(&ep).map(|c| c.targets.clone())
     }
 
     /// FI_PEEK in the tagged space: a completion with the length and tag
@@ -614,10 +561,7 @@ impl<C: Context> Engine<C> {
     pub fn peek(&self, ep: u16, a: PeekArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
-            let core = st
-                .eps
-                .get_mut(&ep)
-                .ok_or(PostError::State("no such endpoint"))?;
+            let core = core_mut(&mut st, ep)?;
             let reserved = reserve(core.targets.rx.as_ref())?;
             let want = Want {
                 from: a.from,
@@ -673,10 +617,7 @@ impl<C: Context> Engine<C> {
     pub fn take_claimed(&self, ep: u16, a: RecvArgs, discard: bool) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
-            let core = st
-                .eps
-                .get_mut(&ep)
-                .ok_or(PostError::State("no such endpoint"))?;
+            let core = core_mut(&mut st, ep)?;
             let reserved = reserve(core.targets.rx.as_ref())?;
             let claim = ClaimId(a.context);
             let op = core.next_op;
@@ -691,11 +632,7 @@ impl<C: Context> Engine<C> {
             };
             if !taken {
                 core.ops.remove(&op);
-                if reserved {
-                    if let Some(cq) = &core.targets.rx {
-                        lock(cq).unreserve();
-                    }
-                }
+                give_back(core.targets.rx.as_ref(), reserved);
                 return Err(PostError::Invalid(
                     "no message is claimed for this context".into(),
                 ));
@@ -760,6 +697,21 @@ fn peer_of(targets: &Targets, number: u64) -> Result<PeerEp, PostError> {
         .ok_or(PostError::State("no address vector bound"))?;
     let (peer, _) = lock(av).lookup(number).map_err(|_| PostError::NoAddress)?;
     Ok(peer)
+}
+
+/// Endpoint `ep`'s state.
+fn core_mut(st: &mut State, ep: u16) -> Result<&mut EpCore, PostError> {
+    st.eps
+        .get_mut(&ep)
+        .ok_or(PostError::State("no such endpoint"))
+}
+
+/// Gives back the place a post took in `cq` (if it took one) when the
+/// operation did not start.
+fn give_back(cq: Option<&SharedCq>, reserved: bool) {
+    if let (true, Some(cq)) = (reserved, cq) {
+        lock(cq).unreserve();
+    }
 }
 
 /// Takes a place in `cq`, if there is one: Again when it is full.
@@ -1058,6 +1010,31 @@ fn deliver(cq: Option<&SharedCq>, reserved: bool, wanted: bool, c: Result<Entry,
         }
         (false, false) => {}
     }
+}
+
+/// Completes an RMA or atomic operation (`flags`: FI_RMA or FI_ATOMIC,
+/// with FI_READ or FI_WRITE, which also says the counters it counts in).
+fn complete_one_sided(
+    targets: &Targets,
+    context: u64,
+    flags: u64,
+    reserved: bool,
+    wanted: bool,
+    ok: bool,
+) {
+    let entry = Entry {
+        context,
+        flags,
+        source: NOT_AVAIL,
+        ..Entry::default()
+    };
+    let c = if ok {
+        Ok(entry)
+    } else {
+        Err(error_of(entry, Outcome::RemoteFailed(0)))
+    };
+    deliver(targets.tx.as_ref(), reserved, wanted || !ok, c);
+    count(targets, flags & (READ | WRITE), ok);
 }
 
 fn complete_send(targets: &Targets, o: &Op, outcome: Outcome) {

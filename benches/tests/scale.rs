@@ -262,7 +262,14 @@ mod managers {
                         self.sent[r as usize] += 1;
                         self.received[to as usize] += 1;
                         self.queue
-                            .push_back((to, Event::Request { cm: theirs, data }));
+                            .push_back((
+                            to,
+                            Event::Request {
+                                cm: theirs,
+                                data,
+                                from: None,
+                            },
+                        ));
                     }
                     Action::Accept { cm, data, .. } => {
                         let (i, icm) = self.peer[&(r, cm)];

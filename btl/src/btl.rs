@@ -289,6 +289,17 @@ impl<C: Context> Btl<C> {
         &self,
         resolve: impl Fn(Rank) -> Option<Peer> + Send + Sync + 'static,
     ) {
+        self.lock().resolver = Some(Arc::new(move |rank, _| resolve(rank)));
+    }
+
+    /// As [`Btl::set_peer_resolver`], for a library whose address exchange
+    /// cannot name every rank: `resolve` also gets where the request came
+    /// from, where the CM said (the peer's IP address, with its CM id's
+    /// port, not its listener's; `None` for native InfiniBand addresses).
+    pub fn set_peer_resolver_by_source(
+        &self,
+        resolve: impl Fn(Rank, Option<SocketAddr>) -> Option<Peer> + Send + Sync + 'static,
+    ) {
         self.lock().resolver = Some(Arc::new(resolve));
     }
 

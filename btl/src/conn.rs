@@ -957,6 +957,7 @@ impl<C: Context> ConnDriver<C> {
                 Event::Request {
                     cm,
                     data: ev.private_data,
+                    from: ev.peer,
                 },
             );
             return;

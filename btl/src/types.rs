@@ -104,8 +104,9 @@ pub type AmCallback<C> = Arc<dyn Fn(&Btl<C>, &Incoming<'_>) + Send + Sync>;
 pub type ErrorCallback<C> = Arc<dyn Fn(&Btl<C>, Rank, &BtlError) + Send + Sync>;
 
 /// Finds a rank this rank does not know when it asks for a connection
-/// ([`Btl::set_peer_resolver`]).
-pub type PeerResolver = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
+/// ([`Btl::set_peer_resolver`]): gets the rank and where its request came
+/// from, where the CM said.
+pub type PeerResolver = Arc<dyn Fn(Rank, Option<SocketAddr>) -> Option<Peer> + Send + Sync>;
 
 /// An operation's completion callback: runs once (like [`AmCallback`])
 /// when the operation ends.

@@ -4,6 +4,7 @@
 //! resolver makes it known when it asks for a connection; without one the
 //! connection is refused and the sender is told the rank is unreachable.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,14 +27,31 @@ fn job(device: SimDevice) -> SimJob {
 /// Ranks 0 and 2 send to every other rank, knowing only the peers they
 /// send to; ranks 1 and 3 know nobody, resolve the senders when they ask
 /// for a connection and answer each message from inside its callback.
-fn senders_are_resolved_by_receivers_that_never_added_them(device: SimDevice) {
+///
+/// With `by_source`, the resolvers know only each rank's listener port and
+/// take its IP address from where the request came from (as a library
+/// whose address exchange cannot name every rank does); the address must
+/// be the sender's.
+fn senders_are_resolved_by_receivers_that_never_added_them(device: SimDevice, by_source: bool) {
     let mut job = job(device);
     let peers: Arc<Vec<Peer>> = Arc::new((0..4).map(|r| job.peer(r)).collect());
     let pongs = Arc::new(AtomicU64::new(0));
     for r in 0..4 {
         let b = job.btl(r).clone();
         let p = peers.clone();
-        b.set_peer_resolver(move |rank| p.get(rank as usize).copied());
+        if by_source {
+            b.set_peer_resolver_by_source(move |rank, from| {
+                let known = p.get(rank as usize).copied()?;
+                let from = from.expect("an IP request says where it came from");
+                assert_eq!(from.ip(), known.addr.ip(), "rank {rank}'s host");
+                Some(Peer {
+                    addr: SocketAddr::new(from.ip(), known.addr.port()),
+                    ..known
+                })
+            });
+        } else {
+            b.set_peer_resolver(move |rank| p.get(rank as usize).copied());
+        }
         b.register_am(PING, |btl, m| {
             btl.send(m.src, PONG, &[], m.data)
                 .expect("a reply to a resolved peer");
@@ -63,17 +81,27 @@ fn senders_are_resolved_by_receivers_that_never_added_them(device: SimDevice) {
 
 #[test]
 fn lazy_peers_over_xrc() {
-    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::ib("sim0"));
+    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::ib("sim0"), false);
 }
 
 #[test]
 fn lazy_peers_over_rc_on_roce() {
-    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::roce("sim0"));
+    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::roce("sim0"), false);
 }
 
 #[test]
 fn lazy_peers_over_iwarp() {
-    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::iwarp("sim0"));
+    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::iwarp("sim0"), false);
+}
+
+#[test]
+fn lazy_peers_found_by_where_they_asked_from_on_roce() {
+    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::roce("sim0"), true);
+}
+
+#[test]
+fn lazy_peers_found_by_where_they_asked_from_on_iwarp() {
+    senders_are_resolved_by_receivers_that_never_added_them(SimDevice::iwarp("sim0"), true);
 }
 
 /// A receiver with no resolver (or one that does not know the rank)

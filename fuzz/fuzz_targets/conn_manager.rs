@@ -329,7 +329,14 @@ fuzz_target!(|input: Input| {
                 d.cms_ever.insert(cm);
                 d.cms.insert(cm);
                 let data = d.data(data);
-                m.handle(now, Event::Request { cm, data });
+                m.handle(
+                    now,
+                    Event::Request {
+                        cm,
+                        data,
+                        from: None,
+                    },
+                );
             }
             Step::Established(i, data) => {
                 if let Some(cm) = pick(d.cms.iter().copied(), *i) {

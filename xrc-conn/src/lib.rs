@@ -48,6 +48,7 @@ mod tgts;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tgts::{Tgt, Tgts};
@@ -346,6 +347,10 @@ pub enum Notice {
     UnknownPeer {
         /// The peer.
         rank: Rank,
+        /// Where its first request came from, where the CM said (the IP
+        /// address is the peer's; the port is its CM id's, not its
+        /// listener's).
+        from: Option<SocketAddr>,
     },
     /// A connection request was turned away (a stranger's, a stale one, a
     /// crossing one, one from a failed or leaving peer...).
@@ -417,6 +422,9 @@ pub enum Event {
         cm: CmRef,
         /// Its private data.
         data: Vec<u8>,
+        /// Where it came from, where the CM says (the requesting side's IP
+        /// address and CM port; not said for native InfiniBand addresses).
+        from: Option<SocketAddr>,
     },
     /// A connection is established.
     Established {
@@ -725,7 +733,7 @@ impl ConnManager {
         }
         *self.ranks_on.entry(node).or_insert(0) += 1;
         for (cm, _, data) in self.take_parked(Some(rank)) {
-            self.on_request(cm, &data);
+            self.on_request(cm, &data, None);
         }
     }
 
@@ -1003,7 +1011,7 @@ impl ConnManager {
             Event::TgtOpened { tgt, ok } => self.on_tgt_opened(tgt, ok),
             Event::Resolved { cm, route } => self.on_resolved(cm, route),
             Event::ResolveFailed { cm } => self.on_cm_failed(cm, CmFailure::Unreachable, &[]),
-            Event::Request { cm, data } => self.on_request(cm, &data),
+            Event::Request { cm, data, from } => self.on_request(cm, &data, from),
             Event::Established { cm, data } => self.on_established(cm, &data),
             Event::Failed { cm, how, data } => self.on_cm_failed(cm, how, &data),
             Event::Disconnected { cm } => self.on_disconnected(cm),
@@ -1871,7 +1879,7 @@ impl ConnManager {
         self.arm(Timer::Ep(rank), at);
     }
 
-    fn on_request(&mut self, cm: CmRef, data: &[u8]) {
+    fn on_request(&mut self, cm: CmRef, data: &[u8], from: Option<SocketAddr>) {
         let msg = match Msg::decode(data, self.cfg.job) {
             Ok(m) => m,
             Err(reason) => {
@@ -1896,7 +1904,10 @@ impl ConnManager {
             // Ask once per rank; the request waits for the answer.
             if !self.parked.iter().any(|p| p.1 == msg.src) {
                 self.notices
-                    .push_back(Notice::UnknownPeer { rank: msg.src });
+                    .push_back(Notice::UnknownPeer {
+                        rank: msg.src,
+                        from,
+                    });
             }
             self.parked.push((cm, msg.src, data.to_vec()));
             return;

@@ -124,6 +124,7 @@ fn requested_tgt(m: &mut ConnManager, cm: u64, src: Rank, tag: u32) -> TgtRef {
         Event::Request {
             cm: CmRef(cm),
             data: Msg::new(Kind::Connect, JOB, src, 1, tag).encode(),
+            from: None,
         },
     );
     let Action::CreateTgt { tgt } = drain(m)[0] else {
@@ -324,6 +325,7 @@ fn requests_are_served_and_bad_ones_refused() {
         Event::Request {
             cm: CmRef(500),
             data: Msg::new(Kind::Connect, JOB, 0, 1, 42).encode(),
+            from: None,
         },
     );
     let a = drain(&mut m);
@@ -356,6 +358,7 @@ fn requests_are_served_and_bad_ones_refused() {
         Event::Request {
             cm: CmRef(501),
             data: r.encode(),
+            from: None,
         },
     );
     let a = drain(&mut m);
@@ -370,6 +373,7 @@ fn requests_are_served_and_bad_ones_refused() {
         Event::Request {
             cm: CmRef(502),
             data: r.encode(),
+            from: None,
         },
     );
     let a = drain(&mut m);
@@ -409,6 +413,7 @@ fn requests_are_served_and_bad_ones_refused() {
             Event::Request {
                 cm: CmRef(600),
                 data: bytes,
+                from: None,
             },
         );
         let a = drain(&mut m);
@@ -452,6 +457,7 @@ fn a_tgt_error_unregisters() {
         Event::Request {
             cm: CmRef(501),
             data: r.encode(),
+            from: None,
         },
     );
     let Action::OpenTgt { tgt, .. } = drain(&mut m)[0] else {
@@ -482,6 +488,7 @@ fn clean_exit_tells_senders_and_waits_for_them() {
         Event::Request {
             cm: CmRef(700),
             data: Msg::new(Kind::Connect, JOB, 2, 1, 1).encode(),
+            from: None,
         },
     );
     let a = drain(&mut m);
@@ -583,6 +590,7 @@ fn a_leaving_receiver_closes_our_endpoint() {
         Event::Request {
             cm: CmRef(800),
             data: Msg::new(Kind::Leave, JOB, 1, 0, 5).encode(),
+            from: None,
         },
     );
     let a = drain(&mut m);
@@ -695,23 +703,33 @@ fn rejected(actions: &[Action]) -> Vec<(CmRef, Option<Reason>)> {
 #[test]
 fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
     let mut m = mgr(1, 1);
+    // Each request comes from its rank's host (where the CM says).
+    let host = |src: Rank| std::net::SocketAddr::from(([10, 0, 0, src as u8], 40_000));
     let request = |m: &mut ConnManager, cm: u64, src: Rank| {
         m.handle(
             T0,
             Event::Request {
                 cm: CmRef(cm),
                 data: Msg::new(Kind::Connect, JOB, src, 1, cm as u32).encode(),
+                from: Some(host(src)),
             },
         );
     };
-    // Rank 7 asks twice (a retry): one notice, nothing answered yet.
+    // Rank 7 asks twice (a retry): one notice, with where it asked from,
+    // nothing answered yet.
     request(&mut m, 700, 7);
     request(&mut m, 701, 7);
     assert!(drain(&mut m).is_empty());
-    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 7 }]);
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer {
+            rank: 7,
+            from: Some(host(7))
+        }]);
     // Rank 8 cannot be found: refused as a wrong rank.
     request(&mut m, 800, 8);
-    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 8 }]);
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer {
+            rank: 8,
+            from: Some(host(8))
+        }]);
     m.unknown_peer(T0, 8);
     assert_eq!(
         rejected(&drain(&mut m)),
@@ -726,7 +744,10 @@ fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
     );
     // Rank 9 is still unknown when the rank leaves: refused, leaving.
     request(&mut m, 900, 9);
-    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 9 }]);
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer {
+            rank: 9,
+            from: Some(host(9))
+        }]);
     m.shutdown(T0);
     let a = drain(&mut m);
     assert!(
@@ -751,6 +772,7 @@ fn rc_request(m: &mut ConnManager, from: Rank, tag: u32, epoch: u32, cm: CmRef) 
         Event::Request {
             cm,
             data: r.encode(),
+            from: None,
         },
     );
 }
@@ -917,6 +939,7 @@ fn a_request_from_oneself_is_refused() {
             Event::Request {
                 cm: CmRef(1 << 62),
                 data,
+                from: None,
             },
         );
         let a = drain(&mut m);
@@ -973,6 +996,7 @@ fn rc_repeated_requests_from_one_peer_leave_one_qp() {
             Event::Request {
                 cm: CmRef((1 << 62) + i as u64),
                 data: Msg::new(Kind::Connect, JOB, 1, 2, tag).encode(),
+                from: None,
             },
         );
         drain(&mut m);
@@ -995,6 +1019,7 @@ fn a_connection_that_comes_up_after_its_peer_left_readies_nothing() {
         Event::Request {
             cm: CmRef(800),
             data: Msg::new(Kind::Leave, JOB, 1, 0, 5).encode(),
+            from: None,
         },
     );
     assert_eq!(notices(&mut m), vec![Notice::Closed { rank: 1 }]);

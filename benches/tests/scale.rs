@@ -261,8 +261,7 @@ mod managers {
                         self.peer.insert((to, theirs), (r, cm));
                         self.sent[r as usize] += 1;
                         self.received[to as usize] += 1;
-                        self.queue
-                            .push_back((
+                        self.queue.push_back((
                             to,
                             Event::Request {
                                 cm: theirs,

@@ -178,6 +178,14 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A job's number for the connection handshake, from its name (FNV-1a):
+/// a rank refuses requests that carry another job's number.
+pub fn job_number(name: &str) -> u32 {
+    name.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
 /// The numbers a rank gives the nodes it hears of, by node key: its own
 /// node's first, a simulated node (`sim/N`, as its job numbered it) its
 /// own number when the rank is simulated too, any other key the next free
@@ -230,6 +238,12 @@ impl Address {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_numbers_differ_by_name() {
+        assert_ne!(job_number("a"), job_number("b"));
+        assert_eq!(job_number("job-1"), job_number("job-1"));
+    }
 
     #[test]
     fn nodes_are_numbered_by_key() {

@@ -70,14 +70,6 @@ impl Settings {
     }
 }
 
-/// The job's number for the connection handshake: FNV-1a of its name.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-fn job_number(job: &str) -> u32 {
-    job.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
-}
-
 /// Makes a rank on a verbs device.
 #[cfg(feature = "verbs")]
 fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
@@ -89,7 +81,7 @@ fn create_verbs(p: &xrcbtl_params_t) -> Outcome<Box<xrcbtl_t>> {
     use xrcbtl_fabric::Fabric;
 
     use crate::handle::AnyBtl;
-    use xrcbtl_btl::addr::Address;
+    use xrcbtl_btl::addr::{job_number, Address};
 
     let has = |bit| p.field_mask & bit != 0;
     if !has(XRCBTL_PARAM_RANK) || !has(XRCBTL_PARAM_JOB) {
@@ -286,11 +278,5 @@ mod tests {
         // SAFETY: the table has n entries of C strings.
         let first = unsafe { CStr::from_ptr((*t).name) };
         assert_eq!(first.to_str().unwrap(), SETTINGS[0].name);
-    }
-
-    #[test]
-    fn job_numbers_differ_by_name() {
-        assert_ne!(job_number("a"), job_number("b"));
-        assert_eq!(job_number("job-1"), job_number("job-1"));
     }
 }

@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use xrcbtl_btl::{Access, Btl, MemReg, RemoteMem, Tag, UserMem};
+use xrcbtl_btl::{Access, Btl, MemReg, Peer, RemoteMem, Tag, UserMem};
 use xrcbtl_fabric::Context;
 
 use crate::addr::PeerEp;
@@ -247,6 +247,57 @@ struct State {
     eps: HashMap<u16, EpCore>,
 }
 
+/// What the provider's C layer asks of a domain's engine, whichever fabric
+/// its BTL runs on ([`Engine`] on the simulated fabric or on verbs).
+pub trait Ops: Send + Sync {
+    /// Largest message sent eagerly.
+    fn eager_max(&self) -> usize;
+    /// Opens endpoint `ep` with its bindings.
+    fn open(&self, ep: u16, targets: Targets);
+    /// Closes endpoint `ep`: what it had in flight is dropped without
+    /// completions (the caller closed it), rendezvous registrations given
+    /// back.
+    fn close(&self, ep: u16);
+    /// Posts a send from endpoint `ep`.
+    fn send(&self, ep: u16, a: SendArgs) -> Result<(), PostError>;
+    /// Posts a receive on endpoint `ep`.
+    fn recv(&self, ep: u16, a: RecvArgs) -> Result<(), PostError>;
+    /// Posts an RMA read or write from endpoint `ep`: the local buffer is
+    /// registered through the BTL's cache (or, for an inject, copied into
+    /// memory of the BTL's), the target reached at `addr` with `key`; the
+    /// device checks the key against what the target registered.
+    fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError>;
+    /// Posts an atomic from endpoint `ep`: the BTL's add, fetch-and-add or
+    /// compare-and-swap on the target's word; the old value (if any) is
+    /// written to `result` before the completion.
+    fn atomic(&self, ep: u16, a: AtomicArgs) -> Result<(), PostError>;
+    /// FI_PEEK in the tagged space: a completion with the length and tag
+    /// of the oldest matching message that waits (claimed for `context`
+    /// with FI_CLAIM, dropped with FI_DISCARD), or an FI_ENOMSG error
+    /// completion when none does.
+    fn peek(&self, ep: u16, a: PeekArgs) -> Result<(), PostError>;
+    /// FI_CLAIM: receives the message a peek claimed for `a.context`
+    /// into `a.mem`; FI_CLAIM | FI_DISCARD (`discard`): drops it. Either
+    /// completes as a receive. `Invalid` when nothing is claimed for it.
+    fn take_claimed(&self, ep: u16, a: RecvArgs, discard: bool) -> Result<(), PostError>;
+    /// Cancels the posted receive of `context` on endpoint `ep`: it
+    /// completes with FI_ECANCELED; false if none is posted.
+    fn cancel(&self, ep: u16, context: u64) -> bool;
+    /// Operations in flight on endpoint `ep` (sends, reads, receives).
+    fn in_flight(&self, ep: u16) -> (usize, usize, usize);
+    /// Whether the device does atomics.
+    fn atomics(&self) -> bool;
+    /// Registers memory for peers' RMA and atomics (`fi_mr_reg`), through
+    /// the BTL's cache.
+    fn register_mem(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<MemReg>;
+    /// Gives a registration back.
+    fn deregister_mem(&self, reg: MemReg);
+    /// One round of the BTL's progress; the work it found.
+    fn progress(&self) -> usize;
+    /// Makes a peer domain known to the BTL (connected on first use).
+    fn add_peer(&self, peer: &Peer) -> xrcbtl_fabric::Result<()>;
+}
+
 /// One domain's endpoints on its BTL.
 pub struct Engine<C: Context> {
     btl: Arc<Btl<C>>,
@@ -303,13 +354,26 @@ impl<C: Context> Engine<C> {
         &self.btl
     }
 
+    /// What an RMA or atomic from `ep` to `to` needs before it starts:
+    /// the peer, the endpoint's targets, and a place in its transmit queue
+    /// (whether one was taken).
+    fn one_sided(&self, ep: u16, to: u64) -> Result<(PeerEp, Targets, bool), PostError> {
+        let mut st = lock(&self.state);
+        let core = core_mut(&mut st, ep)?;
+        let peer = peer_of(&core.targets, to)?;
+        let reserved = reserve(core.targets.tx.as_ref())?;
+        Ok((peer, core.targets.clone(), reserved))
+    }
+}
+
+impl<C: Context> Ops for Engine<C> {
     /// Largest message sent eagerly.
-    pub fn eager_max(&self) -> usize {
+    fn eager_max(&self) -> usize {
         self.eager_max
     }
 
     /// Opens endpoint `ep` with its bindings.
-    pub fn open(&self, ep: u16, targets: Targets) {
+    fn open(&self, ep: u16, targets: Targets) {
         lock(&self.state).eps.insert(
             ep,
             EpCore {
@@ -324,7 +388,7 @@ impl<C: Context> Engine<C> {
     /// Closes endpoint `ep`: what it had in flight is dropped without
     /// completions (the caller closed it), rendezvous registrations given
     /// back.
-    pub fn close(&self, ep: u16) {
+    fn close(&self, ep: u16) {
         let core = lock(&self.state).eps.remove(&ep);
         if let Some(core) = core {
             for op in core.ops.into_values() {
@@ -336,7 +400,7 @@ impl<C: Context> Engine<C> {
     }
 
     /// Posts a send from endpoint `ep`.
-    pub fn send(&self, ep: u16, a: SendArgs) -> Result<(), PostError> {
+    fn send(&self, ep: u16, a: SendArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
             let core = core_mut(&mut st, ep)?;
@@ -386,7 +450,7 @@ impl<C: Context> Engine<C> {
     }
 
     /// Posts a receive on endpoint `ep`.
-    pub fn recv(&self, ep: u16, a: RecvArgs) -> Result<(), PostError> {
+    fn recv(&self, ep: u16, a: RecvArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
             let core = core_mut(&mut st, ep)?;
@@ -425,7 +489,7 @@ impl<C: Context> Engine<C> {
     /// registered through the BTL's cache (or, for an inject, copied into
     /// memory of the BTL's), the target reached at `addr` with `key`; the
     /// device checks the key against what the target registered.
-    pub fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError> {
+    fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError> {
         let key = u32::try_from(a.key)
             .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
         let (to, targets, reserved) = self.one_sided(ep, a.to)?;
@@ -496,7 +560,7 @@ impl<C: Context> Engine<C> {
     /// Posts an atomic from endpoint `ep`: the BTL's add, fetch-and-add or
     /// compare-and-swap on the target's word; the old value (if any) is
     /// written to `result` before the completion.
-    pub fn atomic(&self, ep: u16, a: AtomicArgs) -> Result<(), PostError> {
+    fn atomic(&self, ep: u16, a: AtomicArgs) -> Result<(), PostError> {
         use crate::atomic::Op;
         let key = u32::try_from(a.key)
             .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
@@ -543,22 +607,11 @@ impl<C: Context> Engine<C> {
         })
     }
 
-    /// What an RMA or atomic from `ep` to `to` needs before it starts:
-    /// the peer, the endpoint's targets, and a place in its transmit queue
-    /// (whether one was taken).
-    fn one_sided(&self, ep: u16, to: u64) -> Result<(PeerEp, Targets, bool), PostError> {
-        let mut st = lock(&self.state);
-        let core = core_mut(&mut st, ep)?;
-        let peer = peer_of(&core.targets, to)?;
-        let reserved = reserve(core.targets.tx.as_ref())?;
-        Ok((peer, core.targets.clone(), reserved))
-    }
-
     /// FI_PEEK in the tagged space: a completion with the length and tag
     /// of the oldest matching message that waits (claimed for `context`
     /// with FI_CLAIM, dropped with FI_DISCARD), or an FI_ENOMSG error
     /// completion when none does.
-    pub fn peek(&self, ep: u16, a: PeekArgs) -> Result<(), PostError> {
+    fn peek(&self, ep: u16, a: PeekArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
             let core = core_mut(&mut st, ep)?;
@@ -614,7 +667,7 @@ impl<C: Context> Engine<C> {
     /// FI_CLAIM: receives the message a peek claimed for `a.context`
     /// into `a.mem`; FI_CLAIM | FI_DISCARD (`discard`): drops it. Either
     /// completes as a receive. `Invalid` when nothing is claimed for it.
-    pub fn take_claimed(&self, ep: u16, a: RecvArgs, discard: bool) -> Result<(), PostError> {
+    fn take_claimed(&self, ep: u16, a: RecvArgs, discard: bool) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
             let core = core_mut(&mut st, ep)?;
@@ -653,7 +706,7 @@ impl<C: Context> Engine<C> {
 
     /// Cancels the posted receive of `context` on endpoint `ep`: it
     /// completes with FI_ECANCELED; false if none is posted.
-    pub fn cancel(&self, ep: u16, context: u64) -> bool {
+    fn cancel(&self, ep: u16, context: u64) -> bool {
         let found = {
             let mut st = lock(&self.state);
             let Some(core) = st.eps.get_mut(&ep) else {
@@ -675,11 +728,30 @@ impl<C: Context> Engine<C> {
     }
 
     /// Operations in flight on endpoint `ep` (sends, reads, receives).
-    pub fn in_flight(&self, ep: u16) -> (usize, usize, usize) {
+    fn in_flight(&self, ep: u16) -> (usize, usize, usize) {
         lock(&self.state)
             .eps
             .get(&ep)
             .map_or((0, 0, 0), |c| c.rdm.in_flight())
+    }
+    fn atomics(&self) -> bool {
+        self.btl.caps().atomics
+    }
+
+    fn register_mem(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<MemReg> {
+        self.btl.register_mem(mem, access)
+    }
+
+    fn deregister_mem(&self, reg: MemReg) {
+        let _ = self.btl.deregister_mem(reg);
+    }
+
+    fn progress(&self) -> usize {
+        self.btl.progress()
+    }
+
+    fn add_peer(&self, peer: &Peer) -> xrcbtl_fabric::Result<()> {
+        self.btl.add_procs(std::slice::from_ref(peer))
     }
 }
 

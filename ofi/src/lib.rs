@@ -41,6 +41,7 @@ pub mod cq;
 pub mod devices;
 pub mod engine;
 pub mod flags;
+pub mod host;
 pub mod info;
 pub mod matching;
 mod prov;

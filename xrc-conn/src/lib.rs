@@ -1903,11 +1903,10 @@ impl ConnManager {
             }
             // Ask once per rank; the request waits for the answer.
             if !self.parked.iter().any(|p| p.1 == msg.src) {
-                self.notices
-                    .push_back(Notice::UnknownPeer {
-                        rank: msg.src,
-                        from,
-                    });
+                self.notices.push_back(Notice::UnknownPeer {
+                    rank: msg.src,
+                    from,
+                });
             }
             self.parked.push((cm, msg.src, data.to_vec()));
             return;

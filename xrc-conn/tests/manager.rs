@@ -720,16 +720,22 @@ fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
     request(&mut m, 700, 7);
     request(&mut m, 701, 7);
     assert!(drain(&mut m).is_empty());
-    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer {
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::UnknownPeer {
             rank: 7,
             from: Some(host(7))
-        }]);
+        }]
+    );
     // Rank 8 cannot be found: refused as a wrong rank.
     request(&mut m, 800, 8);
-    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer {
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::UnknownPeer {
             rank: 8,
             from: Some(host(8))
-        }]);
+        }]
+    );
     m.unknown_peer(T0, 8);
     assert_eq!(
         rejected(&drain(&mut m)),
@@ -744,10 +750,13 @@ fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
     );
     // Rank 9 is still unknown when the rank leaves: refused, leaving.
     request(&mut m, 900, 9);
-    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer {
+    assert_eq!(
+        notices(&mut m),
+        vec![Notice::UnknownPeer {
             rank: 9,
             from: Some(host(9))
-        }]);
+        }]
+    );
     m.shutdown(T0);
     let a = drain(&mut m);
     assert!(

@@ -169,11 +169,15 @@ unsafe extern "C" fn insert(
         // SAFETY: the caller passes `count` addresses, each of the length
         // fi_getname gave (addr::LEN).
         let bytes = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), total) };
-        let mut table = av.table();
+        // SAFETY: an AV's domain cannot close before it (EBUSY).
+        let domain = unsafe { &*av.domain };
         let mut inserted = 0;
         for (i, one) in bytes.chunks_exact(addr::LEN).enumerate() {
             let (number, code) = match EpAddr::decode(one) {
-                Ok(a) => match table.insert(a) {
+                Ok(a) if domain.know(&a).is_err() => (NOT_AVAIL, err(sys::FI_EINVAL)),
+                // The BTL learns the peer first (outside the table's lock:
+                // the BTL's progress reads the table).
+                Ok(a) => match av.table().insert(a) {
                     Ok(n) => (n, 0),
                     Err(EpAvError::Conflict) => (NOT_AVAIL, err(sys::FI_EADDRINUSE)),
                     Err(EpAvError::Av(_)) => (NOT_AVAIL, err(sys::FI_ENOSPC)),

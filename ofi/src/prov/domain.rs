@@ -3,9 +3,8 @@
 //! queues, counters, endpoints and memory registrations.
 //!
 //! On the simulated fabric each domain takes a rank of the process's
-//! simulated job ([`crate::world`]). Verbs domains are not built yet (they
-//! need a rank that is unique across the job without an MPI to number the
-//! processes): opening one is -FI_ENOSYS.
+//! simulated job ([`crate::world`]); on a verbs device it opens a BTL rank
+//! of its own, numbered by its listener ([`crate::host`]).
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -16,13 +15,26 @@ use super::fabric::Fabric;
 use super::{av, cq, ep, err, fid_ops, guard, mr, object, Shared};
 use crate::addr::EpAddr;
 use crate::devices::{self, Which};
-use crate::engine::Engine;
+use crate::engine::{Engine, Ops};
 use crate::sys;
 use crate::world::{self, SimRank};
-use xrcbtl_fabric::sim::SimContext;
+use xrcbtl_btl::addr::Address;
 
 /// Most simulated steps one progress call takes.
 const PROGRESS_STEPS: usize = 64;
+/// Most rounds of a verbs BTL's progress one progress call takes.
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+const PROGRESS_ROUNDS: usize = 16;
+
+/// The BTL rank a domain is.
+pub(crate) enum Rank {
+    /// A rank of the process's simulated job (held: dropping it frees
+    /// the rank).
+    Sim(#[allow(dead_code)] SimRank),
+    /// A rank on a verbs device.
+    #[cfg(feature = "verbs")]
+    Verbs(crate::host::VerbsRank),
+}
 
 /// The provider's domain: libfabric's `fid_domain` first.
 #[repr(C)]
@@ -33,9 +45,11 @@ pub(crate) struct Domain {
     /// endpoints, registrations): it closes only when none are left.
     pub(crate) children: AtomicUsize,
     /// Its endpoints' engine (dropped before the rank it runs on).
-    pub(crate) engine: Engine<SimContext>,
+    pub(crate) engine: Box<dyn Ops>,
     /// The BTL rank it is.
-    pub(crate) rank: SimRank,
+    rank: Rank,
+    /// That rank's address.
+    address: Address,
     /// Its address vector type when one is opened with FI_AV_UNSPEC.
     pub(crate) av_type: u32,
     /// The threading level the caller asked for.
@@ -73,13 +87,42 @@ static MR_OPS: Shared<sys::fi_ops_mr> = Shared::new(sys::fi_ops_mr {
 impl Domain {
     /// Progress (FI_PROGRESS_MANUAL): what reading a queue or a counter
     /// runs first. On the simulated fabric, steps the job until no rank
-    /// finds work (at most a bounded number of steps, so that a read
-    /// returns).
+    /// finds work; on verbs, runs the BTL's progress until it finds none
+    /// (each at most a bounded number of times, so that a read returns).
     pub(crate) fn progress(&self) {
-        for _ in 0..PROGRESS_STEPS {
-            if world::step() == 0 {
-                break;
+        match &self.rank {
+            Rank::Sim(_) => {
+                for _ in 0..PROGRESS_STEPS {
+                    if world::step() == 0 {
+                        break;
+                    }
+                }
             }
+            #[cfg(feature = "verbs")]
+            Rank::Verbs(_) => {
+                for _ in 0..PROGRESS_ROUNDS {
+                    if self.engine.progress() == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes the domain of an inserted address known to the BTL. The
+    /// simulated job knows all its ranks already; a verbs rank adds the
+    /// peer (connected on first use). An error says why it cannot be
+    /// reached (it receives through XRC and this rank through RC, or
+    /// through another XRC domain of the same node).
+    #[cfg_attr(not(feature = "verbs"), allow(unused_variables))]
+    pub(crate) fn know(&self, a: &EpAddr) -> Result<(), String> {
+        match &self.rank {
+            Rank::Sim(_) => Ok(()),
+            #[cfg(feature = "verbs")]
+            Rank::Verbs(v) => self
+                .engine
+                .add_peer(&v.resolver.peer(a))
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -102,7 +145,7 @@ impl Domain {
 
     /// The address of the domain's endpoint `ep`.
     pub(crate) fn address(&self, ep: u16) -> EpAddr {
-        EpAddr::of(&self.rank.address, ep)
+        EpAddr::of(&self.address, ep)
     }
 
     /// The provider's domain behind `fid`, or None.
@@ -150,8 +193,16 @@ pub(super) unsafe extern "C" fn open(
             Ok(w) => w,
             Err(_) => return err(sys::FI_EINVAL),
         };
-        let rank = match which {
-            Which::Verbs => return err(sys::FI_ENOSYS),
+        let Ok(unexpected) = crate::engine::unexpected_max(
+            std::env::var(crate::engine::UNEXPECTED_VAR).ok().as_deref(),
+        ) else {
+            return err(sys::FI_EINVAL);
+        };
+        let (engine, rank, address): (Box<dyn Ops>, Rank, Address) = match which {
+            Which::Verbs => match verbs_rank(name.as_deref(), unexpected) {
+                Ok(v) => v,
+                Err(code) => return err(code),
+            },
             Which::Sim | Which::SimIwarp => {
                 let device = world::device(which == Which::SimIwarp);
                 if name.as_deref().is_some_and(|n| n != device.name) {
@@ -164,15 +215,14 @@ pub(super) unsafe extern "C" fn open(
                     return err(sys::FI_EINVAL);
                 };
                 match world::claim(device, nodes, per_node) {
-                    Ok(rank) => rank,
+                    Ok(rank) => {
+                        let engine = Engine::new(rank.btl.clone(), unexpected);
+                        let address = rank.address.clone();
+                        (Box::new(engine), Rank::Sim(rank), address)
+                    }
                     Err(_) => return err(sys::FI_ENOSPC),
                 }
             }
-        };
-        let Ok(unexpected) = crate::engine::unexpected_max(
-            std::env::var(crate::engine::UNEXPECTED_VAR).ok().as_deref(),
-        ) else {
-            return err(sys::FI_EINVAL);
         };
         let object = Box::new(Domain {
             domain: sys::fid_domain {
@@ -186,18 +236,47 @@ pub(super) unsafe extern "C" fn open(
             },
             fabric: parent,
             children: AtomicUsize::new(0),
-            engine: Engine::new(rank.btl.clone(), unexpected),
+            engine,
             rank,
+            address,
             av_type: attr.av_type,
             threading: attr.threading,
             ep_numbers: Mutex::new(BTreeSet::new()),
         });
-        parent.domains.fetch_add(1, Ordering::AcqRel);
+        parent.children.fetch_add(1, Ordering::AcqRel);
         // SAFETY: libfabric's out-parameter, checked non-null; freed by
         // `close`.
         unsafe { *dom = Box::into_raw(object).cast() };
         0
     })
+}
+
+/// A rank on the verbs device `name` (getinfo's domain name; the first
+/// device it offers when none is named), with its engine; the `FI_E*`
+/// code when there is none.
+#[cfg(feature = "verbs")]
+fn verbs_rank(name: Option<&str>, unexpected: usize) -> Result<(Box<dyn Ops>, Rank, Address), u32> {
+    let devices = devices::list(Which::Verbs).map_err(|e| {
+        super::warn(&e);
+        sys::FI_ENODEV
+    })?;
+    let device = match name {
+        Some(n) => devices.iter().find(|d| d.name == n),
+        None => devices.first(),
+    }
+    .ok_or(sys::FI_ENODEV)?;
+    let v = crate::host::open(&device.name).map_err(|e| {
+        super::warn(&format!("fi_domain: {e}"));
+        sys::FI_EIO
+    })?;
+    let engine = Engine::new(v.btl.clone(), unexpected);
+    let address = v.address.clone();
+    Ok((Box::new(engine), Rank::Verbs(v), address))
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_rank(_: Option<&str>, _: usize) -> Result<(Box<dyn Ops>, Rank, Address), u32> {
+    Err(sys::FI_ENODEV)
 }
 
 unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
@@ -211,7 +290,7 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         }
         // SAFETY: a domain's fabric cannot close before it (EBUSY).
         unsafe { &*domain.fabric }
-            .domains
+            .children
             .fetch_sub(1, Ordering::AcqRel);
         // SAFETY: ours (checked), made by `open` with Box::into_raw, and
         // not used by libfabric after a successful close.
@@ -294,7 +373,7 @@ unsafe extern "C" fn query_atomic(
         let Some(class) = crate::atomic::Class::of_flags(flags) else {
             return err(sys::FI_EBADFLAGS);
         };
-        if !crate::atomic::supported(d.engine.btl().caps().atomics, datatype, op, class) {
+        if !crate::atomic::supported(d.engine.atomics(), datatype, op, class) {
             return err(sys::FI_EOPNOTSUPP);
         }
         // SAFETY: null or the caller's attr.

@@ -60,6 +60,10 @@ pub(crate) struct EpObj {
     rx_flags: u64,
     /// Largest message (the info's max_msg_size).
     max_msg: usize,
+    /// Whether receives heed their source address (FI_DIRECTED_RECV in
+    /// the info's caps); without it a receive takes any peer's message,
+    /// whatever `src_addr` says.
+    directed: bool,
 }
 
 static FID_OPS: Shared<sys::fi_ops> = Shared::new(fid_ops(close, Some(bind), Some(control)));
@@ -252,6 +256,7 @@ unsafe fn post_recv(
         return err(sys::FI_EINVAL) as isize;
     }
     let engine = &ep.domain().engine;
+    let from = (ep.directed && src != ANY_SOURCE).then_some(src);
     if peek {
         let Space::Tagged(tag) = space else {
             return err(sys::FI_EINVAL) as isize;
@@ -260,7 +265,7 @@ unsafe fn post_recv(
             ep.number,
             PeekArgs {
                 context: context as u64,
-                from: (src != ANY_SOURCE).then_some(src),
+                from,
                 tag,
                 ignore,
                 claim,
@@ -270,7 +275,7 @@ unsafe fn post_recv(
     }
     let args = RecvArgs {
         context: context as u64,
-        from: (src != ANY_SOURCE).then_some(src),
+        from,
         space,
         ignore,
         mem,
@@ -283,18 +288,7 @@ unsafe fn post_recv(
     if discard {
         return err(sys::FI_EINVAL) as isize;
     }
-    post_rc(ep.domain().engine.recv(
-        ep.number,
-        RecvArgs {
-            context: context as u64,
-            from: (src != ANY_SOURCE).then_some(src),
-            space,
-            ignore,
-            mem,
-            completion: !selective || flags & COMPLETION != 0,
-            multi: multi.then_some(min_free),
-        },
-    ))
+    post_rc(engine.recv(ep.number, args))
 }
 
 /// The endpoint's default flags for a call without its own.
@@ -992,7 +986,7 @@ unsafe fn post_atomic(
     let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
         return err(sys::FI_EINVAL) as isize;
     };
-    if !atomic::supported(ep.domain().engine.btl().caps().atomics, dt, op, class) {
+    if !atomic::supported(ep.domain().engine.atomics(), dt, op, class) {
         return err(sys::FI_EOPNOTSUPP) as isize;
     }
     if count != 1 || (class == Class::Compare && compare.is_null()) {
@@ -1465,7 +1459,7 @@ unsafe fn valid(ep: Ep, dt: Dt, op: Op, count: *mut usize, class: Class) -> c_in
     if count.is_null() {
         return err(sys::FI_EINVAL);
     }
-    if !atomic::supported(ep.domain().engine.btl().caps().atomics, dt, op, class) {
+    if !atomic::supported(ep.domain().engine.atomics(), dt, op, class) {
         return err(sys::FI_EOPNOTSUPP);
     }
     // SAFETY: checked non-null.
@@ -1597,6 +1591,9 @@ pub(super) unsafe extern "C" fn open(
         let tx_flags = unsafe { info.tx_attr.as_ref() }.map_or(0, |a| a.op_flags);
         // SAFETY: as above.
         let rx_flags = unsafe { info.rx_attr.as_ref() }.map_or(0, |a| a.op_flags);
+        // SAFETY: as above.
+        let rx_caps = unsafe { info.rx_attr.as_ref() }.map_or(0, |a| a.caps);
+        let directed = (info.caps | rx_caps) & u64::from(sys::FI_DIRECTED_RECV) != 0;
         let Some(number) = d.take_ep_number() else {
             return err(sys::FI_ENOSPC);
         };
@@ -1621,6 +1618,7 @@ pub(super) unsafe extern "C" fn open(
             tx_flags,
             rx_flags,
             max_msg,
+            directed,
         });
         d.children.fetch_add(1, Ordering::AcqRel);
         // SAFETY: libfabric's out-parameter, checked non-null; freed by

@@ -17,8 +17,9 @@ use crate::sys;
 #[repr(C)]
 pub(crate) struct Fabric {
     fabric: sys::fid_fabric,
-    /// Domains open on this fabric: it closes only when none are left.
-    pub(crate) domains: AtomicUsize,
+    /// Domains and event queues open on this fabric: it closes only when
+    /// none are left.
+    pub(crate) children: AtomicUsize,
     /// The API version the caller opened it with.
     pub(crate) api_version: u32,
 }
@@ -30,7 +31,7 @@ static FABRIC_OPS: Shared<sys::fi_ops_fabric> = Shared::new(sys::fi_ops_fabric {
     size: std::mem::size_of::<sys::fi_ops_fabric>(),
     domain: Some(domain),
     passive_ep: Some(no_passive_ep),
-    eq_open: Some(no_eq),
+    eq_open: Some(super::eq::open),
     wait_open: Some(no_wait),
     trywait: Some(no_trywait),
     domain2: Some(domain2),
@@ -77,7 +78,7 @@ pub(super) unsafe extern "C" fn open(
                 ops: FABRIC_OPS.get(),
                 api_version: attr.api_version,
             },
-            domains: AtomicUsize::new(0),
+            children: AtomicUsize::new(0),
             api_version: attr.api_version,
         });
         // SAFETY: `fabric` is libfabric's out-parameter, checked non-null;
@@ -93,7 +94,7 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         let Some(fabric) = (unsafe { Fabric::from_fid(fid) }) else {
             return err(sys::FI_EINVAL);
         };
-        if fabric.domains.load(Ordering::Acquire) != 0 {
+        if fabric.children.load(Ordering::Acquire) != 0 {
             return err(sys::FI_EBUSY);
         }
         // SAFETY: the fid is ours (checked) and was made by `open` with
@@ -131,17 +132,6 @@ unsafe extern "C" fn no_passive_ep(
     _: *mut c_void,
 ) -> c_int {
     // FI_EP_RDM only: there are no passive endpoints.
-    err(sys::FI_ENOSYS)
-}
-
-unsafe extern "C" fn no_eq(
-    _: *mut sys::fid_fabric,
-    _: *mut sys::fi_eq_attr,
-    _: *mut *mut sys::fid_eq,
-    _: *mut c_void,
-) -> c_int {
-    // No connection events on FI_EP_RDM, and no asynchronous errors are
-    // reported through an EQ: they come as error completions.
     err(sys::FI_ENOSYS)
 }
 

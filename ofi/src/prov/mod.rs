@@ -11,6 +11,7 @@ mod av;
 mod cq;
 mod domain;
 mod ep;
+mod eq;
 mod fabric;
 mod getinfo;
 mod mem;
@@ -29,6 +30,16 @@ pub(crate) const NAME: &std::ffi::CStr = c"xrc";
 /// A negative `FI_E*` value, as every entry point returns an error.
 pub(crate) fn err(code: u32) -> c_int {
     -(code as c_int)
+}
+
+/// Says why an object could not be made, on standard error, where the
+/// caller asked libfabric for a log (`FI_LOG_LEVEL` set): the error code
+/// alone cannot say which port or device failed.
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+pub(crate) fn warn(what: &str) {
+    if std::env::var_os("FI_LOG_LEVEL").is_some() {
+        eprintln!("libfabric:{}:xrc: {what}", std::process::id());
+    }
 }
 
 /// Runs an entry point's body; a panic in it is `-FI_EOTHER`. (Locks a

@@ -73,19 +73,18 @@ unsafe fn register(
     let Ok(mem) = (unsafe { UserMem::new(buf as *mut u8, len) }) else {
         return err(sys::FI_EINVAL);
     };
-    let btl = d.engine.btl();
     let mut rights = Access::NONE;
     if access & REMOTE_READ != 0 {
         rights |= Access::REMOTE_READ;
     }
     if access & REMOTE_WRITE != 0 {
         rights |= Access::REMOTE_WRITE;
-        if btl.caps().atomics {
+        if d.engine.atomics() {
             // Atomics need FI_REMOTE_WRITE (and read, for fetching ones).
             rights |= Access::REMOTE_ATOMIC;
         }
     }
-    let Ok(reg) = btl.register_mem(mem, rights) else {
+    let Ok(reg) = d.engine.register_mem(mem, rights) else {
         return err(sys::FI_ENOMEM);
     };
     let object = Box::new(MrObj {
@@ -181,7 +180,7 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         };
         // SAFETY: a registration's domain cannot close before it (EBUSY).
         let d = unsafe { &*mr.domain };
-        let _ = d.engine.btl().deregister_mem(mr.reg);
+        d.engine.deregister_mem(mr.reg);
         d.children.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: ours (checked), made by `register` with Box::into_raw,
         // and not used by libfabric after a successful close.

@@ -1593,7 +1593,7 @@ pub(super) unsafe extern "C" fn open(
         let rx_flags = unsafe { info.rx_attr.as_ref() }.map_or(0, |a| a.op_flags);
         // SAFETY: as above.
         let rx_caps = unsafe { info.rx_attr.as_ref() }.map_or(0, |a| a.caps);
-        let directed = (info.caps | rx_caps) & u64::from(sys::FI_DIRECTED_RECV) != 0;
+        let directed = (info.caps | rx_caps) & sys::FI_DIRECTED_RECV != 0;
         let Some(number) = d.take_ep_number() else {
             return err(sys::FI_ENOSPC);
         };

@@ -11,6 +11,8 @@
 # or an RDMA CM listener (perftest's -R), as `ss` and `rdma res` show them.
 # So no client races a server that emulation makes slow to start, and no
 # failure is tried again: a client that fails fails the pair.
+# With PAIR_NETNS set, the server's port is looked for in that network
+# namespace (where the server runs on a two-node guest).
 # Returns 0, 1 (the client failed) or 2 (the server failed, or never
 # listened). Each side is bounded, against a hang only: 600 s to run, 300 s
 # to listen (the harness's limits, said when reached).
@@ -45,6 +47,8 @@ pair_run() {
 
 # pair_listening PORT: whether a TCP socket or an RDMA CM id listens on PORT.
 pair_listening() {
-    ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
-    rdma res show cm_id 2>/dev/null | grep -Eq "state LISTEN .*src-addr [^ ]*:$1( |$)"
+    local ns=()
+    [ -n "${PAIR_NETNS:-}" ] && ns=(ip netns exec "$PAIR_NETNS")
+    "${ns[@]}" ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
+    "${ns[@]}" rdma res show cm_id 2>/dev/null | grep -Eq "state LISTEN .*src-addr [^ ]*:$1( |$)"
 }

@@ -503,6 +503,12 @@ impl<C: Context> ConnDriver<C> {
         self.mgr.add_peer(rank, node);
     }
 
+    /// Where the waiting requests of unknown `rank` came from, where the
+    /// CM said.
+    pub fn unknown_source(&self, rank: Rank) -> Option<SocketAddr> {
+        self.mgr.unknown_source(rank)
+    }
+
     /// `rank` asked for a connection while unknown and stays unknown: its
     /// requests are refused.
     pub fn unknown_peer(&mut self, now: Duration, rank: Rank) {

@@ -574,9 +574,10 @@ impl<C: Context> Core<C> {
                 self.fail_rank(rank, BtlError::Unreachable(rank, reason))
             }
             ConnEvent::Notice(Notice::Drained) => self.drained = true,
-            ConnEvent::Notice(Notice::UnknownPeer { rank, from }) => {
+            ConnEvent::Notice(Notice::UnknownPeer { rank }) => {
                 // The resolver runs under the lock: it must not call into
                 // the BTL (it reads the library's address exchange).
+                let from = self.drv.unknown_source(rank);
                 let found = self.resolver.as_ref().and_then(|f| f(rank, from));
                 match found {
                     Some(p) if p.rank == rank && self.check_peers(&[p]).is_ok() => {

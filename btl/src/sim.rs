@@ -567,7 +567,7 @@ impl Responder {
             work += 1;
             // Only a rank asking while unknown needs an answer; the rest
             // (its own connections ready, peers gone) it has no use for.
-            if let ConnEvent::Notice(Notice::UnknownPeer { rank, .. }) = ev {
+            if let ConnEvent::Notice(Notice::UnknownPeer { rank }) = ev {
                 match (self.directory)(rank) {
                     Some(p) if p.rank == rank => {
                         self.add_peer(&p);

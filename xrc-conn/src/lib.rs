@@ -347,10 +347,6 @@ pub enum Notice {
     UnknownPeer {
         /// The peer.
         rank: Rank,
-        /// Where its first request came from, where the CM said (the IP
-        /// address is the peer's; the port is its CM id's, not its
-        /// listener's).
-        from: Option<SocketAddr>,
     },
     /// A connection request was turned away (a stranger's, a stale one, a
     /// crossing one, one from a failed or leaving peer...).
@@ -651,6 +647,8 @@ pub struct ConnManager {
     /// Requests from ranks not known yet, waiting for `add_peer` or
     /// `unknown_peer`: the CM id and the private data.
     parked: Vec<(CmRef, Rank, Vec<u8>)>,
+    /// Where the first parked request of each rank came from.
+    sources: BTreeMap<Rank, SocketAddr>,
     cms: BTreeMap<CmRef, CmUse>,
     /// RC: which QP a peer's connection uses (for FirstReceive and failures).
     qp_owner: BTreeMap<QpRef, u64>,
@@ -706,6 +704,7 @@ impl ConnManager {
             tgts: Tgts::default(),
             pending: Vec::new(),
             parked: Vec::new(),
+            sources: BTreeMap::new(),
             cms: BTreeMap::new(),
             qp_owner: BTreeMap::new(),
             routes: BTreeMap::new(),
@@ -737,6 +736,14 @@ impl ConnManager {
         }
     }
 
+    /// Where the requests of `rank`, waiting while it is unknown
+    /// ([`Notice::UnknownPeer`]), came from, where the CM said (the IP
+    /// address is the peer's; the port is its CM id's, not its
+    /// listener's).
+    pub fn unknown_source(&self, rank: Rank) -> Option<SocketAddr> {
+        self.sources.get(&rank).copied()
+    }
+
     /// `rank` asked for a connection while unknown
     /// ([`Notice::UnknownPeer`]) and cannot be made known: its requests
     /// are refused (`WrongRank`).
@@ -748,6 +755,10 @@ impl ConnManager {
     /// Takes the parked requests of `rank` (of every rank with `None`), in
     /// the order they came.
     fn take_parked(&mut self, rank: Option<Rank>) -> Vec<(CmRef, Rank, Vec<u8>)> {
+        match rank {
+            Some(r) => drop(self.sources.remove(&r)),
+            None => self.sources.clear(),
+        }
         let (taken, kept) = std::mem::take(&mut self.parked)
             .into_iter()
             .partition(|p| rank.is_none_or(|r| p.1 == r));
@@ -1903,10 +1914,11 @@ impl ConnManager {
             }
             // Ask once per rank; the request waits for the answer.
             if !self.parked.iter().any(|p| p.1 == msg.src) {
-                self.notices.push_back(Notice::UnknownPeer {
-                    rank: msg.src,
-                    from,
-                });
+                self.notices
+                    .push_back(Notice::UnknownPeer { rank: msg.src });
+                if let Some(from) = from {
+                    self.sources.insert(msg.src, from);
+                }
             }
             self.parked.push((cm, msg.src, data.to_vec()));
             return;
@@ -2113,6 +2125,8 @@ impl ConnManager {
     /// holder lets go; in RC mode, the peer's endpoint goes with it.
     fn served_gone(&mut self, cm: CmRef, peer: Rank) {
         self.parked.retain(|p| p.0 != cm);
+        let parked = &self.parked;
+        self.sources.retain(|r, _| parked.iter().any(|p| p.1 == *r));
         if let Some(t) = self.tgts.unanchor(cm) {
             self.counters.tgt_broken += 1;
             self.actions.push_back(Action::BreakTgt { tgt: t });

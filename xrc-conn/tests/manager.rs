@@ -720,29 +720,20 @@ fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
     request(&mut m, 700, 7);
     request(&mut m, 701, 7);
     assert!(drain(&mut m).is_empty());
-    assert_eq!(
-        notices(&mut m),
-        vec![Notice::UnknownPeer {
-            rank: 7,
-            from: Some(host(7))
-        }]
-    );
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 7 }]);
     // Rank 8 cannot be found: refused as a wrong rank.
     request(&mut m, 800, 8);
-    assert_eq!(
-        notices(&mut m),
-        vec![Notice::UnknownPeer {
-            rank: 8,
-            from: Some(host(8))
-        }]
-    );
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 8 }]);
+    assert_eq!(m.unknown_source(8), Some(host(8)));
     m.unknown_peer(T0, 8);
+    assert_eq!(m.unknown_source(8), None, "forgotten with its requests");
     assert_eq!(
         rejected(&drain(&mut m)),
         [(CmRef(800), Some(Reason::WrongRank))]
     );
     // Rank 7 is added: its first request is served first.
     m.add_peer(7, 2);
+    assert_eq!(m.unknown_source(7), None);
     let a = drain(&mut m);
     assert!(
         matches!(a.first(), Some(Action::CreateTgt { .. })),
@@ -750,13 +741,7 @@ fn a_request_from_an_unknown_rank_waits_for_it_to_be_added_or_refused() {
     );
     // Rank 9 is still unknown when the rank leaves: refused, leaving.
     request(&mut m, 900, 9);
-    assert_eq!(
-        notices(&mut m),
-        vec![Notice::UnknownPeer {
-            rank: 9,
-            from: Some(host(9))
-        }]
-    );
+    assert_eq!(notices(&mut m), vec![Notice::UnknownPeer { rank: 9 }]);
     m.shutdown(T0);
     let a = drain(&mut m);
     assert!(

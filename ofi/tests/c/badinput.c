@@ -30,7 +30,7 @@ int main(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
     hints->fabric_attr->prov_name = strdup("xrc");
-    hints->caps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC;
+    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_RMA | FI_ATOMIC;
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     uint32_t api = fi_version() < FI_VERSION(1, 18) ? fi_version() : FI_VERSION(1, 18);
     int rc = fi_getinfo(api, NULL, NULL, 0, hints, &info);

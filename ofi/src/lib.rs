@@ -1,4 +1,4 @@
-//! A libfabric provider over xrcbtl, in the making (issue 29): the logic
+//! A libfabric provider over xrcbtl (issue 29): the logic
 //! that libfabric's contract asks of an FI_EP_RDM endpoint, as safe Rust
 //! with no libfabric types, unit-tested without a fabric.
 //!
@@ -24,15 +24,17 @@
 //! - [`world`]: the simulated job whose ranks domains take with
 //!   `XRCBTL_OFI_FABRIC=sim`.
 //!
+//! - [`host`]: the BTL rank behind a domain on a verbs device, numbered by
+//!   its listener, and how it finds peers that connect first.
+//!
 //! Above them, the extern "C" layer (`prov`, private): `fi_prov_ini`, the
 //! provider's getinfo and the fids' ops tables, the crate's only unsafe
-//! code. So far it answers getinfo, opens fabrics, domains on the
-//! simulated fabric, address vectors, completion queues, counters and
-//! endpoints, which send and receive messages (FI_MSG, FI_TAGGED with
-//! FI_PEEK, FI_CLAIM and FI_DISCARD) of any size, read and write
-//! registered memory (FI_RMA, writes with remote CQ data too) and run
-//! 64-bit atomics on it (FI_ATOMIC: [`atomic`]); verbs domains answer
-//! -FI_ENOSYS until they are built.
+//! code. It answers getinfo, opens fabrics, event queues, domains (on
+//! verbs devices and on the simulated fabric), address vectors, completion
+//! queues, counters and endpoints, which send and receive messages
+//! (FI_MSG, FI_TAGGED with FI_PEEK, FI_CLAIM and FI_DISCARD) of any size,
+//! read and write registered memory (FI_RMA, writes with remote CQ data
+//! too) and run 64-bit atomics on it (FI_ATOMIC: [`atomic`]).
 
 pub mod addr;
 pub mod atomic;

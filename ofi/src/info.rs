@@ -53,17 +53,13 @@ const DIRECTIONS: u64 = READ | WRITE | RECV | SEND | REMOTE_READ | REMOTE_WRITE;
 const SECONDARY: u64 = MULTI_RECV | SOURCE | LOCAL_COMM | REMOTE_COMM;
 /// What needs registered memory that peers reach.
 const REMOTE_ACCESS: u64 = RMA | ATOMIC | REMOTE_READ | REMOTE_WRITE | READ | WRITE;
-/// Capabilities of the transmit side and of the receive side.
-const TX_CAPS: u64 = CLASSES | READ | WRITE | SEND | LOCAL_COMM | REMOTE_COMM;
-const RX_CAPS: u64 = CLASSES
-    | REMOTE_READ
-    | REMOTE_WRITE
-    | RECV
-    | MULTI_RECV
-    | SOURCE
-    | DIRECTED_RECV
-    | LOCAL_COMM
-    | REMOTE_COMM;
+/// Capabilities of the transmit side and of the receive side (the domain's
+/// own, FI_LOCAL_COMM and FI_REMOTE_COMM, are in neither: libfabric's
+/// getinfo test refuses them there).
+const TX_CAPS: u64 = CLASSES | READ | WRITE | SEND;
+const RX_CAPS: u64 = CLASSES | REMOTE_READ | REMOTE_WRITE | RECV | MULTI_RECV | SOURCE | DIRECTED_RECV;
+/// The domain's capabilities.
+const DOMAIN_CAPS: u64 = LOCAL_COMM | REMOTE_COMM;
 
 /// The memory registration modes remote access needs.
 pub const MR_MODE_REMOTE: u32 = sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
@@ -135,6 +131,13 @@ pub struct DomainAttr {
     pub av_type: u32,
     /// FI_MR_* bits.
     pub mr_mode: u32,
+    /// The domain's capabilities (FI_LOCAL_COMM, FI_REMOTE_COMM,
+    /// FI_SHARED_AV).
+    pub caps: u64,
+    /// Hints only: whether they had a domain attribute at all (one given
+    /// with `mr_mode` 0 says the caller takes no registration mode; none
+    /// given says nothing).
+    pub given: bool,
     /// Bytes of a memory key.
     pub mr_key_size: usize,
     /// Bytes of remote CQ data.
@@ -272,6 +275,8 @@ pub fn offer(device: &Device) -> Info {
             resource_mgmt: sys::FI_RM_ENABLED,
             av_type: sys::FI_AV_UNSPEC,
             mr_mode: MR_MODE_REMOTE,
+            caps: DOMAIN_CAPS,
+            given: false,
             mr_key_size: 8,
             cq_data_size: CQ_DATA_SIZE,
             cq_cnt: 1024,
@@ -339,7 +344,7 @@ pub fn narrow(offer: &Info, hints: Option<&Info>, version: u32) -> Result<Info, 
     let mut out = offer.clone();
 
     // Remote access needs the caller to take the registration modes.
-    let mr_ok = (h.domain.mr_mode == 0 && !has_domain_hints(h))
+    let mr_ok = (h.domain.mr_mode == 0 && !h.domain.given && !has_domain_hints(h))
         || h.domain.mr_mode & MR_MODE_REMOTE == MR_MODE_REMOTE;
     let mut offered_caps = offer.caps;
     if !mr_ok {
@@ -363,15 +368,17 @@ pub fn narrow(offer: &Info, hints: Option<&Info>, version: u32) -> Result<Info, 
     }
 
     // Transmit and receive sides.
-    subset(h.tx.caps, out.caps & TX_CAPS, "tx_attr caps")?;
-    subset(h.rx.caps, out.caps & RX_CAPS, "rx_attr caps")?;
-    out.tx.caps = if h.tx.caps != 0 {
-        h.tx.caps
+    // A side's hints may name the domain's capabilities too; they are
+    // the domain's, not the side's, and are not returned there.
+    subset(h.tx.caps & !DOMAIN_CAPS, out.caps & TX_CAPS, "tx_attr caps")?;
+    subset(h.rx.caps & !DOMAIN_CAPS, out.caps & RX_CAPS, "rx_attr caps")?;
+    out.tx.caps = if h.tx.caps & !DOMAIN_CAPS != 0 {
+        h.tx.caps & !DOMAIN_CAPS
     } else {
         out.caps & TX_CAPS
     };
-    out.rx.caps = if h.rx.caps != 0 {
-        h.rx.caps
+    out.rx.caps = if h.rx.caps & !DOMAIN_CAPS != 0 {
+        h.rx.caps & !DOMAIN_CAPS
     } else {
         out.caps & RX_CAPS
     };
@@ -419,6 +426,8 @@ pub fn narrow(offer: &Info, hints: Option<&Info>, version: u32) -> Result<Info, 
     if h.domain.name.is_some() && h.domain.name != offer.domain.name {
         return Err(Refused("domain name"));
     }
+    subset(h.domain.caps, DOMAIN_CAPS, "domain caps (no FI_SHARED_AV)")?;
+    out.domain.caps = out.caps & DOMAIN_CAPS;
     if h.domain.threading != sys::FI_THREAD_UNSPEC {
         out.domain.threading = h.domain.threading;
     }
@@ -525,6 +534,34 @@ mod tests {
         assert_eq!(got.domain.threading, sys::FI_THREAD_DOMAIN);
         assert_eq!(got.tx.op_flags, sys::FI_COMPLETION as u64);
         assert_eq!(got.tx.caps & (RMA | ATOMIC | READ | WRITE), 0);
+    }
+
+    /// What libfabric's own getinfo test (fabtests' fi_getinfo_test) asks
+    /// of every provider: a side's caps hold no domain capability; a domain
+    /// attribute given with `mr_mode` 0 takes no mode bit back (and so no
+    /// remote access); domain caps come back as asked, FI_SHARED_AV
+    /// refused.
+    #[test]
+    fn the_shape_libfabrics_getinfo_test_checks() {
+        let all = narrow(&rxe(), None, V1_18).unwrap();
+        assert_eq!(all.tx.caps & (LOCAL_COMM | REMOTE_COMM), 0);
+        assert_eq!(all.rx.caps & (LOCAL_COMM | REMOTE_COMM), 0);
+        assert_eq!(all.rx.caps & !all.caps, 0, "a side's caps are the info's");
+        let mut h = Info::default();
+        h.domain.given = true;
+        let got = narrow(&rxe(), Some(&h), V1_18).unwrap();
+        assert_eq!(got.domain.mr_mode, 0);
+        assert_eq!(got.caps & REMOTE_ACCESS, 0);
+        h.domain.caps = LOCAL_COMM | REMOTE_COMM;
+        let got = narrow(&rxe(), Some(&h), V1_18).unwrap();
+        assert_eq!(got.domain.caps, LOCAL_COMM | REMOTE_COMM);
+        h.domain.caps = sys::FI_SHARED_AV;
+        assert!(narrow(&rxe(), Some(&h), V1_18).is_err());
+        // A side's hints naming a domain capability are not refused for it.
+        let mut h = Info::default();
+        h.tx.caps = MSG | SEND | LOCAL_COMM;
+        let got = narrow(&rxe(), Some(&h), V1_18).unwrap();
+        assert_eq!(got.tx.caps, MSG | SEND);
     }
 
     /// Open MPI 4.1's btl/ofi: RMA and atomics with the three modes and

@@ -155,6 +155,8 @@ unsafe fn read(h: &sys::fi_info) -> Info {
             resource_mgmt: d.resource_mgmt,
             av_type: d.av_type,
             mr_mode: d.mr_mode as u32,
+            caps: d.caps,
+            given: true,
             mr_key_size: d.mr_key_size,
             cq_data_size: d.cq_data_size,
             cq_cnt: d.cq_cnt,
@@ -266,7 +268,7 @@ unsafe fn fill(o: &mut sys::fi_info, i: &Info) -> Option<()> {
     domain.max_ep_rx_ctx = i.ep.rx_ctx_cnt;
     domain.cntr_cnt = i.domain.cntr_cnt;
     domain.mr_iov_limit = i.domain.mr_iov_limit;
-    domain.caps = i.caps & (sys::FI_LOCAL_COMM | sys::FI_REMOTE_COMM);
+    domain.caps = i.domain.caps;
     domain.mr_cnt = i.domain.mr_cnt;
 
     if let Some(name) = &i.fabric.name {

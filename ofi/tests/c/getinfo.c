@@ -71,7 +71,18 @@ static struct fi_info *the_domain(struct fi_info *list)
 static void no_hints(void)
 {
     struct fi_info *h = xrc_hints(), *out;
+    /* Hints with a domain attribute whose mr_mode is 0 take no mode bit,
+     * so they get no remote access (libfabric's getinfo test checks
+     * this); the modes remote access needs bring it. */
     int n = ask(api, h, &out);
+    CHECK(n >= 1, "no answer: %s", fi_strerror(-n));
+    for (struct fi_info *i = out; n >= 1 && i; i = i->next)
+        CHECK(!(i->caps & (FI_RMA | FI_ATOMIC)) && !i->domain_attr->mr_mode, "mr_mode 0: caps %#llx, mr_mode %#x",
+              (unsigned long long) i->caps, (unsigned) i->domain_attr->mr_mode);
+    if (n >= 1)
+        fi_freeinfo(out);
+    h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    n = ask(api, h, &out);
     CHECK(n >= 1, "no answer: %s", fi_strerror(-n));
     struct fi_info *i = the_domain(out);
     CHECK(i != NULL, "domain %s is not offered", want_domain);

@@ -45,6 +45,19 @@ const V6: u8 = 1;
 const XRC: u8 = 2;
 const IB: u8 = 4;
 
+/// The rank of a verbs domain listening at `ip`:`port` (see
+/// [`crate::host`]): the low 16 bits of the IPv4 address, then the port;
+/// `None` for IPv6 (the rank must fit 32 bits).
+pub fn rank_of(ip: IpAddr, port: u16) -> Option<u32> {
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            Some((u32::from(u16::from_be_bytes([o[2], o[3]])) << 16) | u32::from(port))
+        }
+        IpAddr::V6(_) => None,
+    }
+}
+
 /// A peer endpoint as messages name it: its domain's rank and its number
 /// there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -79,6 +92,21 @@ impl EpAddr {
             listen: domain.listen,
             receive: domain.receive,
             ib: domain.ib,
+        }
+    }
+
+    /// What `fi_getinfo` returns as an `src_addr` or `dest_addr` for
+    /// the listener `ip`:`port` before any domain exists there: the
+    /// address of that listener's first endpoint as far as it can be known
+    /// (its rank per [`rank_of`], receiving through RC: a domain's real
+    /// address, from `fi_getname`, is what peers insert).
+    pub fn template(ip: IpAddr, port: u16) -> EpAddr {
+        EpAddr {
+            rank: rank_of(ip, port).unwrap_or(0),
+            ep: 0,
+            listen: SocketAddr::new(ip, port),
+            receive: Receive::Rc,
+            ib: None,
         }
     }
 

@@ -61,8 +61,13 @@ fn verbs() -> Result<Vec<Device>, String> {
     let devices = fabric.devices().map_err(|e| e.to_string())?;
     Ok(devices
         .iter()
-        .filter(|d| device_ip(&d.name).is_ok())
-        .map(|d| Device::of(&d.name, &d.caps))
+        .filter_map(|d| {
+            let ip = device_ip(&d.name).ok()?;
+            Some(Device {
+                ip: Some(ip),
+                ..Device::of(&d.name, &d.caps)
+            })
+        })
         .collect())
 }
 

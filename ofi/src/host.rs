@@ -18,12 +18,13 @@
 //! share one INI QP to each remote node as the BTL's ranks do.
 #![forbid(unsafe_code)]
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use xrcbtl_btl::addr::NodeNumbers;
 use xrcbtl_btl::Peer;
 
+pub use crate::addr::rank_of;
 use crate::addr::EpAddr;
 
 /// The variable naming the job, whose ranks on a host share an XRC domain
@@ -37,18 +38,6 @@ pub const PORT_TRIES: u16 = 64;
 pub const PORT_BASE: u16 = 20_000;
 /// See [`PORT_BASE`].
 pub const PORT_SPAN: u16 = 30_000;
-
-/// The rank of the domain listening at `ip`:`port`; `None` for IPv6 (the
-/// rank must fit 32 bits).
-pub fn rank_of(ip: IpAddr, port: u16) -> Option<u32> {
-    match ip {
-        IpAddr::V4(a) => {
-            let o = a.octets();
-            Some((u32::from(u16::from_be_bytes([o[2], o[3]])) << 16) | u32::from(port))
-        }
-        IpAddr::V6(_) => None,
-    }
-}
 
 /// The ports a process tries, in order: a start spread by its process id
 /// (so that the ranks of a host seldom meet), then every 97th port after
@@ -228,6 +217,7 @@ mod verbs {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+    use std::net::IpAddr;
     use xrcbtl_btl::addr::Address;
     use xrcbtl_btl::Receive;
 

@@ -37,6 +37,9 @@ pub const API_VERSION: u32 = fi_version(1, 18);
 /// The oldest API version a caller may ask for.
 pub const API_VERSION_MIN: u32 = fi_version(1, 5);
 
+use std::net::IpAddr;
+
+use crate::addr::EpAddr;
 use crate::flags::{
     ATOMIC, MSG, MULTI_RECV, READ, RECV, REMOTE_READ, REMOTE_WRITE, RMA, SEND, TAGGED, WRITE,
 };
@@ -57,7 +60,8 @@ const REMOTE_ACCESS: u64 = RMA | ATOMIC | REMOTE_READ | REMOTE_WRITE | READ | WR
 /// own, FI_LOCAL_COMM and FI_REMOTE_COMM, are in neither: libfabric's
 /// getinfo test refuses them there).
 const TX_CAPS: u64 = CLASSES | READ | WRITE | SEND;
-const RX_CAPS: u64 = CLASSES | REMOTE_READ | REMOTE_WRITE | RECV | MULTI_RECV | SOURCE | DIRECTED_RECV;
+const RX_CAPS: u64 =
+    CLASSES | REMOTE_READ | REMOTE_WRITE | RECV | MULTI_RECV | SOURCE | DIRECTED_RECV;
 /// The domain's capabilities.
 const DOMAIN_CAPS: u64 = LOCAL_COMM | REMOTE_COMM;
 
@@ -184,6 +188,11 @@ pub struct Info {
     pub domain: DomainAttr,
     /// Fabric attributes.
     pub fabric: FabricAttr,
+    /// The local address (`src_addr`, an [`crate::addr`] address), where
+    /// the device's is known.
+    pub src_addr: Option<[u8; crate::addr::LEN]>,
+    /// The destination `node` and `service` named (`dest_addr`).
+    pub dest_addr: Option<[u8; crate::addr::LEN]>,
 }
 
 /// What a device lets the provider offer.
@@ -199,6 +208,9 @@ pub struct Device {
     pub inject_size: usize,
     /// Transmit and receive queue depth.
     pub queue_size: usize,
+    /// The IP address its domains listen on (none on the simulated
+    /// fabric, whose addresses exist only once its job does).
+    pub ip: Option<IpAddr>,
 }
 
 /// The fabric's name.
@@ -227,8 +239,57 @@ impl Device {
             max_msg_size: usize::try_from(caps.max_mr_size).unwrap_or(usize::MAX),
             inject_size: INJECT_SIZE,
             queue_size: QUEUE_SIZE,
+            ip: None,
         }
     }
+}
+
+/// Where `fi_getinfo`'s `node` and `service` put an answer on a device
+/// listening on `ip`. With FI_SOURCE (`source`), or with no node, they name
+/// the local address: a node must be the device's IP address, and the
+/// answer's `src_addr` is that address with the service's port (the
+/// domain still listens on a port it picks: the provider's addresses come
+/// from `fi_getname`). Without FI_SOURCE a node names the destination, an
+/// IP address: `dest_addr` is that listener's ([`EpAddr::template`]) and
+/// `src_addr` the device's. A service is a port number. Nothing can be
+/// placed on a device without a known address (the simulated fabric) but
+/// an answer with neither.
+pub fn place(
+    info: &mut Info,
+    ip: Option<IpAddr>,
+    node: Option<&str>,
+    service: Option<&str>,
+    source: bool,
+) -> Result<(), Refused> {
+    let port = match service {
+        None => 0,
+        Some(s) => s
+            .parse::<u16>()
+            .map_err(|_| Refused("service: not a port number"))?,
+    };
+    let Some(ip) = ip else {
+        return match (node, service) {
+            (None, None) => Ok(()),
+            _ => Err(Refused("node or service on a device without an address")),
+        };
+    };
+    let named = match node {
+        None => None,
+        Some(n) => Some(
+            n.parse::<IpAddr>()
+                .map_err(|_| Refused("node: not an IP address"))?,
+        ),
+    };
+    if source || named.is_none() {
+        if named.is_some_and(|n| n != ip) {
+            return Err(Refused("node: not this device's address"));
+        }
+        info.src_addr = Some(EpAddr::template(ip, port).encode());
+    } else {
+        info.src_addr = Some(EpAddr::template(ip, 0).encode());
+        info.dest_addr = named.map(|n| EpAddr::template(n, port).encode());
+    }
+    Ok(())
 }
 
 /// Everything the provider can do on `device`.
@@ -290,6 +351,8 @@ pub fn offer(device: &Device) -> Info {
             prov_version: PROVIDER_VERSION,
             api_version: API_VERSION,
         },
+        src_addr: None,
+        dest_addr: None,
     }
 }
 
@@ -483,6 +546,7 @@ mod tests {
             max_msg_size: 1 << 30,
             inject_size: 64,
             queue_size: 1024,
+            ip: None,
         })
     }
 
@@ -493,10 +557,45 @@ mod tests {
             max_msg_size: 1 << 30,
             inject_size: 64,
             queue_size: 1024,
+            ip: None,
         })
     }
 
     const V1_18: u32 = fi_version(1, 18);
+
+    #[test]
+    fn node_and_service_place_an_answer_on_its_device() {
+        let ip: IpAddr = "10.0.2.15".parse().unwrap();
+        let decode = |b: Option<[u8; 64]>| EpAddr::decode(&b.unwrap()).unwrap();
+        // Nothing named: the device's address.
+        let mut i = rxe();
+        place(&mut i, Some(ip), None, None, false).unwrap();
+        assert_eq!(decode(i.src_addr).listen, "10.0.2.15:0".parse().unwrap());
+        assert_eq!(i.dest_addr, None);
+        // FI_SOURCE with the device's address and a port.
+        let mut i = rxe();
+        place(&mut i, Some(ip), Some("10.0.2.15"), Some("9228"), true).unwrap();
+        let src = decode(i.src_addr);
+        assert_eq!(src.listen.port(), 9228);
+        assert_eq!(src.rank, crate::addr::rank_of(ip, 9228).unwrap());
+        // Another host's address as a source: not this device.
+        assert!(place(&mut rxe(), Some(ip), Some("10.0.2.16"), None, true).is_err());
+        // A destination.
+        let mut i = rxe();
+        place(&mut i, Some(ip), Some("10.0.2.16"), Some("9228"), false).unwrap();
+        assert_eq!(
+            decode(i.dest_addr).listen,
+            "10.0.2.16:9228".parse().unwrap()
+        );
+        assert_eq!(decode(i.src_addr).listen.ip(), ip);
+        // Names the provider cannot resolve, and the simulated fabric.
+        assert!(place(&mut rxe(), Some(ip), Some("host"), None, false).is_err());
+        assert!(place(&mut rxe(), Some(ip), None, Some("http"), true).is_err());
+        assert!(place(&mut rxe(), None, None, Some("9228"), true).is_err());
+        let mut i = rxe();
+        place(&mut i, None, None, None, false).unwrap();
+        assert_eq!(i.src_addr, None);
+    }
 
     #[test]
     fn no_hints_get_the_whole_offer_and_old_callers_get_nothing() {

@@ -16,14 +16,16 @@ use crate::sys;
 
 /// The provider's `getinfo`.
 ///
-/// Addresses are opaque (FI_FORMAT_UNSPEC): a node or service names
-/// nothing the provider can resolve, so a call with either gets
-/// -FI_ENODATA, as do hints that ask what no device can do.
+/// Addresses are opaque (FI_FORMAT_UNSPEC). A node is an IP address and a
+/// service a port: they place each answer ([`info::place`]: a source on
+/// the device of that address, or a destination), and a device they do
+/// not fit gives no answer. -FI_ENODATA when no device is left, as when
+/// hints ask what no device can do.
 pub(super) unsafe extern "C" fn getinfo(
     version: u32,
     node: *const c_char,
     service: *const c_char,
-    _flags: u64,
+    flags: u64,
     hints: *const sys::fi_info,
     info: *mut *mut sys::fi_info,
 ) -> c_int {
@@ -33,9 +35,9 @@ pub(super) unsafe extern "C" fn getinfo(
         }
         // SAFETY: `info` is libfabric's out-parameter, checked non-null.
         unsafe { *info = std::ptr::null_mut() };
-        if !node.is_null() || !service.is_null() {
-            return err(sys::FI_ENODATA);
-        }
+        // SAFETY: libfabric passes null or C strings.
+        let (node, service) = unsafe { (string(node), string(service)) };
+        let source = flags & sys::FI_SOURCE != 0;
         let hints = if hints.is_null() {
             None
         } else {
@@ -52,7 +54,11 @@ pub(super) unsafe extern "C" fn getinfo(
         };
         let answers: Vec<Info> = devices
             .iter()
-            .filter_map(|d| info::narrow(&info::offer(d), hints.as_ref(), version).ok())
+            .filter_map(|d| {
+                let mut i = info::narrow(&info::offer(d), hints.as_ref(), version).ok()?;
+                info::place(&mut i, d.ip, node.as_deref(), service.as_deref(), source).ok()?;
+                Some(i)
+            })
             .collect();
         if answers.is_empty() {
             return err(sys::FI_ENODATA);
@@ -206,6 +212,20 @@ unsafe fn fill(o: &mut sys::fi_info, i: &Info) -> Option<()> {
     o.caps = i.caps;
     o.mode = i.mode;
     o.addr_format = i.addr_format;
+    if let Some(a) = &i.src_addr {
+        o.src_addr = mem::bytes(a);
+        o.src_addrlen = a.len();
+        if o.src_addr.is_null() {
+            return None;
+        }
+    }
+    if let Some(a) = &i.dest_addr {
+        o.dest_addr = mem::bytes(a);
+        o.dest_addrlen = a.len();
+        if o.dest_addr.is_null() {
+            return None;
+        }
+    }
     o.tx_attr = mem::zeroed();
     o.rx_attr = mem::zeroed();
     o.ep_attr = mem::zeroed();
@@ -300,6 +320,8 @@ unsafe fn free_chain(mut head: *mut sys::fi_info) {
             if let Some(f) = i.fabric_attr.as_mut() {
                 mem::release(f.name);
             }
+            mem::release(i.src_addr);
+            mem::release(i.dest_addr);
             mem::release(i.tx_attr);
             mem::release(i.rx_attr);
             mem::release(i.ep_attr);

@@ -1,5 +1,6 @@
 //! Memory handed to libfabric, which frees it with the C library's `free`
-//! (`fi_freeinfo`): `fi_info` and its attribute structs, and their strings.
+//! (`fi_freeinfo`): `fi_info` and its attribute structs, their strings, and
+//! its addresses.
 //!
 //! Every struct is allocated larger than this build's headers say and
 //! zeroed. A newer libfabric than the one the provider was built against
@@ -39,7 +40,19 @@ pub(crate) fn c_string(s: &str) -> *mut c_char {
     p.cast()
 }
 
-/// Frees what [`zeroed`] or [`c_string`] returned (null is fine).
+/// A copy of `b` on the C heap (an address), or null.
+pub(crate) fn bytes(b: &[u8]) -> *mut c_void {
+    // SAFETY: as in `zeroed`.
+    let p: *mut u8 = unsafe { calloc(1, b.len().max(1)) }.cast();
+    if !p.is_null() {
+        // SAFETY: p has b.len() bytes, and b does not overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), p, b.len()) };
+    }
+    p.cast()
+}
+
+/// Frees what [`zeroed`], [`c_string`] or [`bytes`] returned (null is
+/// fine).
 ///
 /// # Safety
 /// `p` is null or came from this module and is not used after.

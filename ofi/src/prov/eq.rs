@@ -168,19 +168,12 @@ unsafe extern "C" fn read(
     len: usize,
     flags: u64,
 ) -> isize {
-    guard_size(|| {
-        // SAFETY: a fid_eq starts with its fid.
-        let Some(eq) = (unsafe { EqObj::from_fid(eq.cast()) }) else {
-            return err(sys::FI_EINVAL) as isize;
-        };
-        if flags & !PEEK != 0 {
-            return err(sys::FI_EBADFLAGS) as isize;
-        }
-        // SAFETY: the caller's buffers.
-        unsafe { take(&mut eq.events(), event, buf, len, flags) }
-    })
+    // SAFETY: forwarded as received; a read waits for nothing.
+    unsafe { sread(eq, event, buf, len, 0, flags) }
 }
 
+/// Waits up to `timeout` ms (negative: no limit; 0: not at all) for an
+/// event written into the queue, and takes it.
 unsafe extern "C" fn sread(
     eq: *mut sys::fid_eq,
     event: *mut u32,

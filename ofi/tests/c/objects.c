@@ -4,6 +4,7 @@
  * scripts/test-ofi): domains take the simulated job's ranks until none is
  * left; address vectors of both types take well-formed addresses, fail
  * malformed ones entry by entry, look them up, print them, remove them;
+ * event queues hold what the application writes into them;
  * completion queues open in every format and read empty, wait and are
  * signalled; counters count; endpoints give their addresses, bind to their
  * domain's objects and enable once bound; bad flags, formats, options and
@@ -312,6 +313,45 @@ static void endpoint(struct fid_domain *domain, struct fid_domain *other, struct
     CHECK(fi_close(&cq->fid) == 0 && fi_close(&foreign_cq->fid) == 0 && fi_close(&cntr->fid) == 0, "close the rest");
 }
 
+/* An event queue: the provider reports nothing through one, so it holds
+ * what the application writes, in order; FI_PEEK leaves an event in
+ * place; reads of an empty queue, and waits that time out, say EAGAIN; a
+ * buffer too small is refused and the event stays; the fabric cannot
+ * close under it. */
+static void eq(struct fid_fabric *fabric)
+{
+    struct fi_eq_attr attr = {.wait_obj = FI_WAIT_UNSPEC};
+    struct fid_eq *q = NULL;
+    int rc = fi_eq_open(fabric, &attr, &q, NULL);
+    CHECK(rc == 0, "fi_eq_open: %s", fi_strerror(-rc));
+    if (rc)
+        return;
+    struct fi_eq_attr fd = {.wait_obj = FI_WAIT_FD};
+    struct fid_eq *q2 = NULL;
+    CHECK(fi_eq_open(fabric, &fd, &q2, NULL) == -FI_ENOSYS, "an fd wait object");
+    uint32_t event = 0;
+    uint64_t buf[4] = {0};
+    CHECK(fi_eq_read(q, &event, buf, sizeof buf, 0) == -FI_EAGAIN, "an empty queue reads EAGAIN");
+    CHECK(fi_eq_sread(q, &event, buf, sizeof buf, 10, 0) == -FI_EAGAIN, "a wait on an empty queue times out");
+    struct fi_eq_err_entry ee;
+    CHECK(fi_eq_readerr(q, &ee, 0) == -FI_EAGAIN, "no error entries");
+    uint64_t one[2] = {11, 12}, two[1] = {21};
+    CHECK(fi_eq_write(q, FI_NOTIFY, one, sizeof one, 0) == (ssize_t) sizeof one, "fi_eq_write");
+    CHECK(fi_eq_write(q, FI_MR_COMPLETE, two, sizeof two, 0) == (ssize_t) sizeof two, "fi_eq_write");
+    CHECK(fi_eq_read(q, &event, buf, 8, 0) == -FI_ETOOSMALL, "a buffer too small");
+    CHECK(fi_eq_read(q, &event, buf, sizeof buf, FI_PEEK) == (ssize_t) sizeof one && event == FI_NOTIFY,
+          "a peek");
+    CHECK(fi_eq_sread(q, &event, buf, sizeof buf, -1, 0) == (ssize_t) sizeof one && event == FI_NOTIFY &&
+              buf[0] == 11 && buf[1] == 12,
+          "the first event, once");
+    CHECK(fi_eq_read(q, &event, buf, sizeof buf, 0) == (ssize_t) sizeof two && event == FI_MR_COMPLETE &&
+              buf[0] == 21,
+          "the second");
+    CHECK(fi_eq_read(q, &event, buf, sizeof buf, 0) == -FI_EAGAIN, "then none");
+    CHECK(fi_close(&fabric->fid) == -FI_EBUSY, "closing a fabric with an event queue open");
+    CHECK(fi_close(&q->fid) == 0, "fi_close(eq)");
+}
+
 int main(void)
 {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
@@ -328,6 +368,8 @@ int main(void)
     if (rc) {
         return 1;
     }
+
+    eq(fabric);
 
     /* Four simulated ranks: four domains, then none. */
     struct fid_domain *d[5] = {NULL};

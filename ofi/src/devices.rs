@@ -53,8 +53,22 @@ pub fn list(which: Which) -> Result<Vec<Device>, String> {
     }
 }
 
+/// The verbs devices, looked up once per process (as libfabric's own
+/// verbs provider does): an MPI library or a test calls getinfo many
+/// times, and each look opens every device and reads the interfaces'
+/// addresses. A failed look is not kept.
 #[cfg(feature = "verbs")]
 fn verbs() -> Result<Vec<Device>, String> {
+    static FOUND: std::sync::OnceLock<Vec<Device>> = std::sync::OnceLock::new();
+    if let Some(found) = FOUND.get() {
+        return Ok(found.clone());
+    }
+    let found = look()?;
+    Ok(FOUND.get_or_init(|| found).clone())
+}
+
+#[cfg(feature = "verbs")]
+fn look() -> Result<Vec<Device>, String> {
     use xrcbtl_fabric::verbs::{device_ip, VerbsFabric};
     use xrcbtl_fabric::Fabric;
     let fabric = VerbsFabric::new().map_err(|e| e.to_string())?;

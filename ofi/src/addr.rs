@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | 0 | 1 | magic `X` |
 //! | 1 | 1 | version (1) |
-//! | 2 | 1 | flags: 1 IPv6 listener, 2 receives through XRC, 4 has an InfiniBand listener |
+//! | 2 | 1 | flags: 1 IPv6 listener, 2 receives through XRC, 4 has an InfiniBand listener, 8 how it receives is not known |
 //! | 3 | 1 | zero |
 //! | 4 | 4 | the domain's rank |
 //! | 8 | 2 | the endpoint's number in its domain |
@@ -31,7 +31,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use xrcbtl_btl::addr::Address;
+use xrcbtl_btl::addr::{Address, NodeNumbers};
+use xrcbtl_btl::Peer;
 use xrcbtl_btl::{IbAddr, Receive, XrcdId};
 use xrcbtl_fabric::Gid;
 
@@ -44,6 +45,7 @@ pub const VERSION: u8 = 1;
 const V6: u8 = 1;
 const XRC: u8 = 2;
 const IB: u8 = 4;
+const UNKNOWN: u8 = 8;
 
 /// The rank of a verbs domain listening at `ip`:`port` (see
 /// [`crate::host`]): the low 16 bits of the IPv4 address, then the port;
@@ -77,8 +79,10 @@ pub struct EpAddr {
     pub ep: u16,
     /// Its domain's connection listener.
     pub listen: SocketAddr,
-    /// How its domain receives.
-    pub receive: Receive,
+    /// How its domain receives; `None` where that is not known (an
+    /// address `fi_getinfo` made from a node and a service, before the
+    /// listener there existed: [`EpAddr::template`]).
+    pub receive: Option<Receive>,
     /// Its domain's native InfiniBand listener, if it has one.
     pub ib: Option<IbAddr>,
 }
@@ -90,7 +94,7 @@ impl EpAddr {
             rank: domain.rank,
             ep,
             listen: domain.listen,
-            receive: domain.receive,
+            receive: Some(domain.receive),
             ib: domain.ib,
         }
     }
@@ -98,14 +102,14 @@ impl EpAddr {
     /// What `fi_getinfo` returns as an `src_addr` or `dest_addr` for
     /// the listener `ip`:`port` before any domain exists there: the
     /// address of that listener's first endpoint as far as it can be known
-    /// (its rank per [`rank_of`], receiving through RC: a domain's real
-    /// address, from `fi_getname`, is what peers insert).
+    /// (its rank per [`rank_of`]; how it receives not known: a domain's
+    /// real address, from `fi_getname`, is what peers insert).
     pub fn template(ip: IpAddr, port: u16) -> EpAddr {
         EpAddr {
             rank: rank_of(ip, port).unwrap_or(0),
             ep: 0,
             listen: SocketAddr::new(ip, port),
-            receive: Receive::Rc,
+            receive: None,
             ib: None,
         }
     }
@@ -124,15 +128,16 @@ impl EpAddr {
         format!("ip/{ip}")
     }
 
-    /// Its domain's address as the BTL takes it (node key per
-    /// [`EpAddr::node_key`]).
-    pub fn domain(&self) -> Address {
-        Address {
+    /// Its domain as the BTL's peer, its node numbered by `nodes` from
+    /// [`EpAddr::node_key`]; how it receives is checked against the BTL's
+    /// own only where the address says.
+    pub fn btl_peer(&self, nodes: &NodeNumbers) -> Peer {
+        Peer {
             rank: self.rank,
-            listen: self.listen,
-            node_key: Self::node_key(self.listen.ip()),
-            receive: self.receive,
+            node: nodes.of(&Self::node_key(self.listen.ip())),
+            addr: self.listen,
             ib: self.ib,
+            receive: self.receive,
         }
     }
 
@@ -152,7 +157,10 @@ impl EpAddr {
                 b[12..28].copy_from_slice(&a.octets());
             }
         }
-        if let Receive::Xrc(id) = self.receive {
+        if self.receive.is_none() {
+            flags |= UNKNOWN;
+        }
+        if let Some(Receive::Xrc(id)) = self.receive {
             flags |= XRC;
             b[28..36].copy_from_slice(&id.dev.to_le_bytes());
             b[36..44].copy_from_slice(&id.ino.to_le_bytes());
@@ -185,8 +193,11 @@ impl EpAddr {
             ));
         }
         let flags = b[2];
-        if flags & !(V6 | XRC | IB) != 0 || b[3] != 0 {
+        if flags & !(V6 | XRC | IB | UNKNOWN) != 0 || b[3] != 0 {
             return Err(format!("unknown flags {flags:#x} or a reserved byte set"));
+        }
+        if flags & (XRC | UNKNOWN) == XRC | UNKNOWN {
+            return Err("an address both receiving through XRC and not known to".into());
         }
         let zero = |r: std::ops::Range<usize>, what: &str| -> Result<(), String> {
             if b[r].iter().any(|&x| x != 0) {
@@ -208,13 +219,13 @@ impl EpAddr {
             IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
         };
         let receive = if flags & XRC != 0 {
-            Receive::Xrc(XrcdId {
+            Some(Receive::Xrc(XrcdId {
                 dev: u64_at(28),
                 ino: u64_at(36),
-            })
+            }))
         } else {
             zero(28..44, "XRC domain")?;
-            Receive::Rc
+            (flags & UNKNOWN == 0).then_some(Receive::Rc)
         };
         let ib = if flags & IB != 0 {
             Some(IbAddr {
@@ -246,17 +257,17 @@ mod tests {
                 rank: 0x0102_0304,
                 ep: 3,
                 listen: "10.0.0.7:4791".parse().unwrap(),
-                receive: Receive::Rc,
+                receive: Some(Receive::Rc),
                 ib: None,
             },
             EpAddr {
                 rank: 7,
                 ep: u16::MAX,
                 listen: "[fe80::1]:17".parse().unwrap(),
-                receive: Receive::Xrc(XrcdId {
+                receive: Some(Receive::Xrc(XrcdId {
                     dev: 0x0102_0304_0506_0708,
                     ino: 42,
-                }),
+                })),
                 ib: Some(IbAddr {
                     gid: Gid([
                         0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 3, 0, 0xa1, 0xb2, 0xc3,
@@ -274,10 +285,20 @@ mod tests {
             let b = a.encode();
             assert_eq!(b.len(), 64);
             assert_eq!(EpAddr::decode(&b).unwrap(), a);
-            let d = a.domain();
-            assert_eq!(d.node_key, EpAddr::node_key(a.listen.ip()));
-            assert_eq!(EpAddr::of(&d, a.ep), a);
+            let nodes = NodeNumbers::new("ip/192.0.2.1", 0, false);
+            let p = a.btl_peer(&nodes);
+            assert_eq!(
+                (p.rank, p.node, p.addr, p.receive),
+                (a.rank, 1, a.listen, a.receive)
+            );
         }
+        // A template: how it receives is not known, and not checked.
+        let t = EpAddr::template("10.0.2.15".parse().unwrap(), 9228);
+        assert_eq!(EpAddr::decode(&t.encode()).unwrap(), t);
+        assert_eq!(t.receive, None);
+        let mut both = t.encode();
+        both[2] |= XRC;
+        assert!(EpAddr::decode(&both).unwrap_err().contains("not known"));
     }
 
     #[test]
@@ -294,7 +315,7 @@ mod tests {
         };
         assert!(set(0, b'Y').contains("magic"));
         assert!(set(1, 2).contains("version 2"));
-        assert!(set(2, 8).contains("unknown flags"));
+        assert!(set(2, 16).contains("unknown flags"));
         assert!(set(3, 1).contains("reserved"));
         assert!(set(20, 1).contains("IPv6"));
         assert!(set(30, 1).contains("XRC"));

@@ -323,7 +323,7 @@ mod tests {
             rank: 5,
             ep: 1,
             listen: "10.0.0.5:4791".parse().unwrap(),
-            receive: xrcbtl_btl::Receive::Rc,
+            receive: Some(xrcbtl_btl::Receive::Rc),
             ib: None,
         };
         let mut av = EpAv::new(AvKind::Table, 8);

@@ -113,7 +113,7 @@ impl Resolver {
 
     /// The BTL's peer for an inserted address.
     pub fn peer(&self, a: &EpAddr) -> Peer {
-        a.domain().to_peer(&self.nodes)
+        a.btl_peer(&self.nodes)
     }
 }
 
@@ -154,9 +154,11 @@ mod verbs {
     }
 
     /// Opens a rank on verbs device `device`, listening on its interface's
-    /// IPv4 address at the first free port of [`ports`], with the BTL's
-    /// settings from the environment.
-    pub fn open(device: &str) -> Result<VerbsRank, String> {
+    /// IPv4 address at `port` when one is given and free (the port of the
+    /// info's `src_addr`, as `fi_getinfo` placed it from a service), else
+    /// at the first free port of [`ports`], with the BTL's settings from
+    /// the environment.
+    pub fn open(device: &str, port: Option<u16>) -> Result<VerbsRank, String> {
         check_names(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))?;
         let job = std::env::var(JOB_VAR).unwrap_or_else(|_| DEFAULT_JOB.into());
         let ip = device_ip(device).map_err(|e| format!("{device}: {e}"))?;
@@ -167,7 +169,11 @@ mod verbs {
         }
         let fabric = VerbsFabric::new().map_err(|e| e.to_string())?;
         let mut last = String::new();
-        for port in ports(std::process::id()) {
+        // The named port first; where another domain holds it (two opened
+        // from one info), the spread as without one.
+        let tries: Vec<u16> = port.into_iter().chain(ports(std::process::id())).collect();
+        let n = tries.len();
+        for port in tries {
             let rank = rank_of(ip, port).expect("IPv4");
             let cfg = BtlConfig::new(
                 rank,
@@ -207,8 +213,7 @@ mod verbs {
             }
         }
         Err(format!(
-            "{device}: no free port to listen on at {ip} in {} tries (last: {last})",
-            super::PORT_TRIES
+            "{device}: no free port to listen on at {ip} in {n} tries (last: {last})"
         ))
     }
 }

@@ -247,11 +247,12 @@ impl Device {
 /// Where `fi_getinfo`'s `node` and `service` put an answer on a device
 /// listening on `ip`. With FI_SOURCE (`source`), or with no node, they name
 /// the local address: a node must be the device's IP address, and the
-/// answer's `src_addr` is that address with the service's port (the
-/// domain still listens on a port it picks: the provider's addresses come
-/// from `fi_getname`). Without FI_SOURCE a node names the destination, an
-/// IP address: `dest_addr` is that listener's ([`EpAddr::template`]) and
-/// `src_addr` the device's. A service is a port number. Nothing can be
+/// answer's `src_addr` is that address with the service's port (a domain
+/// opened with the answer listens there while the port is free, so that a
+/// peer that named it reaches the domain's first endpoint). Without
+/// FI_SOURCE a node names the destination, an IP address: `dest_addr` is
+/// that listener's first endpoint ([`EpAddr::template`]) and `src_addr`
+/// the device's. A service is a port number. Nothing can be
 /// placed on a device without a known address (the simulated fabric) but
 /// an answer with neither.
 pub fn place(

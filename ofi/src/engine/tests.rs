@@ -32,7 +32,7 @@ fn addr_of(btl: &Btl<SimContext>) -> EpAddr {
         rank: btl.rank(),
         ep: 0,
         listen: btl.listen_addr().unwrap(),
-        receive: btl.receive(),
+        receive: Some(btl.receive()),
         ib: btl.listen_ib_addr(),
     }
 }

@@ -199,7 +199,7 @@ pub(super) unsafe extern "C" fn open(
             return err(sys::FI_EINVAL);
         };
         let (engine, rank, address): (Box<dyn Ops>, Rank, Address) = match which {
-            Which::Verbs => match verbs_rank(name.as_deref(), unexpected) {
+            Which::Verbs => match verbs_rank(name.as_deref(), listen_port(info), unexpected) {
                 Ok(v) => v,
                 Err(code) => return err(code),
             },
@@ -251,11 +251,27 @@ pub(super) unsafe extern "C" fn open(
     })
 }
 
+/// The port the info's `src_addr` names, if it is one of the provider's
+/// addresses with a port (`fi_getinfo` places one from a service).
+fn listen_port(info: &sys::fi_info) -> Option<u16> {
+    if info.src_addr.is_null() || info.src_addrlen != crate::addr::LEN {
+        return None;
+    }
+    // SAFETY: libfabric's info holds `src_addrlen` bytes at `src_addr`.
+    let b = unsafe { std::slice::from_raw_parts(info.src_addr.cast::<u8>(), crate::addr::LEN) };
+    let port = EpAddr::decode(b).ok()?.listen.port();
+    (port != 0).then_some(port)
+}
+
 /// A rank on the verbs device `name` (getinfo's domain name; the first
-/// device it offers when none is named), with its engine; the `FI_E*`
-/// code when there is none.
+/// device it offers when none is named), listening at `port` if given,
+/// with its engine; the `FI_E*` code when there is none.
 #[cfg(feature = "verbs")]
-fn verbs_rank(name: Option<&str>, unexpected: usize) -> Result<(Box<dyn Ops>, Rank, Address), u32> {
+fn verbs_rank(
+    name: Option<&str>,
+    port: Option<u16>,
+    unexpected: usize,
+) -> Result<(Box<dyn Ops>, Rank, Address), u32> {
     let devices = devices::list(Which::Verbs).map_err(|e| {
         super::warn(&e);
         sys::FI_ENODEV
@@ -265,7 +281,7 @@ fn verbs_rank(name: Option<&str>, unexpected: usize) -> Result<(Box<dyn Ops>, Ra
         None => devices.first(),
     }
     .ok_or(sys::FI_ENODEV)?;
-    let v = crate::host::open(&device.name).map_err(|e| {
+    let v = crate::host::open(&device.name, port).map_err(|e| {
         super::warn(&format!("fi_domain: {e}"));
         sys::FI_EIO
     })?;
@@ -275,7 +291,11 @@ fn verbs_rank(name: Option<&str>, unexpected: usize) -> Result<(Box<dyn Ops>, Ra
 }
 
 #[cfg(not(feature = "verbs"))]
-fn verbs_rank(_: Option<&str>, _: usize) -> Result<(Box<dyn Ops>, Rank, Address), u32> {
+fn verbs_rank(
+    _: Option<&str>,
+    _: Option<u16>,
+    _: usize,
+) -> Result<(Box<dyn Ops>, Rank, Address), u32> {
     Err(sys::FI_ENODEV)
 }
 

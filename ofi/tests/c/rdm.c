@@ -22,7 +22,8 @@
  * atomics it offers, with A and B adding to one word of C's at once; last,
  * one thread sending while another receives.
  *
- *   rdm          (XRCBTL_OFI_SIM_NODES=2 XRCBTL_OFI_SIM_RANKS_PER_NODE=2)
+ *   rdm [noatomics]   (XRCBTL_OFI_SIM_NODES=2 XRCBTL_OFI_SIM_RANKS_PER_NODE=2;
+ *                      noatomics: a device without them, as siw)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <rdma/fabric.h>
@@ -548,11 +549,16 @@ static void threads(void)
         CHECK(thread_in[i][0] == (uint8_t) i && thread_in[i][15] == (uint8_t) i, "message %d", i);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "noatomics")))
+        DIE("usage: rdm [noatomics]");
+    /* A device without atomics (siw): FI_ATOMIC is not asked for, and
+     * fi_query_atomic must refuse everything. */
+    int with_atomics = argc == 1;
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
     hints->fabric_attr->prov_name = strdup("xrc");
-    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE | FI_RMA | FI_ATOMIC;
+    hints->caps = FI_MSG | FI_TAGGED | FI_DIRECTED_RECV | FI_SOURCE | FI_RMA | (with_atomics ? FI_ATOMIC : 0);
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     hints->ep_attr->type = FI_EP_RDM;
     uint32_t api = fi_version() < FI_VERSION(1, 18) ? fi_version() : FI_VERSION(1, 18);
@@ -590,7 +596,13 @@ int main(void)
         one(&s[0], &s[1], 1, sizes[i], 0, i % 2, (unsigned) i + 7);
     special();
     rma();
-    atomics();
+    if (with_atomics) {
+        atomics();
+    } else {
+        struct fi_atomic_attr attr;
+        CHECK(fi_query_atomic(s[0].domain, FI_UINT64, FI_SUM, &attr, 0) == -FI_EOPNOTSUPP,
+              "no atomics on this device, and fi_query_atomic says so");
+    }
     threads();
 
     for (int i = 0; i < 3; i++) {

@@ -144,8 +144,8 @@ pub struct RmaArgs {
     /// Remote CQ data a write delivers to the target endpoint once it has
     /// landed (`fi_writedata`).
     pub data: Option<u64>,
-    /// Copy the source at the call (fi_inject_write): no completion, and
-    /// the buffer is the caller's again at once.
+    /// Copy the source at the call (FI_INJECT): the buffer is the
+    /// caller's again at once.
     pub inject: bool,
     /// A successful completion is wanted.
     pub completion: bool,
@@ -495,7 +495,7 @@ impl<C: Context> Ops for Engine<C> {
         let (to, targets, reserved) = self.one_sided(ep, a.to)?;
         let tx = targets.tx.clone();
         let flags = RMA | if a.write { WRITE } else { READ };
-        let wanted = a.completion && !a.inject;
+        let wanted = a.completion;
         let notice = a.data.map(|data| {
             let mut header = Vec::with_capacity(16);
             crate::wire::Msg::WriteData {

@@ -116,6 +116,19 @@ not_yet! {}
 /// FI_ADDR_UNSPEC: a receive from anyone.
 const ANY_SOURCE: u64 = u64::MAX;
 
+/// What the inject calls (`fi_inject`, `fi_tinject`, their `data` forms,
+/// `fi_inject_write`, `fi_inject_writedata`, `fi_inject_atomic`) pass:
+/// FI_INJECT, and no completion at all. A send, write or atomic that
+/// carries FI_INJECT as a flag (its own or the endpoint's default) still
+/// completes as any other. FI_PROV_SPECIFIC's bit, which no caller's flags
+/// bring in here ([`caller_flags`]).
+const INJECT_CALL: u64 = INJECT | (1 << 63);
+
+/// A caller's flags, without the bit [`INJECT_CALL`] uses.
+fn caller_flags(flags: u64) -> u64 {
+    flags & !(1 << 63)
+}
+
 /// What a post's return says of a refusal.
 fn post_rc(r: Result<(), PostError>) -> isize {
     match r {
@@ -204,7 +217,8 @@ unsafe fn post_send(
             space,
             data,
             mem,
-            completion: !inject && (!selective || flags & COMPLETION != 0),
+            completion: flags & INJECT_CALL != INJECT_CALL
+                && (!selective || flags & COMPLETION != 0),
             // An eager send otherwise completes once copied into the BTL's
             // buffer (FI_INJECT_COMPLETE): one asked to complete once
             // transmitted waits for the receiver's Ack, as a delivery does,
@@ -298,8 +312,8 @@ unsafe fn post_recv(
 unsafe fn default_flags(ep: *mut sys::fid_ep, tx: bool) -> u64 {
     // SAFETY: the caller's promise.
     match unsafe { EpObj::from_fid(ep.cast()) } {
-        Some(e) if tx => e.tx_flags,
-        Some(e) => e.rx_flags,
+        Some(e) if tx => caller_flags(e.tx_flags),
+        Some(e) => caller_flags(e.rx_flags),
         None => 0,
     }
 }
@@ -354,6 +368,7 @@ unsafe extern "C" fn msg_recvv(
 }
 
 unsafe extern "C" fn msg_recvmsg(ep: Ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         let Some(m) = msg.as_ref() else {
@@ -418,6 +433,7 @@ unsafe extern "C" fn msg_sendv(
 }
 
 unsafe extern "C" fn msg_sendmsg(ep: Ep, msg: *const sys::fi_msg, flags: u64) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         let Some(m) = msg.as_ref() else {
@@ -442,7 +458,7 @@ unsafe extern "C" fn msg_inject(ep: Ep, buf: CPtr, len: usize, dest: u64) -> isi
             Space::Msg,
             None,
             std::ptr::null_mut(),
-            INJECT,
+            INJECT_CALL,
         )
     })
 }
@@ -474,7 +490,7 @@ unsafe extern "C" fn msg_injectdata(ep: Ep, buf: CPtr, len: usize, data: u64, de
             Space::Msg,
             Some(data),
             std::ptr::null_mut(),
-            INJECT,
+            INJECT_CALL,
         )
     })
 }
@@ -539,6 +555,7 @@ unsafe extern "C" fn tag_recvv(
 }
 
 unsafe extern "C" fn tag_recvmsg(ep: Ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         let Some(m) = msg.as_ref() else {
@@ -600,6 +617,7 @@ unsafe extern "C" fn tag_sendv(
 }
 
 unsafe extern "C" fn tag_sendmsg(ep: Ep, msg: *const sys::fi_msg_tagged, flags: u64) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         let Some(m) = msg.as_ref() else {
@@ -633,7 +651,7 @@ unsafe extern "C" fn tag_inject(ep: Ep, buf: CPtr, len: usize, dest: u64, tag: u
             Space::Tagged(tag),
             None,
             std::ptr::null_mut(),
-            INJECT,
+            INJECT_CALL,
         )
     })
 }
@@ -684,7 +702,7 @@ unsafe extern "C" fn tag_injectdata(
             tagged,
             Some(data),
             std::ptr::null_mut(),
-            INJECT,
+            INJECT_CALL,
         )
     })
 }
@@ -738,7 +756,8 @@ unsafe fn post_rma(
             write,
             data,
             inject,
-            completion: !selective || flags & COMPLETION != 0,
+            completion: flags & INJECT_CALL != INJECT_CALL
+                && (!selective || flags & COMPLETION != 0),
         },
     ))
 }
@@ -807,6 +826,7 @@ unsafe extern "C" fn rma_readv(
 }
 
 unsafe extern "C" fn rma_readmsg(ep: Ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         match one_rma(msg) {
@@ -860,6 +880,7 @@ unsafe extern "C" fn rma_writev(
 }
 
 unsafe extern "C" fn rma_writemsg(ep: Ep, msg: *const sys::fi_msg_rma, flags: u64) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         match one_rma(msg) {
@@ -885,7 +906,7 @@ unsafe extern "C" fn rma_inject(
     // SAFETY: as above.
     guard_size(|| unsafe {
         let null = std::ptr::null_mut();
-        post_rma(ep, buf, len, dest, addr, key, true, None, null, INJECT)
+        post_rma(ep, buf, len, dest, addr, key, true, None, null, INJECT_CALL)
     })
 }
 
@@ -942,7 +963,7 @@ unsafe extern "C" fn rma_injectdata(
             true,
             Some(data),
             null,
-            INJECT,
+            INJECT_CALL,
         )
     })
 }
@@ -1012,7 +1033,6 @@ unsafe fn post_atomic(
         Ok(m) => m,
         Err(rc) => return rc,
     };
-    let inject = flags & INJECT != 0;
     post_rc(ep.domain().engine.atomic(
         ep.number,
         AtomicArgs {
@@ -1022,7 +1042,8 @@ unsafe fn post_atomic(
             key,
             op: what,
             result,
-            completion: !inject && (!selective || flags & COMPLETION != 0),
+            completion: flags & INJECT_CALL != INJECT_CALL
+                && (!selective || flags & COMPLETION != 0),
         },
     ))
 }
@@ -1131,6 +1152,7 @@ unsafe extern "C" fn amo_writev(
 }
 
 unsafe extern "C" fn amo_writemsg(ep: Ep, msg: *const sys::fi_msg_atomic, flags: u64) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         match one_atomic(msg) {
@@ -1185,7 +1207,7 @@ unsafe extern "C" fn amo_inject(
             op,
             Class::Plain,
             null,
-            INJECT,
+            INJECT_CALL,
         )
     })
 }
@@ -1282,6 +1304,7 @@ unsafe extern "C" fn amo_readwritemsg(
     result_count: usize,
     flags: u64,
 ) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         let result = match one_ioc(resultv, result_count) {
@@ -1413,6 +1436,7 @@ unsafe extern "C" fn amo_compwritemsg(
     result_count: usize,
     flags: u64,
 ) -> isize {
+    let flags = caller_flags(flags);
     // SAFETY: as above.
     guard_size(|| unsafe {
         let (compare, result) = match (

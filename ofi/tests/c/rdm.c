@@ -192,6 +192,17 @@ static void special(void)
     CHECK(!memcmp(out, buf, 64), "inject's bytes");
     CHECK(fi_cq_read(a->cq, &e, 1) == -FI_EAGAIN, "inject completes nothing");
     CHECK(fi_inject(a->ep, buf, 8192, a->peer[2]) == -FI_EINVAL, "inject past inject_size");
+    /* FI_INJECT as a send's flag: the buffer is reusable at once, and the
+     * send still completes (only the inject calls complete nothing). */
+    struct iovec iiov = {.iov_base = buf, .iov_len = 48};
+    struct fi_msg imsg = {.msg_iov = &iiov, .iov_count = 1, .addr = a->peer[2], .context = &sctx};
+    CHECK(fi_recv(c->ep, out, sizeof out, NULL, FI_ADDR_UNSPEC, &rctx) == 0, "recv");
+    CHECK(fi_sendmsg(a->ep, &imsg, FI_INJECT | FI_COMPLETION) == 0, "fi_sendmsg with FI_INJECT");
+    memset(buf, 0, 48);
+    CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0 && e.flags == (FI_SEND | FI_MSG), "FI_INJECT's send completes");
+    CHECK(wait_for(c, &rctx, &e, NULL, &ee) == 0 && e.len == 48, "FI_INJECT's send arrived");
+    fill(buf, sizeof buf, 9);
+    CHECK(!memcmp(out, buf, 48), "FI_INJECT's bytes, copied at the call");
 
     /* FI_TRANSMIT_COMPLETE (as FI_DELIVERY_COMPLETE): the send completes
      * only once the receiver has the message, here once its receive is

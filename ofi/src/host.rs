@@ -39,11 +39,15 @@ pub const PORT_BASE: u16 = 20_000;
 /// See [`PORT_BASE`].
 pub const PORT_SPAN: u16 = 30_000;
 
-/// The ports a process tries, in order: a start spread by its process id
-/// (so that the ranks of a host seldom meet), then every 97th port after
-/// it, within the span.
-pub fn ports(pid: u32) -> impl Iterator<Item = u16> {
-    let start = (pid.wrapping_mul(2_654_435_761) >> 8) % u32::from(PORT_SPAN);
+/// The ports the `nth` domain a process opens tries, in order: a start
+/// spread by its process id (so that the ranks of a host seldom meet) and
+/// moved on for each domain the process opened before (so that a domain
+/// opened after another closed is not taken, by peers that knew the
+/// first, for the same rank back again: a rank that left stays gone), then
+/// every 97th port after it, within the span.
+pub fn ports(pid: u32, nth: u32) -> impl Iterator<Item = u16> {
+    let start =
+        ((pid.wrapping_mul(2_654_435_761) >> 8) + nth.wrapping_mul(7_919)) % u32::from(PORT_SPAN);
     (0..u32::from(PORT_TRIES))
         .map(move |i| PORT_BASE + ((start + i * 97) % u32::from(PORT_SPAN)) as u16)
 }
@@ -123,6 +127,7 @@ pub use verbs::{open, VerbsRank};
 #[cfg(feature = "verbs")]
 mod verbs {
     use std::net::{IpAddr, SocketAddr};
+    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 
     use xrcbtl_btl::addr::{job_number, Address, NodeNumbers};
@@ -171,7 +176,12 @@ mod verbs {
         let mut last = String::new();
         // The named port first; where another domain holds it (two opened
         // from one info), the spread as without one.
-        let tries: Vec<u16> = port.into_iter().chain(ports(std::process::id())).collect();
+        static OPENED: AtomicU32 = AtomicU32::new(0);
+        let nth = OPENED.fetch_add(1, Ordering::Relaxed);
+        let tries: Vec<u16> = port
+            .into_iter()
+            .chain(ports(std::process::id(), nth))
+            .collect();
         let n = tries.len();
         for port in tries {
             let rank = rank_of(ip, port).expect("IPv4");
@@ -236,7 +246,7 @@ mod tests {
     #[test]
     fn ports_stay_in_their_span_and_differ_by_process() {
         for pid in [1, 2, 4242, u32::MAX] {
-            let p: Vec<u16> = ports(pid).collect();
+            let p: Vec<u16> = ports(pid, 0).collect();
             assert_eq!(p.len(), usize::from(PORT_TRIES));
             assert!(p
                 .iter()
@@ -247,7 +257,12 @@ mod tests {
                 "no repeats"
             );
         }
-        let firsts: HashSet<u16> = (1000..1100).map(|pid| ports(pid).next().unwrap()).collect();
+        let firsts: HashSet<u16> = (1000..1100)
+            .map(|pid| ports(pid, 0).next().unwrap())
+            .collect();
+        // A process's later domains start elsewhere.
+        let later: HashSet<u16> = (0..50).map(|n| ports(4242, n).next().unwrap()).collect();
+        assert_eq!(later.len(), 50);
         assert!(
             firsts.len() > 90,
             "neighbouring pids start apart: {}",

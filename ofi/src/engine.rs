@@ -367,12 +367,10 @@ impl<C: Context> Engine<C> {
 }
 
 impl<C: Context> Ops for Engine<C> {
-    /// Largest message sent eagerly.
     fn eager_max(&self) -> usize {
         self.eager_max
     }
 
-    /// Opens endpoint `ep` with its bindings.
     fn open(&self, ep: u16, targets: Targets) {
         lock(&self.state).eps.insert(
             ep,
@@ -385,9 +383,6 @@ impl<C: Context> Ops for Engine<C> {
         );
     }
 
-    /// Closes endpoint `ep`: what it had in flight is dropped without
-    /// completions (the caller closed it), rendezvous registrations given
-    /// back.
     fn close(&self, ep: u16) {
         let core = lock(&self.state).eps.remove(&ep);
         if let Some(core) = core {
@@ -399,7 +394,6 @@ impl<C: Context> Ops for Engine<C> {
         }
     }
 
-    /// Posts a send from endpoint `ep`.
     fn send(&self, ep: u16, a: SendArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
@@ -449,7 +443,6 @@ impl<C: Context> Ops for Engine<C> {
         Ok(())
     }
 
-    /// Posts a receive on endpoint `ep`.
     fn recv(&self, ep: u16, a: RecvArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
@@ -485,10 +478,6 @@ impl<C: Context> Ops for Engine<C> {
         Ok(())
     }
 
-    /// Posts an RMA read or write from endpoint `ep`: the local buffer is
-    /// registered through the BTL's cache (or, for an inject, copied into
-    /// memory of the BTL's), the target reached at `addr` with `key`; the
-    /// device checks the key against what the target registered.
     fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError> {
         let key = u32::try_from(a.key)
             .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
@@ -557,9 +546,6 @@ impl<C: Context> Ops for Engine<C> {
         })
     }
 
-    /// Posts an atomic from endpoint `ep`: the BTL's add, fetch-and-add or
-    /// compare-and-swap on the target's word; the old value (if any) is
-    /// written to `result` before the completion.
     fn atomic(&self, ep: u16, a: AtomicArgs) -> Result<(), PostError> {
         use crate::atomic::Op;
         let key = u32::try_from(a.key)
@@ -607,10 +593,6 @@ impl<C: Context> Ops for Engine<C> {
         })
     }
 
-    /// FI_PEEK in the tagged space: a completion with the length and tag
-    /// of the oldest matching message that waits (claimed for `context`
-    /// with FI_CLAIM, dropped with FI_DISCARD), or an FI_ENOMSG error
-    /// completion when none does.
     fn peek(&self, ep: u16, a: PeekArgs) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
@@ -664,9 +646,6 @@ impl<C: Context> Ops for Engine<C> {
         Ok(())
     }
 
-    /// FI_CLAIM: receives the message a peek claimed for `a.context`
-    /// into `a.mem`; FI_CLAIM | FI_DISCARD (`discard`): drops it. Either
-    /// completes as a receive. `Invalid` when nothing is claimed for it.
     fn take_claimed(&self, ep: u16, a: RecvArgs, discard: bool) -> Result<(), PostError> {
         {
             let mut st = lock(&self.state);
@@ -704,8 +683,6 @@ impl<C: Context> Ops for Engine<C> {
         Ok(())
     }
 
-    /// Cancels the posted receive of `context` on endpoint `ep`: it
-    /// completes with FI_ECANCELED; false if none is posted.
     fn cancel(&self, ep: u16, context: u64) -> bool {
         let found = {
             let mut st = lock(&self.state);
@@ -727,7 +704,6 @@ impl<C: Context> Ops for Engine<C> {
         found
     }
 
-    /// Operations in flight on endpoint `ep` (sends, reads, receives).
     fn in_flight(&self, ep: u16) -> (usize, usize, usize) {
         lock(&self.state)
             .eps

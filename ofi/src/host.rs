@@ -106,13 +106,9 @@ impl Resolver {
         if rank_of(ip, port)? != rank {
             return None;
         }
-        Some(Peer {
-            rank,
-            node: self.nodes.of(&EpAddr::node_key(ip)),
-            addr: SocketAddr::new(ip, port),
-            ib: None,
-            receive: None,
-        })
+        // All it can know of the peer is what an address made from its
+        // listener says (how it receives: not known, not checked).
+        Some(self.peer(&EpAddr::template(ip, port)))
     }
 
     /// The BTL's peer for an inserted address.
@@ -132,7 +128,7 @@ mod verbs {
 
     use xrcbtl_btl::addr::{job_number, Address, NodeNumbers};
     use xrcbtl_btl::{Btl, BtlConfig};
-    use xrcbtl_fabric::verbs::{device_ip, job_xrcd_key, VerbsContext, VerbsFabric};
+    use xrcbtl_fabric::verbs::{job_xrcd_key, VerbsContext, VerbsFabric};
     use xrcbtl_fabric::{Error, Fabric, XrcdKey};
 
     use super::{check_names, ports, rank_of, Resolver, DEFAULT_JOB, JOB_VAR};
@@ -158,15 +154,15 @@ mod verbs {
         }
     }
 
-    /// Opens a rank on verbs device `device`, listening on its interface's
-    /// IPv4 address at `port` when one is given and free (the port of the
-    /// info's `src_addr`, as `fi_getinfo` placed it from a service), else
-    /// at the first free port of [`ports`], with the BTL's settings from
-    /// the environment.
-    pub fn open(device: &str, port: Option<u16>) -> Result<VerbsRank, String> {
+    /// Opens a rank on verbs device `device`, listening on `ip`, its
+    /// interface's IPv4 address (as [`crate::devices`] found it), at
+    /// `port` when one is given and free (the port of the info's
+    /// `src_addr`, as `fi_getinfo` placed it from a service), else at the
+    /// first free port of [`ports`], with the BTL's settings from the
+    /// environment.
+    pub fn open(device: &str, ip: IpAddr, port: Option<u16>) -> Result<VerbsRank, String> {
         check_names(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))?;
         let job = std::env::var(JOB_VAR).unwrap_or_else(|_| DEFAULT_JOB.into());
-        let ip = device_ip(device).map_err(|e| format!("{device}: {e}"))?;
         if !matches!(ip, IpAddr::V4(_)) {
             return Err(format!(
                 "{device}: the provider needs an IPv4 address on the interface (has {ip})"
@@ -183,20 +179,25 @@ mod verbs {
             .chain(ports(std::process::id(), nth))
             .collect();
         let n = tries.len();
+        // One configuration; each try changes the rank and listener only.
+        let mut base = BtlConfig::new(
+            0,
+            0,
+            job_number(&job),
+            XrcdKey::new(""),
+            SocketAddr::new(ip, 0),
+        )
+        .with_vars(|k| std::env::var(k).ok())
+        .map_err(|e| e.to_string())?;
+        base.xrcd_key =
+            job_xrcd_key(&job, device, base.xrcd_dir.as_deref()).map_err(|e| e.to_string())?;
         for port in tries {
             let rank = rank_of(ip, port).expect("IPv4");
-            let cfg = BtlConfig::new(
+            let cfg = BtlConfig {
                 rank,
-                0,
-                job_number(&job),
-                XrcdKey::new(""),
-                SocketAddr::new(ip, port),
-            )
-            .with_vars(|k| std::env::var(k).ok())
-            .map_err(|e| e.to_string())?;
-            let mut cfg = cfg;
-            cfg.xrcd_key =
-                job_xrcd_key(&job, device, cfg.xrcd_dir.as_deref()).map_err(|e| e.to_string())?;
+                listen: SocketAddr::new(ip, port),
+                ..base.clone()
+            };
             let ctx = fabric.open(device).map_err(|e| e.to_string())?;
             match Btl::new(ctx, cfg) {
                 Ok(btl) => {

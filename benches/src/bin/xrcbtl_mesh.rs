@@ -124,11 +124,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> std::result::Result<Args, Stri
 /// A job number from the directory's path (every rank of a run names the
 /// same directory; two runs at once use two).
 fn job_of(dir: &std::path::Path) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in dir.to_string_lossy().bytes() {
-        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-    }
-    h
+    xrcbtl_btl::addr::job_number(&dir.to_string_lossy())
 }
 
 fn run(a: &Args) -> Result<bool> {

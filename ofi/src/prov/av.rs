@@ -174,9 +174,9 @@ unsafe extern "C" fn insert(
         let mut inserted = 0;
         for (i, one) in bytes.chunks_exact(addr::LEN).enumerate() {
             let (number, code) = match EpAddr::decode(one) {
+                // The BTL learns the peer first, outside the table's lock
+                // (the BTL's progress reads the table).
                 Ok(a) if domain.know(&a).is_err() => (NOT_AVAIL, err(sys::FI_EINVAL)),
-                // The BTL learns the peer first (outside the table's lock:
-                // the BTL's progress reads the table).
                 Ok(a) => match av.table().insert(a) {
                     Ok(n) => (n, 0),
                     Err(EpAvError::Conflict) => (NOT_AVAIL, err(sys::FI_EADDRINUSE)),

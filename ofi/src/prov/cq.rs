@@ -426,18 +426,8 @@ unsafe extern "C" fn cq_strerror(
     buf: *mut c_char,
     len: usize,
 ) -> *const c_char {
-    let text = ProvErr::text(prov_errno);
-    if buf.is_null() || len == 0 {
-        // The static texts carry their NUL (ProvErr::text_c).
-        return ProvErr::text_c(prov_errno).as_ptr();
-    }
-    let n = text.len().min(len - 1);
-    // SAFETY: `buf` has `len` bytes: n of text and the NUL.
-    unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
-        *buf.add(n) = 0;
-    }
-    buf
+    // SAFETY: libfabric passes null or a buffer of `len` bytes.
+    unsafe { super::strerror_into(ProvErr::text_c(prov_errno), buf, len) }
 }
 
 /// `fi_cntr_open`.

@@ -281,7 +281,8 @@ fn verbs_rank(
         None => devices.first(),
     }
     .ok_or(sys::FI_ENODEV)?;
-    let v = crate::host::open(&device.name, port).map_err(|e| {
+    let ip = device.ip.ok_or(sys::FI_ENODEV)?;
+    let v = crate::host::open(&device.name, ip, port).map_err(|e| {
         super::warn(&format!("fi_domain: {e}"));
         sys::FI_EIO
     })?;

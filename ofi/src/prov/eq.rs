@@ -270,16 +270,12 @@ unsafe extern "C" fn strerror(
     buf: *mut c_char,
     len: usize,
 ) -> *const c_char {
-    const TEXT: &std::ffi::CStr = c"the xrc provider reports no errors on event queues";
-    if buf.is_null() || len == 0 {
-        return TEXT.as_ptr();
-    }
-    let text = TEXT.to_bytes();
-    let n = text.len().min(len - 1);
-    // SAFETY: `buf` has `len` bytes: n of text and the NUL.
+    // SAFETY: libfabric passes null or a buffer of `len` bytes.
     unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
-        *buf.add(n) = 0;
+        super::strerror_into(
+            c"the xrc provider reports no errors on event queues",
+            buf,
+            len,
+        )
     }
-    buf
 }

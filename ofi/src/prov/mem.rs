@@ -29,23 +29,21 @@ pub(crate) fn zeroed<T>() -> *mut T {
 
 /// `s` as a NUL-terminated string on the C heap, or null.
 pub(crate) fn c_string(s: &str) -> *mut c_char {
-    let p: *mut u8 = {
-        // SAFETY: as in `zeroed`; the extra byte stays the NUL.
-        unsafe { calloc(1, s.len() + 1) }.cast()
-    };
-    if !p.is_null() {
-        // SAFETY: p has s.len() + 1 bytes, and s does not overlap it.
-        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), p, s.len()) };
-    }
-    p.cast()
+    copy(s.as_bytes(), s.len() + 1).cast()
 }
 
 /// A copy of `b` on the C heap (an address), or null.
 pub(crate) fn bytes(b: &[u8]) -> *mut c_void {
-    // SAFETY: as in `zeroed`.
-    let p: *mut u8 = unsafe { calloc(1, b.len().max(1)) }.cast();
+    copy(b, b.len().max(1))
+}
+
+/// `b` at the start of `size` zeroed bytes (at least `b.len()`) on the C
+/// heap, or null.
+fn copy(b: &[u8], size: usize) -> *mut c_void {
+    // SAFETY: as in `zeroed`; a null return is passed on.
+    let p: *mut u8 = unsafe { calloc(1, size) }.cast();
     if !p.is_null() {
-        // SAFETY: p has b.len() bytes, and b does not overlap it.
+        // SAFETY: p has size >= b.len() bytes, and b does not overlap it.
         unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), p, b.len()) };
     }
     p.cast()

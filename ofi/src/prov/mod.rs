@@ -42,6 +42,31 @@ pub(crate) fn warn(what: &str) {
     }
 }
 
+/// A `strerror` entry point's answer: `text` itself where the caller gave
+/// no buffer, else as much of it as `buf`'s `len` bytes hold with its NUL,
+/// and `buf`.
+///
+/// # Safety
+/// `buf` is null or has `len` writable bytes.
+pub(crate) unsafe fn strerror_into(
+    text: &'static std::ffi::CStr,
+    buf: *mut c_char,
+    len: usize,
+) -> *const c_char {
+    if buf.is_null() || len == 0 {
+        return text.as_ptr();
+    }
+    let text = text.to_bytes();
+    let n = text.len().min(len - 1);
+    // SAFETY: `buf` has `len` bytes (the caller's promise): n of text and
+    // the NUL.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+        *buf.add(n) = 0;
+    }
+    buf
+}
+
 /// Runs an entry point's body; a panic in it is `-FI_EOTHER`. (Locks a
 /// panic poisons are taken over by the next caller: every object's state
 /// stays consistent between the steps of its methods.)

@@ -36,7 +36,9 @@ use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr};
 use crate::flags::{
     ATOMIC, MSG, MULTI_RECV, READ, RECV, REMOTE_CQ_DATA, REMOTE_WRITE, RMA, SEND, TAGGED, WRITE,
 };
+use crate::keys::{self, Chunk, COMPOUND};
 use crate::matching::{ClaimId, Header, Source, Want};
+use crate::onesided::{self, Local, Lookups, Reach, Transfer, Waiter};
 use crate::rdm::{Action, Exposed, OpRef, Outcome, Rdm, RdmError, Received, SendReq, Space};
 use crate::sys;
 
@@ -288,20 +290,31 @@ pub trait Ops: Send + Sync {
     /// Whether the device does atomics.
     fn atomics(&self) -> bool;
     /// Registers memory for peers' RMA and atomics (`fi_mr_reg`), through
-    /// the BTL's cache.
-    fn register_mem(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<MemReg>;
+    /// the BTL's cache: one device region under its key, or, past the
+    /// device's largest region, several under a compound key
+    /// ([`crate::keys`]).
+    fn register_region(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<Region>;
     /// Gives a registration back.
-    fn deregister_mem(&self, reg: MemReg);
+    fn deregister_region(&self, region: Region);
     /// One round of the BTL's progress; the work it found.
     fn progress(&self) -> usize;
     /// Makes a peer domain known to the BTL (connected on first use).
     fn add_peer(&self, peer: &Peer) -> xrcbtl_fabric::Result<()>;
 }
 
+/// Memory registered for peers (`fi_mr_reg`): its key and device regions.
+#[derive(Debug)]
+pub struct Region {
+    /// The key peers name it by: a device key, or a compound one.
+    pub key: u64,
+    regs: Vec<MemReg>,
+}
+
 /// One domain's endpoints on its BTL.
 pub struct Engine<C: Context> {
     btl: Arc<Btl<C>>,
     state: Arc<Mutex<State>>,
+    lookups: Arc<Mutex<Lookups<C>>>,
     eager_max: usize,
     unexpected_max: usize,
 }
@@ -319,14 +332,22 @@ impl<C: Context> Engine<C> {
     /// a message past that is dropped and reported (FI_EOVERRUN).
     pub fn new(btl: Arc<Btl<C>>, unexpected_max: usize) -> Engine<C> {
         let state = Arc::new(Mutex::new(State::default()));
-        let weak = Arc::downgrade(&state);
+        let lookups = Arc::new(Mutex::new(Lookups::default()));
+        let (weak, weak_keys) = (Arc::downgrade(&state), Arc::downgrade(&lookups));
         btl.register_am(AM_TAG, move |btl, inc| {
-            if let Some(state) = weak.upgrade() {
-                arrive(btl, &state, inc.src, inc.data);
+            if let (Some(state), Some(lookups)) = (weak.upgrade(), weak_keys.upgrade()) {
+                arrive(btl, &state, &lookups, inc.src, inc.data);
             }
         });
         let weak: Weak<Mutex<State>> = Arc::downgrade(&state);
+        let weak_keys = Arc::downgrade(&lookups);
         btl.register_error(move |btl, rank, _| {
+            if let Some(lookups) = weak_keys.upgrade() {
+                let waiting = lock(&lookups).lost(rank);
+                for w in waiting {
+                    w(btl, Err(format!("rank {rank} is gone")));
+                }
+            }
             if let Some(state) = weak.upgrade() {
                 let eps: Vec<u16> = {
                     let mut st = lock(&state);
@@ -344,6 +365,7 @@ impl<C: Context> Engine<C> {
         Engine {
             btl,
             state,
+            lookups,
             eager_max,
             unexpected_max,
         }
@@ -352,6 +374,53 @@ impl<C: Context> Engine<C> {
     /// The BTL.
     pub fn btl(&self) -> &Arc<Btl<C>> {
         &self.btl
+    }
+
+    /// Runs `go` with what reaches key `key` at `to`: at once for a device
+    /// key or a compound key the peer already described; otherwise once
+    /// the peer answers (the first to wait asks), an answer that fails
+    /// reaching `go`'s work as a failed completion.
+    fn reach<G>(&self, to: PeerEp, key: u64, go: G) -> Result<(), PostError>
+    where
+        G: FnOnce(&Btl<C>, &Reach) -> Result<(), (xrcbtl_fabric::Error, onesided::After<C>)>
+            + Send
+            + 'static,
+    {
+        let now = if key & COMPOUND == 0 {
+            Some(Reach::Device(key as u32))
+        } else {
+            lock(&self.lookups).known(to.domain, key)
+        };
+        if let Some(reach) = now {
+            return go(&self.btl, &reach).map_err(|(e, _)| PostError::Invalid(e.to_string()));
+        }
+        // Run later: work that cannot start (a refused key too) fails.
+        let waiter: Waiter<C> = Box::new(move |btl: &Btl<C>, reach: Result<Reach, String>| {
+            let reach = reach.unwrap_or_else(Reach::Refused);
+            if let Err((_, after)) = go(btl, &reach) {
+                after(btl, false);
+            }
+        });
+        let first = lock(&self.lookups).wait(to.domain, key, waiter);
+        if first {
+            let mut header = Vec::with_capacity(16);
+            crate::wire::Msg::KeyQuery {
+                common: crate::wire::Common {
+                    flags: 0,
+                    dst_ep: to.ep,
+                    src_ep: 0,
+                },
+                key,
+            }
+            .encode(&mut header);
+            if let Err(e) = self.btl.send(to.domain, AM_TAG, &header, &[]) {
+                let (waiting, _) = lock(&self.lookups).answer(to.domain, key, Err(e.to_string()));
+                for w in waiting {
+                    w(&self.btl, Err(e.to_string()));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What an RMA or atomic from `ep` to `to` needs before it starts:
@@ -479,8 +548,9 @@ impl<C: Context> Ops for Engine<C> {
     }
 
     fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError> {
-        let key = u32::try_from(a.key)
-            .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
+        if a.key & COMPOUND == 0 && a.key > u64::from(u32::MAX) {
+            return Err(PostError::Invalid("not a key of this provider".into()));
+        }
         let (to, targets, reserved) = self.one_sided(ep, a.to)?;
         let tx = targets.tx.clone();
         let flags = RMA | if a.write { WRITE } else { READ };
@@ -505,51 +575,44 @@ impl<C: Context> Ops for Engine<C> {
             return Ok(());
         };
         let len = mem.len();
-        let remote = RemoteMem {
-            addr: a.addr,
-            len: len as u64,
-            rkey: key,
-        }
-        .at(0);
-        let started = (|| {
-            if a.inject {
-                let bounce = self.btl.alloc_mem(len)?;
-                bounce.write(0, &mem.read(0, len)?);
-                let local = bounce.reg().at(0);
-                let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
-                    drop(bounce);
-                    let ok = r.is_ok() && notify(btl, to.domain, notice.as_deref());
-                    finish(ok);
-                });
-                return self.btl.put(to.domain, local, remote, len, Some(done));
-            }
-            let reg = self.btl.register_mem(mem, Access::NONE)?;
-            let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
-                let _ = btl.deregister_mem(reg);
-                let ok = r.is_ok() && notify(btl, to.domain, notice.as_deref());
-                finish(ok);
+        let local = if a.inject {
+            // Copied at the call: the caller's buffer is free at once.
+            let bounce = self.btl.alloc_mem(len).and_then(|b| {
+                b.write(0, &mem.read(0, len)?);
+                Ok(b)
             });
-            let r = if a.write {
-                self.btl.put(to.domain, reg.at(0), remote, len, Some(done))
-            } else {
-                self.btl.get(to.domain, remote, reg.at(0), len, Some(done))
-            };
-            if r.is_err() {
-                let _ = self.btl.deregister_mem(reg);
+            match bounce {
+                Ok(b) => Local::Bounce(b),
+                Err(e) => {
+                    give_back(tx.as_ref(), reserved);
+                    return Err(PostError::Invalid(e.to_string()));
+                }
             }
-            r
-        })();
-        started.map(|_| ()).map_err(|e| {
-            // Never started: its place goes back.
-            give_back(tx.as_ref(), reserved);
-            PostError::Invalid(e.to_string())
-        })
+        } else {
+            Local::User(mem)
+        };
+        let transfer = Transfer {
+            to: to.domain,
+            write: a.write,
+            local,
+            addr: a.addr,
+            len,
+            after: Box::new(move |btl: &Btl<C>, ok: bool| {
+                let ok = ok && notify(btl, to.domain, notice.as_deref());
+                finish(ok);
+            }),
+        };
+        let go = move |btl: &Btl<C>, reach: &Reach| onesided::start(btl, transfer, reach);
+        // Never started: its place goes back.
+        self.reach(to, a.key, go)
+            .inspect_err(|_| give_back(tx.as_ref(), reserved))
     }
 
     fn atomic(&self, ep: u16, a: AtomicArgs) -> Result<(), PostError> {
         use crate::atomic::Op;
-        let key = u32::try_from(a.key)
-            .map_err(|_| PostError::Invalid("not a key of this provider".into()))?;
+        if a.key & COMPOUND == 0 && a.key > u64::from(u32::MAX) {
+            return Err(PostError::Invalid("not a key of this provider".into()));
+        }
         if a.addr % 8 != 0 {
             return Err(PostError::Invalid(
                 "the target of an atomic is not 8-byte aligned".into(),
@@ -565,32 +628,57 @@ impl<C: Context> Ops for Engine<C> {
         let tx = targets.tx.clone();
         let kind = ATOMIC | if fetching { READ } else { WRITE };
         let result = a.result;
-        let done = Box::new(move |_: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
-            let ok = match (r, result) {
-                (Ok(Some(old)), Some(m)) => m.write(0, &old.to_ne_bytes()).is_ok(),
-                (Ok(_), _) => true,
-                (Err(_), _) => false,
-            };
-            complete_one_sided(&targets, a.context, kind, reserved, a.completion, ok);
-        });
-        let at = RemoteMem {
-            addr: a.addr,
-            len: 8,
-            rkey: key,
-        }
-        .at(0);
-        let started = match a.op {
-            Op::Add(v) => self.btl.add(to.domain, at, v, Some(done)),
-            Op::FetchAdd(v) => self.btl.fetch_add(to.domain, at, v, Some(done)),
-            Op::CompareSwap { compare, swap } => {
-                self.btl
-                    .compare_swap(to.domain, at, compare, swap, Some(done))
-            }
+        let finish = move |ok: bool| {
+            complete_one_sided(&targets, a.context, kind, reserved, a.completion, ok)
         };
-        started.map(|_| ()).map_err(|e| {
-            give_back(tx.as_ref(), reserved);
-            PostError::Invalid(e.to_string())
-        })
+        let go = move |btl: &Btl<C>, reach: &Reach| {
+            // The word lies in one chunk: chunks end on pages.
+            let rkey = match reach.pieces(a.addr, 8) {
+                Ok(p) => p[0].rkey,
+                Err(why) => {
+                    return Err((
+                        xrcbtl_fabric::Error::invalid(why),
+                        Box::new(move |_: &Btl<C>, ok| finish(ok)) as onesided::After<C>,
+                    ))
+                }
+            };
+            let at = RemoteMem {
+                addr: a.addr,
+                len: 8,
+                rkey,
+            }
+            .at(0);
+            let finish = Arc::new(Mutex::new(Some(finish)));
+            let f = finish.clone();
+            let done = Box::new(move |_: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+                let ok = match (r, result) {
+                    (Ok(Some(old)), Some(m)) => m.write(0, &old.to_ne_bytes()).is_ok(),
+                    (Ok(_), _) => true,
+                    (Err(_), _) => false,
+                };
+                if let Some(finish) = lock(&f).take() {
+                    finish(ok);
+                }
+            });
+            let started = match a.op {
+                Op::Add(v) => btl.add(to.domain, at, v, Some(done)),
+                Op::FetchAdd(v) => btl.fetch_add(to.domain, at, v, Some(done)),
+                Op::CompareSwap { compare, swap } => {
+                    btl.compare_swap(to.domain, at, compare, swap, Some(done))
+                }
+            };
+            started.map(|_| ()).map_err(|e| {
+                let finish = lock(&finish).take();
+                let after: onesided::After<C> = Box::new(move |_: &Btl<C>, ok| {
+                    if let Some(finish) = finish {
+                        finish(ok);
+                    }
+                });
+                (e, after)
+            })
+        };
+        self.reach(to, a.key, go)
+            .inspect_err(|_| give_back(tx.as_ref(), reserved))
     }
 
     fn peek(&self, ep: u16, a: PeekArgs) -> Result<(), PostError> {
@@ -714,12 +802,58 @@ impl<C: Context> Ops for Engine<C> {
         self.btl.caps().atomics
     }
 
-    fn register_mem(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<MemReg> {
-        self.btl.register_mem(mem, access)
+    fn register_region(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<Region> {
+        let max = self.btl.caps().max_mr_size;
+        let (addr, len) = (mem.addr() as u64, mem.len() as u64);
+        if keys::fits(addr, len, max) {
+            let reg = self.btl.register_mem(mem, access)?;
+            return Ok(Region {
+                key: u64::from(reg.remote().rkey),
+                regs: vec![reg],
+            });
+        }
+        let ranges = keys::cut(addr, len, max);
+        // A peer learns the chunks in one message.
+        if HEADER_MAX + ranges.len() * keys::CHUNK_BYTES > self.eager_max + HEADER_MAX {
+            return Err(xrcbtl_fabric::Error::invalid(format!(
+                "{len} bytes take {} device regions, more than one key can name",
+                ranges.len()
+            )));
+        }
+        let mut regs = Vec::with_capacity(ranges.len());
+        for (a, l) in ranges {
+            let reg = mem
+                .slice((a - addr) as usize, l as usize)
+                .and_then(|m| self.btl.register_mem(m, access));
+            match reg {
+                Ok(r) => regs.push(r),
+                Err(e) => {
+                    for r in regs {
+                        let _ = self.btl.deregister_mem(r);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let chunks = regs
+            .iter()
+            .map(|r| Chunk {
+                addr: r.addr(),
+                len: r.len(),
+                rkey: r.remote().rkey,
+            })
+            .collect();
+        let key = lock(&self.lookups).add(chunks);
+        Ok(Region { key, regs })
     }
 
-    fn deregister_mem(&self, reg: MemReg) {
-        let _ = self.btl.deregister_mem(reg);
+    fn deregister_region(&self, region: Region) {
+        if region.key & COMPOUND != 0 {
+            lock(&self.lookups).remove(region.key);
+        }
+        for reg in region.regs {
+            let _ = self.btl.deregister_mem(reg);
+        }
     }
 
     fn progress(&self) -> usize {
@@ -783,11 +917,34 @@ fn notify<C: Context>(btl: &Btl<C>, to: u32, notice: Option<&[u8]>) -> bool {
 }
 
 /// A message of the provider's from rank `src`.
-fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: &[u8]) {
-    let Ok((msg, _)) = crate::wire::Msg::decode(bytes) else {
+fn arrive<C: Context>(
+    btl: &Btl<C>,
+    state: &Arc<Mutex<State>>,
+    lookups: &Mutex<Lookups<C>>,
+    src: u32,
+    bytes: &[u8],
+) {
+    let Ok((msg, payload)) = crate::wire::Msg::decode(bytes) else {
         // A malformed header names no endpoint to tell: dropped.
         return;
     };
+    match msg {
+        crate::wire::Msg::KeyQuery { common, key } => {
+            return answer_key(btl, lookups, src, common, key)
+        }
+        crate::wire::Msg::KeyReply { key, status, .. } => {
+            let chunks = match status {
+                0 => keys::decode(payload),
+                s => Err(format!("rank {src} has no key {key:#x} (status {s})")),
+            };
+            let (waiting, reach) = lock(lookups).answer(src, key, chunks);
+            for w in waiting {
+                w(btl, reach.clone());
+            }
+            return;
+        }
+        _ => {}
+    }
     let ep = msg.common().dst_ep;
     {
         let mut st = lock(state);
@@ -828,6 +985,34 @@ fn arrive<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, src: u32, bytes: 
         }
     }
     drive(btl, state, ep);
+}
+
+/// Answers rank `src`'s question about this domain's compound key `key`.
+fn answer_key<C: Context>(
+    btl: &Btl<C>,
+    lookups: &Mutex<Lookups<C>>,
+    src: u32,
+    asked: crate::wire::Common,
+    key: u64,
+) {
+    let chunks = lock(lookups).mine(key);
+    let mut header = Vec::with_capacity(24);
+    crate::wire::Msg::KeyReply {
+        common: crate::wire::Common {
+            flags: 0,
+            dst_ep: asked.src_ep,
+            src_ep: asked.dst_ep,
+        },
+        key,
+        status: u32::from(chunks.is_none()),
+    }
+    .encode(&mut header);
+    let mut payload = Vec::new();
+    if let Some(c) = chunks {
+        keys::encode(&c, &mut payload);
+    }
+    // A peer that cannot be answered is failing: its error fails its work.
+    let _ = btl.send(src, AM_TAG, &header, &payload);
 }
 
 /// A peer's write with remote CQ data landed in this endpoint's memory:

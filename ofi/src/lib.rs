@@ -15,8 +15,13 @@
 //! - [`devices`]: the devices `fi_getinfo` offers (verbs, or the simulated
 //!   fabric with `XRCBTL_OFI_FABRIC=sim`);
 //! - [`info`]: what `fi_getinfo` offers on a device and how hints narrow it;
+//! - [`keys`]: registrations larger than the device's largest region, cut
+//!   into chunks under one compound key that peers look up;
 //! - [`matching`]: posted and unexpected receives, tag matching, FI_PEEK /
 //!   FI_CLAIM / FI_DISCARD, cancel, multi-receive buffers and truncation;
+//! - [`onesided`]: RMA transfers cut into device operations where the
+//!   target's chunks or the local side's regions end; compound keys
+//!   learnt from peers;
 //! - [`rdm`]: one endpoint's messaging (eager, the provider's rendezvous,
 //!   delivery complete, truncation, lost peers) as a state machine;
 //! - [`wire`]: the provider's header inside the BTL's messages (endpoint,
@@ -45,7 +50,9 @@ pub mod engine;
 pub mod flags;
 pub mod host;
 pub mod info;
+pub mod keys;
 pub mod matching;
+pub mod onesided;
 mod prov;
 pub mod rdm;
 pub(crate) mod sys;

@@ -591,9 +591,11 @@ impl Rdm {
                 }
                 Ok(())
             }
-            Msg::WriteData { .. } => Err(RdmError::Malformed(
-                "an RMA notice is the driver's, not a message to match".into(),
-            )),
+            Msg::WriteData { .. } | Msg::KeyQuery { .. } | Msg::KeyReply { .. } => {
+                Err(RdmError::Malformed(
+                    "an RMA notice or key lookup is the driver's, not a message to match".into(),
+                ))
+            }
             Msg::Ack { msg_id, .. } => {
                 if let Some(s) = self.sends.remove(&msg_id) {
                     self.actions.push_back(Action::SendDone {

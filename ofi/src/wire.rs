@@ -16,6 +16,8 @@
 //! | Fin | message id (u64), status (u32) | none |
 //! | Ack | message id (u64) | none |
 //! | WriteData | remote CQ data (u64) | none |
+//! | KeyQuery | key (u64) | none |
+//! | KeyReply | key (u64), status (u32) | the key's chunks (status 0) |
 //!
 //! - Eager: a message whole. With [`flags::DELIVERY`] it carries an id, and
 //!   the receiver answers with Ack naming it once the message was matched
@@ -28,6 +30,10 @@
 //! - Ack: an eager message sent with [`flags::DELIVERY`] was delivered.
 //! - WriteData: an RMA write with remote CQ data completed at its origin;
 //!   the target endpoint reports the data (`fi_writedata`).
+//! - KeyQuery: what are the chunks of this compound key of yours
+//!   ([`crate::keys`])? For the domain, whichever endpoint it names.
+//! - KeyReply: the answer: status 0 and the chunks ([`crate::keys::encode`]),
+//!   or a nonzero status and none (no such key).
 #![forbid(unsafe_code)]
 
 /// The version this provider speaks.
@@ -54,6 +60,8 @@ const RTS: u8 = 2;
 const FIN: u8 = 3;
 const ACK: u8 = 4;
 const WRITE_DATA: u8 = 5;
+const KEY_QUERY: u8 = 6;
+const KEY_REPLY: u8 = 7;
 
 /// The common header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +130,22 @@ pub enum Msg {
         /// The remote CQ data.
         data: u64,
     },
+    /// The chunks of a compound key, please.
+    KeyQuery {
+        /// Common fields.
+        common: Common,
+        /// The key.
+        key: u64,
+    },
+    /// A compound key's chunks (the payload) or its absence.
+    KeyReply {
+        /// Common fields.
+        common: Common,
+        /// The key asked about.
+        key: u64,
+        /// 0 (the chunks follow), or nonzero (no such key, no payload).
+        status: u32,
+    },
 }
 
 impl Msg {
@@ -132,7 +156,9 @@ impl Msg {
             | Msg::Rts { common, .. }
             | Msg::Fin { common, .. }
             | Msg::Ack { common, .. }
-            | Msg::WriteData { common, .. } => common,
+            | Msg::WriteData { common, .. }
+            | Msg::KeyQuery { common, .. }
+            | Msg::KeyReply { common, .. } => common,
         }
     }
 
@@ -143,7 +169,8 @@ impl Msg {
                 Msg::Eager { ack, .. } => 16 + if ack.is_some() { 8 } else { 0 },
                 Msg::Rts { .. } => 44,
                 Msg::Fin { .. } => 12,
-                Msg::Ack { .. } | Msg::WriteData { .. } => 8,
+                Msg::Ack { .. } | Msg::WriteData { .. } | Msg::KeyQuery { .. } => 8,
+                Msg::KeyReply { .. } => 12,
             }
     }
 
@@ -160,6 +187,8 @@ impl Msg {
             Msg::Fin { common, .. } => (FIN, common),
             Msg::Ack { common, .. } => (ACK, common),
             Msg::WriteData { common, .. } => (WRITE_DATA, common),
+            Msg::KeyQuery { common, .. } => (KEY_QUERY, common),
+            Msg::KeyReply { common, .. } => (KEY_REPLY, common),
         };
         out.push(VERSION);
         out.push(kind);
@@ -204,12 +233,17 @@ impl Msg {
             }
             Msg::Ack { msg_id, .. } => out.extend_from_slice(&msg_id.to_le_bytes()),
             Msg::WriteData { data, .. } => out.extend_from_slice(&data.to_le_bytes()),
+            Msg::KeyQuery { key, .. } => out.extend_from_slice(&key.to_le_bytes()),
+            Msg::KeyReply { key, status, .. } => {
+                out.extend_from_slice(&key.to_le_bytes());
+                out.extend_from_slice(&status.to_le_bytes());
+            }
         }
     }
 
     /// Reads a header from the front of `b`; returns it and the payload
     /// that follows, or why the bytes are refused. Only an Eager message
-    /// has a payload.
+    /// and a KeyReply with status 0 have a payload.
     pub fn decode(b: &[u8]) -> Result<(Msg, &[u8]), String> {
         let mut r = Reader(b);
         let version = r.u8()?;
@@ -260,6 +294,15 @@ impl Msg {
                 common,
                 data: r.u64()?,
             },
+            KEY_QUERY => Msg::KeyQuery {
+                common,
+                key: r.u64()?,
+            },
+            KEY_REPLY => Msg::KeyReply {
+                common,
+                key: r.u64()?,
+                status: r.u32()?,
+            },
             k => return Err(format!("unknown message kind {k}")),
         };
         match msg {
@@ -280,7 +323,12 @@ impl Msg {
                 ));
             }
         }
-        if !matches!(msg, Msg::Eager { .. }) && !r.0.is_empty() {
+        let payload = match msg {
+            Msg::Eager { .. } => true,
+            Msg::KeyReply { status, .. } => status == 0,
+            _ => false,
+        };
+        if !payload && !r.0.is_empty() {
             return Err(format!("{} bytes after a control message", r.0.len()));
         }
         Ok((msg, r.0))
@@ -365,6 +413,20 @@ mod tests {
                 common: control,
                 data: 0xfeed,
             },
+            Msg::KeyQuery {
+                common: control,
+                key: crate::keys::COMPOUND | 3,
+            },
+            Msg::KeyReply {
+                common: control,
+                key: crate::keys::COMPOUND | 3,
+                status: 0,
+            },
+            Msg::KeyReply {
+                common: control,
+                key: 4,
+                status: 1,
+            },
         ]
     }
 
@@ -374,10 +436,9 @@ mod tests {
             let mut b = Vec::new();
             m.encode(&mut b);
             assert_eq!(b.len(), m.len(), "{m:?}");
-            let payload: &[u8] = if matches!(m, Msg::Eager { .. }) {
-                b"hello"
-            } else {
-                b""
+            let payload: &[u8] = match m {
+                Msg::Eager { .. } | Msg::KeyReply { status: 0, .. } => b"hello",
+                _ => b"",
             };
             b.extend_from_slice(payload);
             assert_eq!(Msg::decode(&b), Ok((m, payload)));
@@ -392,7 +453,7 @@ mod tests {
             for cut in 0..b.len() {
                 assert!(Msg::decode(&b[..cut]).is_err(), "{m:?} cut at {cut}");
             }
-            if !matches!(m, Msg::Eager { .. }) {
+            if !matches!(m, Msg::Eager { .. } | Msg::KeyReply { status: 0, .. }) {
                 b.push(0);
                 assert!(Msg::decode(&b)
                     .unwrap_err()

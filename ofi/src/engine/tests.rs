@@ -44,7 +44,11 @@ impl Two {
     }
 
     fn with_budget(cq_size: usize, budget: usize) -> Two {
-        let mut job = SimJob::new(7, 2, 2, SimDevice::ib("sim0")).unwrap();
+        Two::on(SimDevice::ib("sim0"), cq_size, budget)
+    }
+
+    fn on(device: SimDevice, cq_size: usize, budget: usize) -> Two {
+        let mut job = SimJob::new(7, 2, 2, device).unwrap();
         let btls = [job.btl(0).clone(), job.btl(2).clone()];
         let addrs = [addr_of(&btls[0]), addr_of(&btls[1])];
         let sides = btls.map(|btl| {
@@ -475,4 +479,135 @@ fn a_sender_missing_from_the_vector_is_received_as_not_available() {
         t.sides[1].engine.cancel(0, 5),
         "the directed one still waits"
     );
+}
+
+/// A registration past the device's largest region (here 4 MiB) is
+/// cut into chunks under one compound key. A peer learns the chunks once
+/// (one query, whatever waits on it) and then reads, writes and runs
+/// atomics across chunk boundaries, from a local buffer that itself spans
+/// several regions; a compound key the owner never gave fails the
+/// operation through an error completion.
+#[test]
+fn a_registration_past_the_device_limit_is_reached_across_its_chunks() {
+    let max = 4 << 20;
+    let mut device = SimDevice::ib("sim0");
+    device.caps.max_mr_size = max;
+    let mut t = Two::on(device, 64, UNEXPECTED_MAX);
+    let target = MappedBuf::new(300 << 16).unwrap();
+    // Starts mid-page, 290 x 64 KiB: five chunks.
+    let mem = target.user_mem().slice(100, 290 << 16).unwrap();
+    let rights = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    let region = t.sides[1].engine.register_region(mem, rights).unwrap();
+    assert_ne!(region.key & COMPOUND, 0, "a compound key");
+    assert_eq!(region.regs.len(), 5);
+    for r in &region.regs {
+        assert!(keys::fits(r.addr(), r.len(), max));
+    }
+    assert!(
+        t.sides[1].engine.btl().register_mem(mem, rights).is_err(),
+        "the device takes no region this large"
+    );
+    let base = mem.addr() as u64;
+
+    // Two writes posted before the answer: one query, both wait on it.
+    let len = 150 << 16;
+    let src = MappedBuf::new(len + 8192).unwrap();
+    let data = pattern(len, 9);
+    src.write(77, &data);
+    let local = src.user_mem().slice(77, len).unwrap();
+    let peer = t.sides[0].fi[1];
+    let key = region.key;
+    let rma = move |context, write, mem: UserMem, addr| RmaArgs {
+        context,
+        to: peer,
+        mem: Some(mem),
+        addr,
+        key,
+        write,
+        data: None,
+        inject: false,
+        completion: true,
+    };
+    let at = base + 20_000;
+    let e0 = &t.sides[0].engine;
+    e0.rma(0, rma(1, true, local, at)).unwrap();
+    e0.rma(
+        0,
+        rma(
+            2,
+            true,
+            local.slice(0, 4096).unwrap(),
+            base + (12 << 20) - 2000,
+        ),
+    )
+    .unwrap();
+    assert_eq!(lock(&e0.lookups).asked(), 1, "asked once");
+    let tx = t.sides[0].tx.clone();
+    let mut done: Vec<u64> = Vec::new();
+    while done.len() < 2 {
+        match t.wait(&tx) {
+            Read::Entries(v) => done.extend(v.iter().map(|e| e.context)),
+            other => panic!("{other:?}"),
+        }
+    }
+    done.sort();
+    assert_eq!(done, [1, 2]);
+    assert!(
+        target.read(100 + 20_000, len) == data,
+        "the first write, across two chunk boundaries"
+    );
+    assert!(
+        target.read(100 + (12 << 20) - 2000, 4096) == data[..4096],
+        "the second write, across a third"
+    );
+
+    // A read back across four chunks, into a buffer of several regions.
+    let back = MappedBuf::new(len).unwrap();
+    let t0 = &t.sides[0].engine;
+    t0.rma(0, rma(3, false, back.user_mem(), at)).unwrap();
+    assert_eq!(one(t.wait(&tx)).context, 3);
+    assert!(back.read(0, len) == data, "read back whole");
+
+    // An atomic in the fourth chunk.
+    let word = (base + (200 << 16)) / 8 * 8;
+    let off = (word - target.addr() as u64) as usize;
+    target.write(off, &40u64.to_ne_bytes());
+    let result = MappedBuf::new(4096).unwrap();
+    t.sides[0]
+        .engine
+        .atomic(
+            0,
+            AtomicArgs {
+                context: 4,
+                to: t.sides[0].fi[1],
+                addr: word,
+                key: region.key,
+                op: crate::atomic::Op::FetchAdd(2),
+                result: Some(result.user_mem().slice(0, 8).unwrap()),
+                completion: true,
+            },
+        )
+        .unwrap();
+    assert_eq!(one(t.wait(&tx)).context, 4);
+    assert_eq!(result.read(0, 8), 40u64.to_ne_bytes());
+    assert_eq!(target.read(off, 8), 42u64.to_ne_bytes());
+
+    // Outside the registration: refused at the call, nothing posted.
+    let e0 = &t.sides[0].engine;
+    assert!(e0
+        .rma(
+            0,
+            rma(5, true, local.slice(0, 8).unwrap(), base + (290 << 16) - 4)
+        )
+        .is_err());
+    // A compound key never given: the owner says so, the write fails.
+    let mut bad = rma(6, true, local.slice(0, 8).unwrap(), at);
+    bad.key = COMPOUND | 999;
+    e0.rma(0, bad).unwrap();
+    assert!(matches!(t.wait(&tx), Read::ErrorFirst));
+    let e = t.sides[0].tx.lock().unwrap().read_err().unwrap();
+    assert_eq!(e.entry.context, 6);
+
+    t.sides[1].engine.deregister_region(region);
+    assert!(lock(&t.sides[1].engine.lookups).mine(key).is_none());
 }

@@ -12,7 +12,9 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
-use xrcbtl_btl::{Access, MemReg, UserMem};
+use xrcbtl_btl::{Access, UserMem};
+
+use crate::engine::Region;
 
 use super::domain::Domain;
 use super::{err, fid_ops, guard, object, Shared};
@@ -24,7 +26,7 @@ use crate::sys;
 pub(crate) struct MrObj {
     mr: sys::fid_mr,
     domain: *const Domain,
-    reg: MemReg,
+    region: Region,
 }
 
 // FI_MR_ENDPOINT is not a mode of the provider's: a registration binds
@@ -84,7 +86,7 @@ unsafe fn register(
             rights |= Access::REMOTE_ATOMIC;
         }
     }
-    let Ok(reg) = d.engine.register_mem(mem, rights) else {
+    let Ok(region) = d.engine.register_region(mem, rights) else {
         return err(sys::FI_ENOMEM);
     };
     let object = Box::new(MrObj {
@@ -95,10 +97,10 @@ unsafe fn register(
                 ops: FID_OPS.get(),
             },
             mem_desc: std::ptr::null_mut(),
-            key: u64::from(reg.remote().rkey),
+            key: region.key,
         },
         domain: d,
-        reg,
+        region,
     });
     d.children.fetch_add(1, Ordering::AcqRel);
     // SAFETY: libfabric's out-parameter, checked non-null; freed by
@@ -180,11 +182,11 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         };
         // SAFETY: a registration's domain cannot close before it (EBUSY).
         let d = unsafe { &*mr.domain };
-        d.engine.deregister_mem(mr.reg);
-        d.children.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: ours (checked), made by `register` with Box::into_raw,
         // and not used by libfabric after a successful close.
-        drop(unsafe { Box::from_raw(fid.cast::<MrObj>()) });
+        let mr = unsafe { Box::from_raw(fid.cast::<MrObj>()) };
+        d.engine.deregister_region(mr.region);
+        d.children.fetch_sub(1, Ordering::AcqRel);
         0
     })
 }

@@ -9,9 +9,11 @@
 //!   larger one is registered through the BTL's cache and read by the
 //!   receiver straight into its posted buffer (the Rdm's rendezvous).
 //! - RMA reads and writes go straight to the BTL's get and put on the
-//!   caller's memory, registered through the cache for the operation;
-//!   atomics to its add, fetch-and-add and compare-and-swap
-//!   ([`crate::atomic`]).
+//!   caller's memory, registered through the cache for the operation
+//!   ([`crate::onesided`]: cut into several where a compound key's chunks
+//!   or the local side's regions end); atomics to its add, fetch-and-add
+//!   and compare-and-swap ([`crate::atomic`]). A compound key of a peer's
+//!   is looked up once (KeyQuery) and its answer kept.
 //! - Unexpected messages (arrived before their receive) are held within a
 //!   budget per endpoint ([`UNEXPECTED_VAR`]); one past it is dropped and
 //!   the receiving side reads an FI_EOVERRUN error completion.

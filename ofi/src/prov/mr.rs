@@ -2,12 +2,14 @@
 //! the caller's memory registered through the BTL's cache for peers to
 //! reach with RMA and atomics. FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
 //! FI_MR_PROV_KEY: peers name the memory by its virtual address and the
-//! key the provider chose (the registration's remote key); the device
-//! checks both against the region and rights registered. That region is
-//! the cache's: whole pages, so the key also reaches the rest of the first
-//! and last page of the caller's range (an exact registration for
-//! `fi_mr_reg` is still to be built). No caller needs to register local
-//! buffers (no FI_MR_LOCAL): `fi_mr_desc` is null.
+//! key the provider chose: the registration's remote key, or, for memory
+//! past the device's largest region, a compound key over several regions
+//! ([`crate::keys`]). The device checks every access against the region
+//! and rights registered. Those regions are the cache's: whole pages, so
+//! the key also reaches the rest of the first and last page of the
+//! caller's range (an exact registration for `fi_mr_reg` is still to be
+//! built). No caller needs to register local buffers (no FI_MR_LOCAL):
+//! `fi_mr_desc` is null.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;

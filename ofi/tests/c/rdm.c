@@ -415,6 +415,49 @@ static void rma(void)
     free(back);
 }
 
+/* A registration past a device's largest region (rxe registers at most
+ * 1 GiB - 4 KiB): the provider registers it as several device regions
+ * under one key, and a peer's transfers and atomics across the boundary
+ * between two of them land whole. The boundary lies within the 64 KiB
+ * around offset 1 GiB - 8 KiB wherever the buffer starts. */
+static void big_region(int with_atomics)
+{
+    struct side *a = &s[0], *c = &s[2];
+    const size_t big = (1u << 30) + (64u << 10), len = 64u << 10, off = (1u << 30) - (8u << 10) - 30000;
+    uint8_t *win = malloc(big), *src = malloc(len), *back = calloc(1, len);
+    CHECK(win && src && back, "memory for a 1 GiB region");
+    if (!win || !src || !back)
+        return;
+    struct fid_mr *mr = NULL;
+    int rc = fi_mr_reg(c->domain, win, big, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL);
+    CHECK(rc == 0, "fi_mr_reg of %zu B: %s", big, fi_strerror(-rc));
+    if (rc == 0) {
+        uint64_t key = fi_mr_key(mr), base = (uint64_t) (uintptr_t) win;
+        struct fi_cq_tagged_entry e;
+        struct fi_cq_err_entry ee;
+        int ctx;
+        fill(src, len, 77);
+        CHECK(fi_write(a->ep, src, len, NULL, a->peer[2], base + off, key, &ctx) == 0, "fi_write across regions");
+        CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0, "the write across regions completes");
+        CHECK(!memcmp(win + off, src, len), "the write across regions landed whole");
+        CHECK(fi_read(a->ep, back, len, NULL, a->peer[2], base + off, key, &ctx) == 0, "fi_read across regions");
+        CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && !memcmp(back, src, len), "read back across regions");
+        if (with_atomics) {
+            uint64_t *word = (uint64_t *) (win + (1u << 30)), add = 5, old = 0;
+            *word = 37;
+            CHECK(fi_fetch_atomic(a->ep, &add, 1, NULL, &old, NULL, a->peer[2], base + (1u << 30), key, FI_UINT64,
+                                  FI_SUM, &ctx) == 0,
+                  "fi_fetch_atomic past 1 GiB");
+            CHECK(wait_for(a, &ctx, &e, NULL, &ee) == 0 && old == 37 && *word == 42,
+                  "the atomic past 1 GiB: old %llu, now %llu", (unsigned long long) old, (unsigned long long) *word);
+        }
+        CHECK(fi_close(&mr->fid) == 0, "fi_close(big mr)");
+    }
+    free(win);
+    free(src);
+    free(back);
+}
+
 /* Atomics on a word of C's, from A (and B, at once). */
 static void atomics(void)
 {
@@ -607,6 +650,7 @@ int main(int argc, char **argv)
         one(&s[0], &s[1], 1, sizes[i], 0, i % 2, (unsigned) i + 7);
     special();
     rma();
+    big_region(with_atomics);
     if (with_atomics) {
         atomics();
     } else {

@@ -631,37 +631,47 @@ impl<C: Context> Btl<C> {
         };
         core.stats.rdma_frags += u64::from(!rdma.is_atomic());
         core.stats.atomics += u64::from(rdma.is_atomic());
-        if core.eps.get(ei).pending.is_empty() {
-            let item = crate::ep::Item {
-                order: core.eps.next_order(ei),
-                tries: 0,
-                work: Work::Rdma(rdma),
-            };
-            if let Err(item) = core.post(ei, item) {
-                core.eps.requeue(ei, item);
-            }
+        // An iWARP write completes once it has left: a read behind it says
+        // when it has landed, or that the peer refused it.
+        let (rdma, fence) = if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
+            rdma.fenced()
         } else {
-            core.eps.enqueue(ei, Work::Rdma(rdma));
+            (rdma, None)
+        };
+        for rdma in std::iter::once(rdma).chain(fence) {
+            if core.eps.get(ei).pending.is_empty() {
+                let item = crate::ep::Item {
+                    order: core.eps.next_order(ei),
+                    tries: 0,
+                    work: Work::Rdma(rdma),
+                };
+                if let Err(item) = core.post(ei, item) {
+                    core.eps.requeue(ei, item);
+                }
+            } else {
+                core.eps.enqueue(ei, Work::Rdma(rdma));
+            }
         }
         Ok(OpId(op))
     }
 
     /// Writes `len` bytes at `from` into the peer's memory at `to`. Its
-    /// completion means the source may be reused; on InfiniBand and RoCE
-    /// the data has then landed, on iWARP (where a write completes once it
-    /// has left) it has landed by the time anything sent to the peer after
-    /// it arrives. `dst` may be this rank: one-sided work and atomics on
-    /// its own memory go through the device's loopback (`Unsupported` on
-    /// iWARP), so that they are atomic with the peers' atomics there.
+    /// completion means the data has landed in the peer's memory. On
+    /// InfiniBand and RoCE a write completes so; on iWARP, where a write
+    /// completes once it has left, a zero-length read follows it on its
+    /// connection, and the put completes with that read (the peer answers
+    /// it only after placing the writes before it). `dst` may be this
+    /// rank: one-sided work and atomics on its own memory go through the
+    /// device's loopback (`Unsupported` on iWARP), so that they are atomic
+    /// with the peers' atomics there.
     ///
     /// Work a broken connection flushed is posted again on the next. On
     /// iWARP a write or read whose key the peer refuses breaks the
     /// connection without saying which work was at fault (a TERMINATE), so
     /// a put or get of the user's in flight at a second break fails with
     /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::WrFlush`]`)`
-    /// rather than break every connection after it; a refused write that
-    /// had already left reports success there, as iWARP completes writes
-    /// when they leave.
+    /// rather than break every connection after it. A refused write is in
+    /// flight until its read completes, so it fails so too.
     pub fn put(
         &self,
         dst: Rank,

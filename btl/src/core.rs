@@ -725,15 +725,27 @@ impl<C: Context> Core<C> {
                 // again each time it is posted, with everything else on
                 // it. The user's operation in flight at a second break
                 // fails instead (whether a write landed is unknown).
-                Owner::Op { .. }
+                Owner::Op { .. } | Owner::Fence { .. }
                     if item.tries >= 1
                         && self.iface.caps.transport == xrcbtl_fabric::Transport::Iwarp =>
                 {
                     return self.drop_item(ei, item, BtlError::Transfer(WcStatus::WrFlush));
                 }
-                Owner::RndvIn { .. } | Owner::Op { .. } => {}
+                // Its fence, flushed behind it, brings it back; a fence
+                // not yet posted follows it again from the queue.
+                Owner::Fenced { op } if !self.fence_waits(ei, op) => return,
+                Owner::RndvIn { .. }
+                | Owner::Op { .. }
+                | Owner::Fence { .. }
+                | Owner::Fenced { .. } => {}
             }
         }
+        // A fence goes again with its write before it, in the order just
+        // before the fence's.
+        let rewrite = match &item.work {
+            Work::Rdma(r) => r.refenced(),
+            Work::Msg(_) => None,
+        };
         item.tries += 1;
         if let EpState::Gone(e) = &self.eps.get(ei).state {
             let e = e.clone();
@@ -751,7 +763,23 @@ impl<C: Context> Core<C> {
             return self.drop_item(ei, item, e);
         }
         self.stats.retransmits += 1;
+        if let Some(write) = rewrite {
+            let write = Item {
+                order: item.order - 1,
+                tries: item.tries,
+                work: Work::Rdma(write),
+            };
+            self.eps.requeue(ei, write);
+        }
         self.eps.requeue(ei, item);
+    }
+
+    /// Whether the fence of operation `op` waits in endpoint `ei`'s
+    /// queue (never posted).
+    fn fence_waits(&self, ei: u32, op: u64) -> bool {
+        self.eps.get(ei).pending.iter().any(|i| {
+            matches!(i.work, Work::Rdma(Rdma { owner: Owner::Fence { op: o, .. }, .. }) if o == op)
+        })
     }
 
     fn poll_send(&mut self) -> usize {
@@ -923,7 +951,8 @@ impl<C: Context> Core<C> {
                 Owner::RndvIn { .. } | Owner::RndvOut { .. } => {
                     self.rndv.on_rdma_done(r.owner, r.len())
                 }
-                Owner::Op { op } => self.finish_op(op, Ok(None)),
+                Owner::Op { op } | Owner::Fence { op, .. } => self.finish_op(op, Ok(None)),
+                Owner::Fenced { .. } => {}
                 Owner::Atomic { op, slot, fetch } => {
                     debug_assert!(matches!(
                         wc.opcode,
@@ -976,7 +1005,9 @@ impl<C: Context> Core<C> {
                 Owner::RndvIn { .. } | Owner::RndvOut { .. } => {
                     self.rndv.on_rdma_failed(r.owner, e)
                 }
-                Owner::Op { op } => self.finish_op(op, Err(e)),
+                Owner::Op { op } | Owner::Fenced { op } | Owner::Fence { op, .. } => {
+                    self.finish_op(op, Err(e))
+                }
                 Owner::Atomic { op, slot, .. } => {
                     self.iface.results.give(slot);
                     self.finish_op(op, Err(e));

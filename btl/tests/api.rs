@@ -721,3 +721,51 @@ fn on_iwarp_a_write_the_peer_refuses_does_not_take_the_connection_down_for_good(
     c.run_until(LIMIT, |c| c.got(1).iter().any(|g| g.data == b"still here"));
     c.shutdown(LIMIT);
 }
+
+/// On iWARP a write completes once it has left, placed or not, and a peer
+/// that refuses its key says so only by ending the connection. A put
+/// completes once its data has landed (a zero-length read follows the
+/// write), and a put the peer refuses fails, however small, while the
+/// connection after it carries on.
+#[test]
+fn on_iwarp_a_put_completes_once_landed_and_a_refused_one_fails() {
+    let mut c = Cluster::with(6, 2, 1, SimDevice::iwarp("sim0"), |_| {});
+    let (theirs, remote) = exposed(&mut c, 1, 0, 64 * 1024);
+    let b = c.btl(0);
+    let src = b.alloc_mem(8192).unwrap();
+    let put = |c: &mut Cluster, at: RemoteMem, len: usize| {
+        let out: Outcomes = Arc::default();
+        c.btl(0)
+            .put(1, src.reg().at(0), at.at(0), len, recorder(&out))
+            .unwrap();
+        c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+        let r = out.lock().unwrap()[0].1.clone();
+        r
+    };
+    for (i, len) in [1usize, 64, 8192].into_iter().enumerate() {
+        let data = pattern(i as u32 + 1, len);
+        src.write(0, &data);
+        assert_eq!(put(&mut c, remote, len), Ok(None));
+        assert_eq!(
+            theirs.read(0, len),
+            data,
+            "{len} B landed by the put's completion"
+        );
+    }
+    let forged = RemoteMem {
+        rkey: remote.rkey ^ 0x77,
+        ..remote
+    };
+    assert_eq!(
+        put(&mut c, forged, 8),
+        Err(xrcbtl_btl::BtlError::Transfer(
+            xrcbtl_fabric::WcStatus::WrFlush
+        )),
+        "an 8-byte write the peer refused, gone before the refusal"
+    );
+    let data = pattern(9, 100);
+    src.write(0, &data);
+    assert_eq!(put(&mut c, remote, 100), Ok(None), "good work after it");
+    assert_eq!(theirs.read(0, 100), data);
+    c.shutdown(LIMIT);
+}

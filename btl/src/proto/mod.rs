@@ -87,6 +87,24 @@ pub(crate) enum Owner {
         /// The operation.
         op: u64,
     },
+    /// An iWARP put's write, whose fence ([`Owner::Fence`]) follows it:
+    /// the write's own success says only that it left, so it reports
+    /// nothing but a failure, and is never posted again by itself.
+    Fenced {
+        /// The operation.
+        op: u64,
+    },
+    /// The zero-length read that follows an iWARP put's write on its
+    /// connection: it completes once the write has been placed (the peer
+    /// answers a read only after the writes before it), or it is flushed
+    /// when the peer refused the write (a TERMINATE). Posted again, it
+    /// brings its write with it.
+    Fence {
+        /// The operation.
+        op: u64,
+        /// The write's length (the fence's own SGE is empty).
+        len: u32,
+    },
     /// An atomic.
     Atomic {
         /// The operation.
@@ -138,5 +156,48 @@ impl Rdma {
     /// Bytes it moves.
     pub fn len(&self) -> u64 {
         u64::from(self.local.length)
+    }
+
+    /// An iWARP put as the write and the fence that follow each other on
+    /// one connection; any other work unchanged, alone.
+    pub fn fenced(self) -> (Rdma, Option<Rdma>) {
+        let (RdmaOp::Write, Owner::Op { op }) = (self.op, self.owner) else {
+            return (self, None);
+        };
+        let fence = Rdma {
+            op: RdmaOp::Read,
+            local: Sge {
+                length: 0,
+                ..self.local
+            },
+            remote: self.remote,
+            owner: Owner::Fence {
+                op,
+                len: self.local.length,
+            },
+        };
+        (
+            Rdma {
+                owner: Owner::Fenced { op },
+                ..self
+            },
+            Some(fence),
+        )
+    }
+
+    /// The write a flushed fence brings back with it.
+    pub fn refenced(&self) -> Option<Rdma> {
+        let Owner::Fence { op, len } = self.owner else {
+            return None;
+        };
+        Some(Rdma {
+            op: RdmaOp::Write,
+            local: Sge {
+                length: len,
+                ..self.local
+            },
+            remote: self.remote,
+            owner: Owner::Fenced { op },
+        })
     }
 }

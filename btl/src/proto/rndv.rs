@@ -452,7 +452,10 @@ impl<S, K> Rndv<S, K> {
                     self.next_write(msg);
                 }
             }
-            Owner::Op { .. } | Owner::Atomic { .. } => {}
+            Owner::Op { .. }
+            | Owner::Fenced { .. }
+            | Owner::Fence { .. }
+            | Owner::Atomic { .. } => {}
         }
     }
 
@@ -475,7 +478,10 @@ impl<S, K> Rndv<S, K> {
                     self.finish(msg, Err(e));
                 }
             }
-            Owner::Op { .. } | Owner::Atomic { .. } => {}
+            Owner::Op { .. }
+            | Owner::Fenced { .. }
+            | Owner::Fence { .. }
+            | Owner::Atomic { .. } => {}
         }
     }
 

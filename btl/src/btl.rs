@@ -37,7 +37,7 @@ use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
 use crate::config::BtlConfig;
 use crate::conn::DriverStats;
-use crate::core::{Body, Core, Delivery, Source};
+use crate::core::{Body, Core, Delivery, Source, UserReg};
 use crate::ep::Work;
 use crate::proto::atomic::{atomic, Atomic};
 use crate::proto::rma::transfer;
@@ -575,7 +575,7 @@ impl<C: Context> Btl<C> {
         let mut core = self.lock();
         let reg = core.cache.register_user(&mem, access)?;
         let (lkey, rkey) = (reg.lkey(), reg.rkey());
-        let id = core.regs.insert(reg) + 1;
+        let id = core.regs.insert(UserReg::Cached(reg)) + 1;
         Ok(MemReg {
             id,
             addr: mem.addr() as u64,
@@ -599,8 +599,50 @@ impl<C: Context> Btl<C> {
             .regs
             .remove(reg.id - 1)
             .ok_or_else(|| Error::invalid("not a live registration of this BTL"))?;
-        core.cache.release(r);
+        match r {
+            UserReg::Cached(r) => core.cache.release(r),
+            UserReg::Exact(mr) => {
+                // Deregistered outside the lock: a device call.
+                drop(core);
+                drop(mr);
+            }
+        }
         Ok(())
+    }
+
+    /// Registers exactly `mem` for `access`, outside the registration
+    /// cache: a device region of its own, so that a peer's access is
+    /// checked against these bytes rather than the whole pages a cached
+    /// registration spans. For memory a caller registers for its peers and
+    /// keeps registered (libfabric's `fi_mr_reg`); registering costs a
+    /// device call each time. Give it back with [`Btl::deregister_mem`],
+    /// which deregisters it at once. Access rights are completed as for
+    /// [`Btl::register_mem`].
+    pub fn register_exact(&self, mem: UserMem, access: Access) -> Result<MemReg> {
+        if access.contains(Access::REMOTE_ATOMIC) && !self.caps.atomics {
+            return Err(Error::Unsupported("the device has no atomics"));
+        }
+        let mut access = access | Access::LOCAL_WRITE;
+        if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
+            access |= Access::REMOTE_WRITE;
+        }
+        if mem.len() as u64 > self.caps.max_mr_size {
+            return Err(Error::invalid(format!(
+                "{} bytes: more than the device registers at once ({})",
+                mem.len(),
+                self.caps.max_mr_size
+            )));
+        }
+        let mr = self.lock().cache.register_exact(&mem, access)?;
+        let (lkey, rkey) = (xrcbtl_fabric::Mr::lkey(&mr), xrcbtl_fabric::Mr::rkey(&mr));
+        let id = self.lock().regs.insert(UserReg::Exact(mr)) + 1;
+        Ok(MemReg {
+            id,
+            addr: mem.addr() as u64,
+            len: mem.len() as u64,
+            lkey,
+            rkey,
+        })
     }
 
     /// Queues (or posts at once) RDMA work for a new operation to `dst`.

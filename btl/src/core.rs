@@ -157,6 +157,15 @@ pub(crate) enum Delivery<C: Context> {
     Release(Bytes),
 }
 
+/// A user's registration ([`crate::Btl::register_mem`] or
+/// [`crate::Btl::register_exact`]).
+pub(crate) enum UserReg<C: Context> {
+    /// Whole pages, held from the cache.
+    Cached(Registration),
+    /// Exactly the bytes asked for, a device region of its own.
+    Exact(C::Mr),
+}
+
 /// Everything a BTL keeps, behind its lock.
 pub(crate) struct Core<C: Context> {
     pub cfg: BtlConfig,
@@ -180,7 +189,7 @@ pub(crate) struct Core<C: Context> {
     pub ops: Ops<OnDone<C>>,
     pub cache: MemCache<C>,
     /// User registrations, by id.
-    pub regs: WrSlab<Registration>,
+    pub regs: WrSlab<UserReg<C>>,
     sinks: HashMap<usize, Vec<Vec<u8>>>,
     /// Bytes held in `sinks`.
     sink_bytes: usize,
@@ -1616,7 +1625,8 @@ impl<C: Context> Core<C> {
             return Ok(());
         }
         match self.regs.get(reg.id - 1) {
-            Some(r) if r.lkey() == reg.lkey => {
+            Some(UserReg::Exact(mr)) if xrcbtl_fabric::Mr::lkey(mr) == reg.lkey => Ok(()),
+            Some(UserReg::Cached(r)) if r.lkey() == reg.lkey => {
                 if self.cache.is_current(r) {
                     Ok(())
                 } else {

@@ -769,3 +769,48 @@ fn on_iwarp_a_put_completes_once_landed_and_a_refused_one_fails() {
     assert_eq!(theirs.read(0, 100), data);
     c.shutdown(LIMIT);
 }
+
+/// An exact registration is a device region of just the bytes asked for:
+/// a peer reaches them, and one byte past them (inside their last page,
+/// which a cached registration would cover) is refused. It bypasses the
+/// cache, and is given back once.
+#[test]
+fn an_exact_registration_lets_peers_reach_its_bytes_and_no_more() {
+    let mut c = Cluster::new(22, 2, 1, SimDevice::ib("sim0"));
+    let buf = MappedBuf::new(8192).unwrap();
+    let b1 = c.btl(1);
+    let misses = b1.rcache_stats().misses;
+    let mem = buf.user_mem().slice(100, 1000).unwrap();
+    let reg = b1
+        .register_exact(mem, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    assert_eq!(b1.rcache_stats().misses, misses, "not through the cache");
+    let remote = reg.remote();
+    let b0 = c.btl(0);
+    let src = b0.alloc_mem(4096).unwrap();
+    src.write(0, &pattern(3, 1000));
+    let out: Outcomes = Arc::default();
+    b0.put(1, src.reg().at(0), remote.at(0), 1000, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert_eq!(out.lock().unwrap()[0].1, Ok(None));
+    assert_eq!(buf.read(100, 1000), pattern(3, 1000), "its bytes, reached");
+    // The handle itself refuses a range past the end; a peer that forges
+    // one meets the device's check.
+    let past = RemoteMem {
+        len: 1001,
+        ..remote
+    };
+    out.lock().unwrap().clear();
+    b0.put(1, src.reg().at(0), past.at(1000), 1, recorder(&out))
+        .unwrap();
+    c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
+    assert!(
+        out.lock().unwrap()[0].1.is_err(),
+        "one byte past the registration, inside its page"
+    );
+    assert_eq!(buf.read(1100, 1), [0], "nothing landed there");
+    b1.deregister_mem(reg).unwrap();
+    assert!(b1.deregister_mem(reg).is_err(), "given back once");
+    c.shutdown(LIMIT);
+}

@@ -189,6 +189,25 @@ impl<C: Context> MemCache<C> {
         })
     }
 
+    /// A device region of exactly `mem` with `access`, outside the cache:
+    /// the device checks every access against these bytes, not the whole
+    /// pages a cached region spans. For memory a caller registers for its
+    /// peers and holds (libfabric's `fi_mr_reg`); dropping the region
+    /// deregisters it. Like a cached region, it may outlive its memory:
+    /// it then reaches the old pages the kernel pinned or, on the
+    /// simulated device, nothing.
+    pub fn register_exact(&self, mem: &UserMem, access: Access) -> Result<C::Mr> {
+        let r = self.cache.registrar();
+        // SAFETY: `mem` was lent under UserMem's contract, which covers a
+        // registration from now until it is deregistered or the memory is
+        // unmapped; registered as the cache's regions are, the simulated
+        // device detaches it when the memory goes.
+        unsafe {
+            r.ctx
+                .reg_mr_cached(&r.pd, mem.addr() as *mut u8, mem.len(), access)
+        }
+    }
+
     /// An SGE over `len` bytes at `addr`, which the registration covers.
     pub fn sge(&self, reg: &Registration, addr: usize, len: u32) -> Sge {
         debug_assert!(

@@ -291,9 +291,9 @@ pub trait Ops: Send + Sync {
     fn in_flight(&self, ep: u16) -> (usize, usize, usize);
     /// Whether the device does atomics.
     fn atomics(&self) -> bool;
-    /// Registers memory for peers' RMA and atomics (`fi_mr_reg`), through
-    /// the BTL's cache: one device region under its key, or, past the
-    /// device's largest region, several under a compound key
+    /// Registers exactly `mem` for peers' RMA and atomics (`fi_mr_reg`),
+    /// outside the BTL's cache: one device region under its key, or, past
+    /// the device's largest region, several under a compound key
     /// ([`crate::keys`]).
     fn register_region(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<Region>;
     /// Gives a registration back.
@@ -808,7 +808,7 @@ impl<C: Context> Ops for Engine<C> {
         let max = self.btl.caps().max_mr_size;
         let (addr, len) = (mem.addr() as u64, mem.len() as u64);
         if keys::fits(addr, len, max) {
-            let reg = self.btl.register_mem(mem, access)?;
+            let reg = self.btl.register_exact(mem, access)?;
             return Ok(Region {
                 key: u64::from(reg.remote().rkey),
                 regs: vec![reg],
@@ -826,7 +826,7 @@ impl<C: Context> Ops for Engine<C> {
         for (a, l) in ranges {
             let reg = mem
                 .slice((a - addr) as usize, l as usize)
-                .and_then(|m| self.btl.register_mem(m, access));
+                .and_then(|m| self.btl.register_exact(m, access));
             match reg {
                 Ok(r) => regs.push(r),
                 Err(e) => {

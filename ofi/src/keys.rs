@@ -14,7 +14,8 @@
 //! cannot name another registration's chunks.
 //!
 //! Chunk boundaries fall on pages: each chunk, rounded out to whole pages
-//! as the registration cache registers it, is at most the device's limit.
+//! (a device pins whole pages, and rxe's limit counts them), is at most
+//! the device's limit.
 #![forbid(unsafe_code)]
 
 /// The bit that marks a compound key.
@@ -68,7 +69,7 @@ pub fn cut(addr: u64, len: u64, max: u64) -> Vec<(u64, u64)> {
 }
 
 /// Whether a region of `len` bytes at `addr` fits one device region of at
-/// most `max` bytes (rounded out to whole pages, as the cache registers).
+/// most `max` bytes (rounded out to whole pages, as a device pins them).
 pub fn fits(addr: u64, len: u64, max: u64) -> bool {
     let lo = addr / PAGE * PAGE;
     let hi = addr.saturating_add(len).div_ceil(PAGE) * PAGE;

@@ -4,12 +4,11 @@
 //! FI_MR_PROV_KEY: peers name the memory by its virtual address and the
 //! key the provider chose: the registration's remote key, or, for memory
 //! past the device's largest region, a compound key over several regions
-//! ([`crate::keys`]). The device checks every access against the region
-//! and rights registered. Those regions are the cache's: whole pages, so
-//! the key also reaches the rest of the first and last page of the
-//! caller's range (an exact registration for `fi_mr_reg` is still to be
-//! built). No caller needs to register local buffers (no FI_MR_LOCAL):
-//! `fi_mr_desc` is null.
+//! ([`crate::keys`]). Each region is exactly the caller's bytes
+//! (`Btl::register_exact`, outside the registration cache), and the device
+//! checks every access against it and the rights registered. No caller
+//! needs to register local buffers (no FI_MR_LOCAL): `fi_mr_desc` is
+//! null.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;

@@ -397,14 +397,17 @@ static void rma(void)
     CHECK(fi_write(a->ep, src, 64, NULL, a->peer[2], base, key + 1, &ctx) == 0, "fi_write with a wrong key");
     int r = wait_for(a, &ctx, &e, NULL, &ee);
     CHECK(r != 0, "a write with a wrong key completes in error");
-    /* Past the registration's pages: refused too. (Within its last page
-     * the key reaches: fi_mr_reg registers through the cache, whole
-     * pages; an exact registration is still to be built.) */
-    CHECK(fi_read(a->ep, back, 128, NULL, a->peer[2], base + win_len + 8192, key, &ctx) == 0,
-          "fi_read past the end");
+    /* One byte past the registration (inside its last page): refused
+     * too, as fi_mr_reg registers exactly the bytes asked for. */
+    CHECK(fi_read(a->ep, back, 8, NULL, a->peer[2], base + win_len - 7, key, &ctx) == 0,
+          "fi_read one byte past the end");
     r = wait_for(a, &ctx, &e, NULL, &ee);
-    CHECK(r != 0, "a read past the registration completes in error");
-    /* After both refusals, good work still goes through. */
+    CHECK(r != 0, "a read one byte past the registration completes in error");
+    CHECK(fi_read(a->ep, back, 8, NULL, a->peer[2], base + win_len - 8, key, &ctx) == 0,
+          "fi_read of the last 8 bytes");
+    r = wait_for(a, &ctx, &e, NULL, &ee);
+    CHECK(r == 0, "a read of the registration's last bytes: %d", r);
+    /* After the refusals, good work still goes through. */
     fill(src, 32, 7);
     CHECK(fi_write(a->ep, src, 32, NULL, a->peer[2], base, key, &ctx) == 0, "fi_write after the refusals");
     r = wait_for(a, &ctx, &e, NULL, &ee);

@@ -565,13 +565,7 @@ impl<C: Context> Btl<C> {
     /// reaches the old pages (pinned by the kernel until deregistration),
     /// never the new ones.
     pub fn register_mem(&self, mem: UserMem, access: Access) -> Result<MemReg> {
-        if access.contains(Access::REMOTE_ATOMIC) && !self.caps.atomics {
-            return Err(Error::Unsupported("the device has no atomics"));
-        }
-        let mut access = access | Access::LOCAL_WRITE;
-        if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
-            access |= Access::REMOTE_WRITE;
-        }
+        let access = self.user_access(access)?;
         let mut core = self.lock();
         let reg = core.cache.register_user(&mem, access)?;
         let (lkey, rkey) = (reg.lkey(), reg.rkey());
@@ -610,6 +604,20 @@ impl<C: Context> Btl<C> {
         Ok(())
     }
 
+    /// The rights a user registration asked for `access` takes: local
+    /// writes always, and on iWARP remote writes (the sink of an RDMA read
+    /// must take them); atomics only where the device has them.
+    fn user_access(&self, access: Access) -> Result<Access> {
+        if access.contains(Access::REMOTE_ATOMIC) && !self.caps.atomics {
+            return Err(Error::Unsupported("the device has no atomics"));
+        }
+        let mut access = access | Access::LOCAL_WRITE;
+        if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
+            access |= Access::REMOTE_WRITE;
+        }
+        Ok(access)
+    }
+
     /// Registers exactly `mem` for `access`, outside the registration
     /// cache: a device region of its own, so that a peer's access is
     /// checked against these bytes rather than the whole pages a cached
@@ -619,13 +627,7 @@ impl<C: Context> Btl<C> {
     /// which deregisters it at once. Access rights are completed as for
     /// [`Btl::register_mem`].
     pub fn register_exact(&self, mem: UserMem, access: Access) -> Result<MemReg> {
-        if access.contains(Access::REMOTE_ATOMIC) && !self.caps.atomics {
-            return Err(Error::Unsupported("the device has no atomics"));
-        }
-        let mut access = access | Access::LOCAL_WRITE;
-        if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
-            access |= Access::REMOTE_WRITE;
-        }
+        let access = self.user_access(access)?;
         if mem.len() as u64 > self.caps.max_mr_size {
             return Err(Error::invalid(format!(
                 "{} bytes: more than the device registers at once ({})",

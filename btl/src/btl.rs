@@ -568,15 +568,8 @@ impl<C: Context> Btl<C> {
         let access = self.user_access(access)?;
         let mut core = self.lock();
         let reg = core.cache.register_user(&mem, access)?;
-        let (lkey, rkey) = (reg.lkey(), reg.rkey());
-        let id = core.regs.insert(UserReg::Cached(reg)) + 1;
-        Ok(MemReg {
-            id,
-            addr: mem.addr() as u64,
-            len: mem.len() as u64,
-            lkey,
-            rkey,
-        })
+        let keys = (reg.lkey(), reg.rkey());
+        Ok(core.hold_reg(mem, keys, UserReg::Cached(reg)))
     }
 
     /// Gives a user registration back: operations started with it
@@ -635,16 +628,10 @@ impl<C: Context> Btl<C> {
                 self.caps.max_mr_size
             )));
         }
-        let mr = self.lock().cache.register_exact(&mem, access)?;
-        let (lkey, rkey) = (xrcbtl_fabric::Mr::lkey(&mr), xrcbtl_fabric::Mr::rkey(&mr));
-        let id = self.lock().regs.insert(UserReg::Exact(mr)) + 1;
-        Ok(MemReg {
-            id,
-            addr: mem.addr() as u64,
-            len: mem.len() as u64,
-            lkey,
-            rkey,
-        })
+        let mut core = self.lock();
+        let mr = core.cache.register_exact(&mem, access)?;
+        let keys = (xrcbtl_fabric::Mr::lkey(&mr), xrcbtl_fabric::Mr::rkey(&mr));
+        Ok(core.hold_reg(mem, keys, UserReg::Exact(mr)))
     }
 
     /// Queues (or posts at once) RDMA work for a new operation to `dst`.

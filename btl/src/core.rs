@@ -1616,6 +1616,23 @@ impl<C: Context> Core<C> {
         true
     }
 
+    /// Holds a user's registration of `mem` with keys `(lkey, rkey)`; the
+    /// handle the user names it by.
+    pub fn hold_reg(
+        &mut self,
+        mem: xrcbtl_fabric::UserMem,
+        (lkey, rkey): (u32, u32),
+        reg: UserReg<C>,
+    ) -> MemReg {
+        MemReg {
+            id: self.regs.insert(reg) + 1,
+            addr: mem.addr() as u64,
+            len: mem.len() as u64,
+            lkey,
+            rkey,
+        }
+    }
+
     /// Checks that a user registration named by an operation is a live one
     /// of this BTL (memory from `alloc_mem`, id 0, is its own proof), and
     /// that its memory was not unmapped or remapped since: the region would

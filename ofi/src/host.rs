@@ -144,6 +144,28 @@ mod verbs {
         pub resolver: Resolver,
     }
 
+    /// How long a closing domain waits for its work to finish, and again
+    /// for its peers to hear it is leaving.
+    pub const LINGER: std::time::Duration = std::time::Duration::from_secs(10);
+
+    impl VerbsRank {
+        /// Leaves cleanly, as a closing domain does: what was handed to
+        /// the BTL goes out (a send that completed once copied still
+        /// reaches its peer), then the peers hear the rank is leaving, so
+        /// that they see a departure, not a failure. Each wait ends after
+        /// [`LINGER`] (a peer that died cannot answer).
+        pub fn leave(&self) {
+            let _ = self.btl.flush(LINGER);
+            self.btl.shutdown();
+            let end = std::time::Instant::now() + LINGER;
+            while !self.btl.is_drained() && std::time::Instant::now() < end {
+                if self.btl.progress() == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
     impl std::fmt::Debug for VerbsRank {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             write!(

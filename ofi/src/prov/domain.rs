@@ -309,6 +309,10 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         if domain.children.load(Ordering::Acquire) != 0 {
             return err(sys::FI_EBUSY);
         }
+        #[cfg(feature = "verbs")]
+        if let Rank::Verbs(v) = &domain.rank {
+            v.leave();
+        }
         // SAFETY: a domain's fabric cannot close before it (EBUSY).
         unsafe { &*domain.fabric }
             .children

@@ -153,7 +153,7 @@ mod verbs {
         /// the BTL goes out (a send that completed once copied still
         /// reaches its peer), then the peers hear the rank is leaving, so
         /// that they see a departure, not a failure. Each wait ends after
-        /// [`LINGER`] (a peer that died cannot answer).
+        /// `LINGER` (a peer that died cannot answer).
         pub fn leave(&self) {
             let _ = self.btl.flush(LINGER);
             self.btl.shutdown();

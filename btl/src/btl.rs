@@ -638,6 +638,7 @@ impl<C: Context> Btl<C> {
     fn start_rdma(
         &self,
         dst: Rank,
+        landed: bool,
         done: Option<OnDone<C>>,
         make: impl FnOnce(&mut Core<C>, u64) -> Result<crate::proto::Rdma>,
     ) -> Result<OpId> {
@@ -664,7 +665,7 @@ impl<C: Context> Btl<C> {
         core.stats.atomics += u64::from(rdma.is_atomic());
         // An iWARP write completes once it has left: a read behind it says
         // when it has landed, or that the peer refused it.
-        let (rdma, fence) = if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
+        let (rdma, fence) = if landed && self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
             rdma.fenced()
         } else {
             (rdma, None)
@@ -687,11 +688,10 @@ impl<C: Context> Btl<C> {
     }
 
     /// Writes `len` bytes at `from` into the peer's memory at `to`. Its
-    /// completion means the data has landed in the peer's memory. On
-    /// InfiniBand and RoCE a write completes so; on iWARP, where a write
-    /// completes once it has left, a zero-length read follows it on its
-    /// connection, and the put completes with that read (the peer answers
-    /// it only after placing the writes before it). `dst` may be this
+    /// completion means the source may be reused; on InfiniBand and RoCE
+    /// the data has then landed, on iWARP (where a write completes once it
+    /// has left) it has landed by the time anything sent to the peer after
+    /// it arrives ([`Btl::put_landed`] waits for it). `dst` may be this
     /// rank: one-sided work and atomics on its own memory go through the
     /// device's loopback (`Unsupported` on iWARP), so that they are atomic
     /// with the peers' atomics there.
@@ -701,8 +701,9 @@ impl<C: Context> Btl<C> {
     /// connection without saying which work was at fault (a TERMINATE), so
     /// a put or get of the user's in flight at a second break fails with
     /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::WrFlush`]`)`
-    /// rather than break every connection after it. A refused write is in
-    /// flight until its read completes, so it fails so too.
+    /// rather than break every connection after it; a refused write that
+    /// had already left reports success there, as iWARP completes writes
+    /// when they leave.
     pub fn put(
         &self,
         dst: Rank,
@@ -711,7 +712,32 @@ impl<C: Context> Btl<C> {
         len: usize,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        self.start_rdma(dst, done, |core, op| {
+        self.start_rdma(dst, false, done, |core, op| {
+            core.check_reg(&from.reg)?;
+            transfer(op, true, from, to, len as u64)
+        })
+    }
+
+    /// As [`Btl::put`], but its completion means the data has landed in
+    /// the peer's memory on every transport. On iWARP a zero-length read
+    /// follows the write on its connection and the put completes with it
+    /// (the peer answers a read only once the writes before it are
+    /// placed); a write the peer refuses flushes that read, and the pair
+    /// is posted again once, then fails with
+    /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::WrFlush`]`)`
+    /// instead of reporting success. For libfabric's delivery-complete
+    /// writes. siw has been seen to break connections under many such
+    /// pairs in flight at once (two threads of 16 each; the README says
+    /// more), so it is not the default.
+    pub fn put_landed(
+        &self,
+        dst: Rank,
+        from: LocalPtr,
+        to: RemotePtr,
+        len: usize,
+        done: Option<OnDone<C>>,
+    ) -> Result<OpId> {
+        self.start_rdma(dst, true, done, |core, op| {
             core.check_reg(&from.reg)?;
             transfer(op, true, from, to, len as u64)
         })
@@ -726,7 +752,7 @@ impl<C: Context> Btl<C> {
         len: usize,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        self.start_rdma(dst, done, |core, op| {
+        self.start_rdma(dst, false, done, |core, op| {
             core.check_reg(&to.reg)?;
             transfer(op, false, to, from, len as u64)
         })
@@ -742,7 +768,7 @@ impl<C: Context> Btl<C> {
         if !self.caps.atomics {
             return Err(Error::Unsupported("the device has no atomics"));
         }
-        self.start_rdma(dst, done, |core, op| {
+        self.start_rdma(dst, false, done, |core, op| {
             let slot = core
                 .iface
                 .results

@@ -723,9 +723,9 @@ fn on_iwarp_a_write_the_peer_refuses_does_not_take_the_connection_down_for_good(
 }
 
 /// On iWARP a write completes once it has left, placed or not, and a peer
-/// that refuses its key says so only by ending the connection. A put
+/// that refuses its key says so only by ending the connection. A landed put
 /// completes once its data has landed (a zero-length read follows the
-/// write), and a put the peer refuses fails, however small, while the
+/// write), and one the peer refuses fails, however small, while the
 /// connection after it carries on.
 #[test]
 fn on_iwarp_a_put_completes_once_landed_and_a_refused_one_fails() {
@@ -736,7 +736,7 @@ fn on_iwarp_a_put_completes_once_landed_and_a_refused_one_fails() {
     let put = |c: &mut Cluster, at: RemoteMem, len: usize| {
         let out: Outcomes = Arc::default();
         c.btl(0)
-            .put(1, src.reg().at(0), at.at(0), len, recorder(&out))
+            .put_landed(1, src.reg().at(0), at.at(0), len, recorder(&out))
             .unwrap();
         c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
         let r = out.lock().unwrap()[0].1.clone();

@@ -694,7 +694,13 @@ fn one_sided_thread(
         for (f, n) in fetched.iter().zip(fetches) {
             wait(f, n, "fetch-adds");
         }
-        assert!(puts.lock().unwrap().iter().all(|r| *r == Ok(None)));
+        {
+            let puts = puts.lock().unwrap();
+            assert!(
+                puts.iter().all(|r| *r == Ok(None)),
+                "puts and adds: {puts:?}"
+            );
+        }
         // The fetch-adds on a counter saw distinct values, multiples of 3
         // from its total before the batch, below its total after it.
         for c in 0..COUNTERS {

@@ -630,10 +630,10 @@ int xrcbtl_mem_pack(const xrcbtl_mem_t *mem, uint8_t *out);
 /**
  * Writes `len` bytes at `local_addr` (inside `local`) into rank `dst`'s
  * memory at `remote_addr` (inside the packed handle `remote`). `cb`
- * (optional) runs once the data has landed in the peer's memory (on
- * iWARP, where a write completes once it has left, a zero-length read
- * behind it tells); the operation's id goes to `op_out` (optional) for
- * `xrcbtl_test`.
+ * (optional) runs when the source may be reused; the operation's id goes
+ * to `op_out` (optional) for `xrcbtl_test`. On InfiniBand and RoCE the
+ * data has landed at completion; on iWARP it has landed by the time
+ * anything sent to the peer after it arrives.
  *
  * # Safety
  * `btl` is a live handle; `local` readable; `remote` has

@@ -1,7 +1,8 @@
 //! RMA transfers and atomics as device operations on the BTL: a transfer is
 //! cut where the target's chunks end ([`crate::keys`]) and where its local
 //! side must be registered in more than one device region, each piece is a
-//! BTL put or get, and the transfer is done when its last piece is.
+//! BTL put (`put_landed`: done once its data has landed, on iWARP too) or
+//! get, and the transfer is done when its last piece is.
 //!
 //! [`Lookups`] keeps a domain's compound keys, what peers answered about
 //! theirs, and the work that waits for an answer.
@@ -194,7 +195,7 @@ pub fn start<C: Context>(
             landed(btl, &f, 1, r.is_ok());
         });
         let r = if write {
-            btl.put(to, locals[i], remote, p.len as usize, Some(done))
+            btl.put_landed(to, locals[i], remote, p.len as usize, Some(done))
         } else {
             btl.get(to, remote, locals[i], p.len as usize, Some(done))
         };

@@ -726,9 +726,9 @@ impl<C: Context> Btl<C> {
     /// is posted again once, then fails with
     /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::WrFlush`]`)`
     /// instead of reporting success. For libfabric's delivery-complete
-    /// writes. siw has been seen to break connections under many such
-    /// pairs in flight at once (two threads of 16 each; the README says
-    /// more), so it is not the default.
+    /// writes. siw breaks connections under many such pairs in flight
+    /// beside reads (its kernel log shows a 512-byte response to a
+    /// zero-length read; the README says more), so it is not the default.
     pub fn put_landed(
         &self,
         dst: Rank,

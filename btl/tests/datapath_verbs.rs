@@ -571,6 +571,9 @@ const BATCH: usize = 16;
 /// (Win_create). `XRCBTL_ONESIDED_SECONDS` runs it that long instead of 20
 /// epochs per thread: `scripts/tcg-modes --load btl` uses it as the load
 /// that tells the emulator's modes apart without MPI.
+/// `XRCBTL_ONESIDED_LANDED=1` makes every put a [`Btl::put_landed`]: the
+/// load under which siw was seen to break connections (the README's
+/// libfabric section).
 #[test]
 #[ignore = "needs a device: XRCBTL_TEST_DEVICE (scripts/guest-tests runs these)"]
 fn one_sided_load_from_two_threads_per_rank_checks_every_result() {
@@ -583,6 +586,7 @@ fn one_sided_load_from_two_threads_per_rank_checks_every_result() {
     if atomics {
         access |= Access::REMOTE_ATOMIC;
     }
+    let landed = std::env::var("XRCBTL_ONESIDED_LANDED").is_ok_and(|v| v == "1");
     let window = 2 * SLICE + 2 * COUNTERS * 8;
     let allocated = rs.btl[0].alloc_mem(window).unwrap();
     let user = MappedBuf::new(window).unwrap();
@@ -595,7 +599,7 @@ fn one_sided_load_from_two_threads_per_rank_checks_every_result() {
             let b = rs.btl[r].clone();
             let win = windows[1 - r];
             threads.push(std::thread::spawn(move || {
-                one_sided_thread(&b, 1 - r as u32, win, t, end, atomics)
+                one_sided_thread(&b, 1 - r as u32, win, t, end, atomics, landed)
             }));
         }
     }
@@ -637,6 +641,7 @@ fn one_sided_thread(
     t: usize,
     end: Option<Instant>,
     atomics: bool,
+    landed: bool,
 ) -> (u64, [u64; COUNTERS]) {
     let slice = (t * SLICE) as u64;
     let counter = |c: usize| win.at((2 * SLICE + (t * COUNTERS + c) * 8) as u64);
@@ -673,8 +678,12 @@ fn one_sided_thread(
             let data = pattern(seed, len);
             let off = (k * (SLICE / BATCH)) as u64;
             buf.write(off as usize, &data);
-            b.put(peer, reg.at(off), win.at(slice + off), len, recorder(&puts))
-                .unwrap();
+            let (from, to) = (reg.at(off), win.at(slice + off));
+            if landed {
+                b.put_landed(peer, from, to, len, recorder(&puts)).unwrap();
+            } else {
+                b.put(peer, from, to, len, recorder(&puts)).unwrap();
+            }
             sent.push((off, data));
             puts_and_adds += 1;
             if atomics {

@@ -68,6 +68,7 @@ pair_try() {
     # The client's stderr is watched while it runs: having lost the race,
     # perftest's client does not always exit (it was seen to wait out the
     # harness's 600 s), so it is stopped as soon as it says so.
+    : > "$log.client-err" # not the last try's words, before the client opens it
     timeout 600 bash -o pipefail -c "$client" 2> "$log.client-err" &
     c=$!
     lost=0

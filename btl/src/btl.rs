@@ -638,7 +638,7 @@ impl<C: Context> Btl<C> {
     fn start_rdma(
         &self,
         dst: Rank,
-        landed: bool,
+        landed: Option<bool>,
         done: Option<OnDone<C>>,
         make: impl FnOnce(&mut Core<C>, u64) -> Result<crate::proto::Rdma>,
     ) -> Result<OpId> {
@@ -665,10 +665,11 @@ impl<C: Context> Btl<C> {
         core.stats.atomics += u64::from(rdma.is_atomic());
         // An iWARP write completes once it has left: a read behind it says
         // when it has landed, or that the peer refused it.
-        let (rdma, fence) = if landed && self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
-            rdma.fenced()
-        } else {
-            (rdma, None)
+        let (rdma, fence) = match landed {
+            Some(readable) if self.caps.transport == xrcbtl_fabric::Transport::Iwarp => {
+                rdma.fenced(readable && rdma.len() > 0)
+            }
+            _ => (rdma, None),
         };
         for rdma in std::iter::once(rdma).chain(fence) {
             if core.eps.get(ei).pending.is_empty() {
@@ -712,7 +713,7 @@ impl<C: Context> Btl<C> {
         len: usize,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        self.start_rdma(dst, false, done, |core, op| {
+        self.start_rdma(dst, None, done, |core, op| {
             core.check_reg(&from.reg)?;
             transfer(op, true, from, to, len as u64)
         })
@@ -726,18 +727,24 @@ impl<C: Context> Btl<C> {
     /// is posted again once, then fails with
     /// [`BtlError::Transfer`]`(`[`xrcbtl_fabric::WcStatus::WrFlush`]`)`
     /// instead of reporting success. For libfabric's delivery-complete
-    /// writes. siw breaks connections under many such pairs in flight
-    /// beside reads (its kernel log shows a 512-byte response to a
-    /// zero-length read; the README says more), so it is not the default.
+    /// writes.
+    ///
+    /// `readable` says that the peer lets this rank read `to`'s first
+    /// byte. The read behind the write then reads that byte (into a sink
+    /// of the BTL's, never the caller's memory); otherwise it reads
+    /// nothing, and siw answers zero-length reads wrongly under load (its
+    /// kernel log shows a 512-byte response to one; the README says
+    /// more), breaking the connection.
     pub fn put_landed(
         &self,
         dst: Rank,
         from: LocalPtr,
         to: RemotePtr,
         len: usize,
+        readable: bool,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        self.start_rdma(dst, true, done, |core, op| {
+        self.start_rdma(dst, Some(readable), done, |core, op| {
             core.check_reg(&from.reg)?;
             transfer(op, true, from, to, len as u64)
         })
@@ -752,7 +759,7 @@ impl<C: Context> Btl<C> {
         len: usize,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        self.start_rdma(dst, false, done, |core, op| {
+        self.start_rdma(dst, None, done, |core, op| {
             core.check_reg(&to.reg)?;
             transfer(op, false, to, from, len as u64)
         })
@@ -768,7 +775,7 @@ impl<C: Context> Btl<C> {
         if !self.caps.atomics {
             return Err(Error::Unsupported("the device has no atomics"));
         }
-        self.start_rdma(dst, false, done, |core, op| {
+        self.start_rdma(dst, None, done, |core, op| {
             let slot = core
                 .iface
                 .results

@@ -32,6 +32,8 @@ use crate::wr_id::RecvSlot;
 const CQ_ENTRIES: u32 = 4096;
 /// Result slots of atomics (atomics in flight at once, at most).
 const ATOMIC_SLOTS: u32 = 256;
+/// Bytes of the iWARP fences' sink.
+const FENCE_SINK: usize = 64;
 /// Bounce slots kept for credit messages (which must always be able to go,
 /// or two sides whose slots hold messages waiting for credits would wait
 /// for each other forever).
@@ -200,6 +202,8 @@ pub(crate) struct Iface<C: Context> {
     pub bounce: Slots<C>,
     /// Result slots of atomics.
     pub results: Slots<C>,
+    /// The byte iWARP puts' fences read into (iWARP only).
+    pub fence_sink: Option<DmaBuf<C>>,
     /// Where the device is and what was placed near it.
     pub placed: crate::place::Placed,
     /// A receive was taken or given back since [`Iface::repost_due`] last
@@ -268,6 +272,20 @@ impl<C: Context> Iface<C> {
             numa,
         )?;
         let results = Slots::new(&ctx, &pd, ATOMIC_SLOTS, 8, 0, numa)?;
+        // Where iWARP puts' fences read their byte, all of them: nobody
+        // looks at it. The sink of an iWARP read must be remotely writable
+        // (the response is a tagged write into it), so it holds nothing
+        // else.
+        let fence_sink = match caps.transport {
+            xrcbtl_fabric::Transport::Iwarp => Some(DmaBuf::new_on(
+                &ctx,
+                &pd,
+                FENCE_SINK,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                numa,
+            )?),
+            _ => None,
+        };
         let mut iface = Iface {
             ctx,
             caps,
@@ -280,6 +298,7 @@ impl<C: Context> Iface<C> {
             classes,
             bounce,
             results,
+            fence_sink,
             placed,
             recv_moved: false,
         };

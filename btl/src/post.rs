@@ -286,7 +286,7 @@ impl<C: Context> Core<C> {
                 (SendOp::Send, path.srqns.get(class).copied())
             }
             Work::Rdma(r) => {
-                sgl[0] = r.local;
+                sgl[0] = r.sge(|| self.iface.fence_sink.as_ref().map(|b| b.sge(0, 1)));
                 (r.send_op(), path.srqns.first().copied())
             }
         };

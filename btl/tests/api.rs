@@ -724,8 +724,9 @@ fn on_iwarp_a_write_the_peer_refuses_does_not_take_the_connection_down_for_good(
 
 /// On iWARP a write completes once it has left, placed or not, and a peer
 /// that refuses its key says so only by ending the connection. A landed put
-/// completes once its data has landed (a zero-length read follows the
-/// write), and one the peer refuses fails, however small, while the
+/// completes once its data has landed (a read follows the write: of
+/// nothing, or of the target's first byte where the caller says it is
+/// readable), and one the peer refuses fails, however small, while the
 /// connection after it carries on.
 #[test]
 fn on_iwarp_a_put_completes_once_landed_and_a_refused_one_fails() {
@@ -733,40 +734,72 @@ fn on_iwarp_a_put_completes_once_landed_and_a_refused_one_fails() {
     let (theirs, remote) = exposed(&mut c, 1, 0, 64 * 1024);
     let b = c.btl(0);
     let src = b.alloc_mem(8192).unwrap();
-    let put = |c: &mut Cluster, at: RemoteMem, len: usize| {
+    let put = |c: &mut Cluster, at: RemoteMem, len: usize, readable: bool| {
         let out: Outcomes = Arc::default();
         c.btl(0)
-            .put_landed(1, src.reg().at(0), at.at(0), len, recorder(&out))
+            .put_landed(1, src.reg().at(0), at.at(0), len, readable, recorder(&out))
             .unwrap();
         c.run_until(LIMIT, |_| out.lock().unwrap().len() == 1);
         let r = out.lock().unwrap()[0].1.clone();
         r
     };
-    for (i, len) in [1usize, 64, 8192].into_iter().enumerate() {
-        let data = pattern(i as u32 + 1, len);
-        src.write(0, &data);
-        assert_eq!(put(&mut c, remote, len), Ok(None));
+    let refused = Err(xrcbtl_btl::BtlError::Transfer(
+        xrcbtl_fabric::WcStatus::WrFlush,
+    ));
+    for readable in [false, true] {
+        for (i, len) in [1usize, 64, 8192].into_iter().enumerate() {
+            let data = pattern(i as u32 + 1, len);
+            src.write(0, &data);
+            assert_eq!(
+                put(&mut c, remote, len, readable),
+                Ok(None),
+                "{len} B, readable: {readable}"
+            );
+            assert_eq!(
+                theirs.read(0, len),
+                data,
+                "{len} B landed by the put's completion (readable: {readable})"
+            );
+        }
+        let forged = RemoteMem {
+            rkey: remote.rkey ^ 0x77,
+            ..remote
+        };
         assert_eq!(
-            theirs.read(0, len),
-            data,
-            "{len} B landed by the put's completion"
+            put(&mut c, forged, 8, readable),
+            refused,
+            "an 8-byte write the peer refused, gone before the refusal"
         );
+        let data = pattern(9, 100);
+        src.write(0, &data);
+        assert_eq!(
+            put(&mut c, remote, 100, readable),
+            Ok(None),
+            "good work after it"
+        );
+        assert_eq!(theirs.read(0, 100), data);
     }
-    let forged = RemoteMem {
-        rkey: remote.rkey ^ 0x77,
-        ..remote
-    };
+    // A window the peer lets this rank write but not read: an empty fence
+    // passes; a one-byte fence reads, and is refused.
+    let buf = MappedBuf::new(4096).unwrap();
+    let reg = c
+        .btl(1)
+        .register_mem(buf.user_mem(), Access::REMOTE_WRITE)
+        .unwrap();
+    let write_only = reg.remote();
+    assert_eq!(put(&mut c, write_only, 64, false), Ok(None));
+    assert_eq!(buf.read(0, 64), src.read(0, 64));
     assert_eq!(
-        put(&mut c, forged, 8),
-        Err(xrcbtl_btl::BtlError::Transfer(
-            xrcbtl_fabric::WcStatus::WrFlush
-        )),
-        "an 8-byte write the peer refused, gone before the refusal"
+        put(&mut c, write_only, 64, true),
+        refused,
+        "a one-byte fence from a target the peer does not let this rank read"
     );
-    let data = pattern(9, 100);
-    src.write(0, &data);
-    assert_eq!(put(&mut c, remote, 100), Ok(None), "good work after it");
-    assert_eq!(theirs.read(0, 100), data);
+    assert_eq!(
+        put(&mut c, remote, 100, true),
+        Ok(None),
+        "good work after it"
+    );
+    c.btl(1).deregister_mem(reg).unwrap();
     c.shutdown(LIMIT);
 }
 

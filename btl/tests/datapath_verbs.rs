@@ -680,7 +680,8 @@ fn one_sided_thread(
             buf.write(off as usize, &data);
             let (from, to) = (reg.at(off), win.at(slice + off));
             if landed {
-                b.put_landed(peer, from, to, len, recorder(&puts)).unwrap();
+                b.put_landed(peer, from, to, len, true, recorder(&puts))
+                    .unwrap();
             } else {
                 b.put(peer, from, to, len, recorder(&puts)).unwrap();
             }

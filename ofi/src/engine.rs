@@ -38,7 +38,7 @@ use crate::cq::{CompletionQueue, Counter, Entry, ErrEntry, ProvErr};
 use crate::flags::{
     ATOMIC, MSG, MULTI_RECV, READ, RECV, REMOTE_CQ_DATA, REMOTE_WRITE, RMA, SEND, TAGGED, WRITE,
 };
-use crate::keys::{self, Chunk, COMPOUND};
+use crate::keys::{self, Chunk, COMPOUND, READABLE};
 use crate::matching::{ClaimId, Header, Source, Want};
 use crate::onesided::{self, Local, Lookups, Reach, Transfer, Waiter};
 use crate::rdm::{Action, Exposed, OpRef, Outcome, Rdm, RdmError, Received, SendReq, Space};
@@ -388,6 +388,8 @@ impl<C: Context> Engine<C> {
             + Send
             + 'static,
     {
+        // Compound keys are known by their bare value.
+        let key = key & !READABLE;
         let now = if key & COMPOUND == 0 {
             Some(Reach::Device(key as u32))
         } else {
@@ -550,7 +552,7 @@ impl<C: Context> Ops for Engine<C> {
     }
 
     fn rma(&self, ep: u16, a: RmaArgs) -> Result<(), PostError> {
-        if a.key & COMPOUND == 0 && a.key > u64::from(u32::MAX) {
+        if !keys::well_formed(a.key) {
             return Err(PostError::Invalid("not a key of this provider".into()));
         }
         let (to, targets, reserved) = self.one_sided(ep, a.to)?;
@@ -596,6 +598,7 @@ impl<C: Context> Ops for Engine<C> {
         let transfer = Transfer {
             to: to.domain,
             write: a.write,
+            readable: a.key & READABLE != 0,
             local,
             addr: a.addr,
             len,
@@ -612,7 +615,7 @@ impl<C: Context> Ops for Engine<C> {
 
     fn atomic(&self, ep: u16, a: AtomicArgs) -> Result<(), PostError> {
         use crate::atomic::Op;
-        if a.key & COMPOUND == 0 && a.key > u64::from(u32::MAX) {
+        if !keys::well_formed(a.key) {
             return Err(PostError::Invalid("not a key of this provider".into()));
         }
         if a.addr % 8 != 0 {
@@ -807,10 +810,15 @@ impl<C: Context> Ops for Engine<C> {
     fn register_region(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<Region> {
         let max = self.btl.caps().max_mr_size;
         let (addr, len) = (mem.addr() as u64, mem.len() as u64);
+        let readable = if access.contains(Access::REMOTE_READ) {
+            READABLE
+        } else {
+            0
+        };
         if keys::fits(addr, len, max) {
             let reg = self.btl.register_exact(mem, access)?;
             return Ok(Region {
-                key: u64::from(reg.remote().rkey),
+                key: u64::from(reg.remote().rkey) | readable,
                 regs: vec![reg],
             });
         }
@@ -845,13 +853,13 @@ impl<C: Context> Ops for Engine<C> {
                 rkey: r.remote().rkey,
             })
             .collect();
-        let key = lock(&self.lookups).add(chunks);
+        let key = lock(&self.lookups).add(chunks) | readable;
         Ok(Region { key, regs })
     }
 
     fn deregister_region(&self, region: Region) {
         if region.key & COMPOUND != 0 {
-            lock(&self.lookups).remove(region.key);
+            lock(&self.lookups).remove(region.key & !READABLE);
         }
         for reg in region.regs {
             let _ = self.btl.deregister_mem(reg);

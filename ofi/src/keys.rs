@@ -13,6 +13,9 @@
 //! compound key is never given out twice by a domain, so a kept answer
 //! cannot name another registration's chunks.
 //!
+//! Any key may also carry [`READABLE`], which says what the registration
+//! lets peers do; the key itself is the rest.
+//!
 //! Chunk boundaries fall on pages: each chunk, rounded out to whole pages
 //! (a device pins whole pages, and rxe's limit counts them), is at most
 //! the device's limit.
@@ -20,6 +23,19 @@
 
 /// The bit that marks a compound key.
 pub const COMPOUND: u64 = 1 << 63;
+
+/// The bit set on every key, device or compound, whose registration lets
+/// peers read it. A peer's delivery-complete write through such a key on
+/// iWARP reads one byte of its target behind the write to learn that it
+/// landed, instead of reading nothing (siw was seen to answer zero-length
+/// reads with another read's length, breaking the connection).
+pub const READABLE: u64 = 1 << 62;
+
+/// Whether `key` could be one of this provider's: compound, or a device
+/// key (32 bits) with at most [`READABLE`] set besides.
+pub fn well_formed(key: u64) -> bool {
+    key & COMPOUND != 0 || key & !READABLE <= u64::from(u32::MAX)
+}
 
 /// The page size chunks are cut on.
 pub const PAGE: u64 = 4096;

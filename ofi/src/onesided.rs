@@ -104,6 +104,9 @@ pub struct Transfer<C: Context> {
     pub to: u32,
     /// A write (else a read).
     pub write: bool,
+    /// Whether the target's key lets this rank read it
+    /// ([`crate::keys::READABLE`]).
+    pub readable: bool,
     /// The local side.
     pub local: Local<C>,
     /// The target address.
@@ -164,6 +167,7 @@ pub fn start<C: Context>(
     let Transfer {
         to,
         write,
+        readable,
         local,
         after,
         ..
@@ -195,7 +199,7 @@ pub fn start<C: Context>(
             landed(btl, &f, 1, r.is_ok());
         });
         let r = if write {
-            btl.put_landed(to, locals[i], remote, p.len as usize, Some(done))
+            btl.put_landed(to, locals[i], remote, p.len as usize, readable, Some(done))
         } else {
             btl.get(to, remote, locals[i], p.len as usize, Some(done))
         };

@@ -94,16 +94,20 @@ pub(crate) enum Owner {
         /// The operation.
         op: u64,
     },
-    /// The zero-length read that follows an iWARP put's write on its
-    /// connection: it completes once the write has been placed (the peer
-    /// answers a read only after the writes before it), or it is flushed
-    /// when the peer refused the write (a TERMINATE). Posted again, it
-    /// brings its write with it.
+    /// The read that follows an iWARP put's write on its connection: it
+    /// completes once the write has been placed (the peer answers a read
+    /// only after the writes before it), or it is flushed when the peer
+    /// refused the write (a TERMINATE). Posted again, it brings its write
+    /// with it, so its [`Rdma::local`] is the write's, and what it reads
+    /// into is chosen when it is posted ([`Rdma::sge`]): one byte of the
+    /// write's target into the rank's fence sink where the target is
+    /// readable, nothing otherwise (siw was seen to answer a zero-length
+    /// read with another read's length).
     Fence {
         /// The operation.
         op: u64,
-        /// The write's length (the fence's own SGE is empty).
-        len: u32,
+        /// Whether it reads a byte.
+        byte: bool,
     },
     /// An atomic.
     Atomic {
@@ -159,22 +163,16 @@ impl Rdma {
     }
 
     /// An iWARP put as the write and the fence that follow each other on
-    /// one connection; any other work unchanged, alone.
-    pub fn fenced(self) -> (Rdma, Option<Rdma>) {
+    /// one connection; any other work unchanged, alone. `byte`: the fence
+    /// reads one byte of the target (else nothing).
+    pub fn fenced(self, byte: bool) -> (Rdma, Option<Rdma>) {
         let (RdmaOp::Write, Owner::Op { op }) = (self.op, self.owner) else {
             return (self, None);
         };
         let fence = Rdma {
             op: RdmaOp::Read,
-            local: Sge {
-                length: 0,
-                ..self.local
-            },
-            remote: self.remote,
-            owner: Owner::Fence {
-                op,
-                len: self.local.length,
-            },
+            owner: Owner::Fence { op, byte },
+            ..self
         };
         (
             Rdma {
@@ -187,17 +185,26 @@ impl Rdma {
 
     /// The write a flushed fence brings back with it.
     pub fn refenced(&self) -> Option<Rdma> {
-        let Owner::Fence { op, len } = self.owner else {
+        let Owner::Fence { op, .. } = self.owner else {
             return None;
         };
         Some(Rdma {
             op: RdmaOp::Write,
-            local: Sge {
-                length: len,
+            owner: Owner::Fenced { op },
+            ..*self
+        })
+    }
+
+    /// The local SGE it is posted with: [`Rdma::local`], but a fence's own
+    /// (`sink`: the one byte of the fence sink).
+    pub fn sge(&self, sink: impl FnOnce() -> Option<Sge>) -> Sge {
+        match self.owner {
+            Owner::Fence { byte: true, .. } => sink().expect("a fence sink on iWARP"),
+            Owner::Fence { byte: false, .. } => Sge {
+                length: 0,
                 ..self.local
             },
-            remote: self.remote,
-            owner: Owner::Fenced { op },
-        })
+            _ => self.local,
+        }
     }
 }

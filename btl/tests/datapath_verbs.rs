@@ -571,9 +571,11 @@ const BATCH: usize = 16;
 /// (Win_create). `XRCBTL_ONESIDED_SECONDS` runs it that long instead of 20
 /// epochs per thread: `scripts/tcg-modes --load btl` uses it as the load
 /// that tells the emulator's modes apart without MPI.
-/// `XRCBTL_ONESIDED_LANDED=1` makes every put a [`Btl::put_landed`]: the
-/// load under which siw was seen to break connections (the README's
-/// libfabric section).
+/// `XRCBTL_ONESIDED_LANDED=1` makes every put a [`Btl::put_landed`] to a
+/// readable window (`scripts/guest-tests` runs it so): on iWARP a
+/// one-byte read follows each write. With zero-length reads there, siw
+/// broke its connections within seconds (the README's data path
+/// section).
 #[test]
 #[ignore = "needs a device: XRCBTL_TEST_DEVICE (scripts/guest-tests runs these)"]
 fn one_sided_load_from_two_threads_per_rank_checks_every_result() {

@@ -1,16 +1,21 @@
-/* A reduced reproducer of MPICH test/mpi's comm/comm_idup_isend, which
- * hangs over xrc in its intercommunicator half (on rxe and on siw) and
- * passes over self,tcp and self,vader: four MPI_Comm_idup of one
- * intercommunicator (the world split in half) at once, completed by
- * polling with MPI_Testall. In the rxe guest, with Debian's Open MPI 4.1.4:
+/* The reduced form of MPICH test/mpi's comm/comm_idup_isend (see
+ * ffi/ompi/tests/mpich/known-failures): DUPS (default 4; 2 suffice)
+ * MPI_Comm_idup of one intercommunicator (the world split in half) at
+ * once, completed by polling with MPI_Testall. In the rxe guest, with
+ * Debian's Open MPI 4.1.4:
  *
  *   mpicc -o intercomm_idup intercomm_idup.c
  *   mpirun -np 4 --mca pml ob1 --mca btl self,xrc ./intercomm_idup [DUPS]
  *
- * never completes over self,xrc, and completes over self,tcp and
- * self,vader; with DUPS 1 it completes over all three. Not yet explained:
- * it is not in known-failures. It prints how far each rank got, and after
- * LIMIT seconds (30) which of its idups are still open. */
+ * never completes over self,xrc and completes over self,tcp and
+ * self,vader; with DUPS 1 it completes over all three. Every message xrc
+ * was given is delivered: the ranks deadlock because Open MPI's CID
+ * agreement for intercommunicators starts its nonblocking collectives on
+ * the local communicator in the order its earlier steps complete, which
+ * differs between the leader and the others, so their libnbc tags
+ * disagree; tcp's and vader's timing happens to keep the order. It prints
+ * how far each rank got, and after LIMIT seconds (30) which of its idups
+ * are still open. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>

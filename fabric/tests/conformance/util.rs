@@ -157,6 +157,25 @@ pub fn wait_async<H: Harness, C: Context>(
     }
 }
 
+/// Polls `qp`'s state until it is `want`. For a state the device reaches
+/// on its own after an event the application saw: siw moves a QP to Error
+/// when its TCP connection closes, and the CM's Disconnected event can
+/// reach the application before that.
+pub fn wait_qp_state<H: Harness, Q: Qp>(h: &H, qp: &Q, want: QpState) -> Result<(), Failure> {
+    let deadline = h.now() + patience();
+    loop {
+        let now = qp.state()?;
+        if now == want {
+            return Ok(());
+        }
+        ensure!(
+            h.now() < deadline,
+            "timed out waiting for the QP to reach {want:?}; it is {now:?}"
+        );
+        h.settle(Duration::from_millis(1));
+    }
+}
+
 /// Polls `ch` until an event of `kind` arrives (for ConnectRequest, any
 /// rejection counts as a kind match only if asked for exactly).
 pub fn wait_cm<H: Harness, Ch: CmChannel>(

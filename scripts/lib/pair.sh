@@ -15,7 +15,9 @@
 # QPs' connections), and a client whose second connect arrives before the
 # second listen is rejected with reason 8 (no such service: CI saw it on
 # rxe, and here 1 ib_write_bw pair in 90 lost it; perftest 4.5's client
-# does not try again). A client that failed with exactly that rejection on its
+# does not try again). On iWARP the same race is a TCP connection refused
+# ("Failed to connect through RDMA CM." with "ERRNO: Connection refused.":
+# CI saw it on siw). A client that failed with exactly one of those on its
 # stderr has the pair run again, at most PAIR_TRIES (5) times in all, each
 # try said. Every other failure fails the pair.
 # With PAIR_NETNS set, the server's port is looked for in that network
@@ -29,7 +31,7 @@ pair_run() {
         pair_try "$@"
         rc=$?
         [ $rc = 3 ] || return $rc
-        echo "pair_run: try $try: perftest's client was rejected (reason 8) before its server listened again for the data connection; the pair runs again" >&2
+        echo "pair_run: try $try: perftest's client was refused (rejected with reason 8, or on iWARP connection refused) before its server listened again for the data connection; the pair runs again" >&2
     done
     echo "pair_run: perftest's listen race lost ${PAIR_TRIES:-5} times in a row" >&2
     return 1
@@ -73,7 +75,7 @@ pair_try() {
     c=$!
     lost=0
     while kill -0 $c 2>/dev/null; do
-        if grep -q 'RDMA_CM_EVENT_REJECTED; error: 8\.' "$log.client-err"; then
+        if pair_lost "$log.client-err"; then
             lost=1
             kill $c
             break
@@ -90,8 +92,16 @@ pair_try() {
     kill $s 2>/dev/null
     wait $s 2>/dev/null
     [ $lost = 1 ] && return 3
-    grep -q 'RDMA_CM_EVENT_REJECTED; error: 8\.' "$log.client-err" && return 3
+    pair_lost "$log.client-err" && return 3
     return 1
+}
+
+# pair_lost FILE: whether the client's stderr in FILE says it lost
+# perftest's listen race: rejected with reason 8 (InfiniBand, RoCE), or
+# refused by TCP (iWARP).
+pair_lost() {
+    grep -q 'RDMA_CM_EVENT_REJECTED; error: 8\.' "$1" && return 0
+    grep -q '^Failed to connect through RDMA CM\.' "$1" && grep -q '^ERRNO: Connection refused\.' "$1"
 }
 
 # pair_listening PORT: whether a TCP socket or an RDMA CM id listens on PORT.

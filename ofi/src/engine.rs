@@ -68,6 +68,39 @@ pub fn unexpected_max(value: Option<&str>) -> Result<usize, String> {
     }
 }
 
+/// The setting that has each domain print, when it closes, what it
+/// carried ([`carried`]): MPI jobs show with it that the provider moved
+/// their traffic.
+pub const VERBOSE_VAR: &str = "XRCBTL_OFI_VERBOSE";
+
+/// Whether `XRCBTL_OFI_VERBOSE` asks for the counters: unset, empty or
+/// `0` does not, `1` does; any other value is refused.
+pub fn verbose(value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(format!("{VERBOSE_VAR}={v:?}: 0 or 1")),
+    }
+}
+
+/// The line a domain prints at close under `XRCBTL_OFI_VERBOSE=1`: the
+/// process, and what its BTL rank carried.
+pub fn carried(pid: u32, s: &xrcbtl_btl::BtlStats) -> String {
+    format!(
+        "xrc: pid {pid} carried: sends {} (inline {}), received {}, rendezvous sent {} received {}, \
+         reads and writes {}, atomics {}, retransmits {}, lost {}",
+        s.eager_sent,
+        s.inline_sent,
+        s.eager_received,
+        s.rndv_sent,
+        s.rndv_received,
+        s.rdma_frags,
+        s.atomics,
+        s.retransmits,
+        s.lost
+    )
+}
+
 /// A completion queue, shared by the caller's handle and the engine.
 pub type SharedCq = Arc<Mutex<CompletionQueue>>;
 /// A counter, shared likewise.
@@ -291,6 +324,8 @@ pub trait Ops: Send + Sync {
     fn in_flight(&self, ep: u16) -> (usize, usize, usize);
     /// Whether the device does atomics.
     fn atomics(&self) -> bool;
+    /// What the BTL rank under the engine counted.
+    fn stats(&self) -> xrcbtl_btl::BtlStats;
     /// Registers exactly `mem` for peers' RMA and atomics (`fi_mr_reg`),
     /// outside the BTL's cache: one device region under its key, or, past
     /// the device's largest region, several under a compound key
@@ -805,6 +840,10 @@ impl<C: Context> Ops for Engine<C> {
     }
     fn atomics(&self) -> bool {
         self.btl.caps().atomics
+    }
+
+    fn stats(&self) -> xrcbtl_btl::BtlStats {
+        self.btl.stats()
     }
 
     fn register_region(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<Region> {

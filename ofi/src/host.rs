@@ -54,11 +54,12 @@ pub fn ports(pid: u32, nth: u32) -> impl Iterator<Item = u16> {
 
 /// The settings of the provider itself (`XRCBTL_OFI_*`), which the BTL's
 /// check of its own names leaves alone.
-pub const OFI_VARS: [&str; 5] = [
+pub const OFI_VARS: [&str; 6] = [
     crate::devices::FABRIC_VAR,
     crate::world::NODES_VAR,
     crate::world::RANKS_VAR,
     crate::engine::UNEXPECTED_VAR,
+    crate::engine::VERBOSE_VAR,
     JOB_VAR,
 ];
 

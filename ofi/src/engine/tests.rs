@@ -611,3 +611,35 @@ fn a_registration_past_the_device_limit_is_reached_across_its_chunks() {
     t.sides[1].engine.deregister_region(region);
     assert!(lock(&t.sides[1].engine.lookups).mine(key).is_none());
 }
+
+#[test]
+fn the_verbose_line_counts_what_the_rank_carried() {
+    assert_eq!(verbose(None), Ok(false));
+    assert_eq!(verbose(Some("0")), Ok(false));
+    assert_eq!(verbose(Some("1")), Ok(true));
+    assert!(verbose(Some("yes")).unwrap_err().contains(VERBOSE_VAR));
+    let mut t = Two::new(16);
+    let src = MappedBuf::new(64).unwrap();
+    src.write(0, &pattern(64, 5));
+    let dst = MappedBuf::new(64).unwrap();
+    for n in 0..3 {
+        t.recv(1, Space::Msg, &dst, 64, 10 + n);
+        t.send(0, 1, Space::Msg, &src, 64, n);
+        let rx = t.sides[1].rx.clone();
+        assert_eq!(one(t.wait(&rx)).context, 10 + n);
+    }
+    let (sent, got) = (t.sides[0].engine.stats(), t.sides[1].engine.stats());
+    assert_eq!(sent.eager_sent, 3);
+    assert_eq!(got.eager_received, 3);
+    let line = carried(42, &got);
+    assert!(line.starts_with("xrc: pid 42 carried: sends "), "{line}");
+    assert!(
+        line.contains(", received 3, rendezvous sent 0 received 0,"),
+        "{line}"
+    );
+    let line = carried(7, &sent);
+    assert!(
+        line.starts_with("xrc: pid 7 carried: sends 3 (inline "),
+        "{line}"
+    );
+}

@@ -54,6 +54,9 @@ pub(crate) struct Domain {
     pub(crate) av_type: u32,
     /// The threading level the caller asked for.
     pub(crate) threading: u32,
+    /// Whether it prints its counters when it closes
+    /// (`XRCBTL_OFI_VERBOSE=1`).
+    verbose: bool,
     /// Endpoint numbers in use.
     ep_numbers: Mutex<BTreeSet<u16>>,
 }
@@ -193,10 +196,19 @@ pub(super) unsafe extern "C" fn open(
             Ok(w) => w,
             Err(_) => return err(sys::FI_EINVAL),
         };
-        let Ok(unexpected) = crate::engine::unexpected_max(
+        let settings = crate::engine::unexpected_max(
             std::env::var(crate::engine::UNEXPECTED_VAR).ok().as_deref(),
-        ) else {
-            return err(sys::FI_EINVAL);
+        )
+        .and_then(|u| {
+            crate::engine::verbose(std::env::var(crate::engine::VERBOSE_VAR).ok().as_deref())
+                .map(|v| (u, v))
+        });
+        let (unexpected, verbose) = match settings {
+            Ok(s) => s,
+            Err(e) => {
+                super::warn(&format!("fi_domain: {e}"));
+                return err(sys::FI_EINVAL);
+            }
         };
         let (engine, rank, address): (Box<dyn Ops>, Rank, Address) = match which {
             Which::Verbs => match verbs_rank(name.as_deref(), listen_port(info), unexpected) {
@@ -241,6 +253,7 @@ pub(super) unsafe extern "C" fn open(
             address,
             av_type: attr.av_type,
             threading: attr.threading,
+            verbose,
             ep_numbers: Mutex::new(BTreeSet::new()),
         });
         parent.children.fetch_add(1, Ordering::AcqRel);
@@ -308,6 +321,12 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         };
         if domain.children.load(Ordering::Acquire) != 0 {
             return err(sys::FI_EBUSY);
+        }
+        if domain.verbose {
+            eprintln!(
+                "{}",
+                crate::engine::carried(std::process::id(), &domain.engine.stats())
+            );
         }
         #[cfg(feature = "verbs")]
         if let Rank::Verbs(v) = &domain.rank {

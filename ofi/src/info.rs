@@ -34,8 +34,17 @@ pub const fn fi_version(major: u32, minor: u32) -> u32 {
 /// added only enum values to them.
 pub const API_VERSION: u32 = fi_version(1, 18);
 
-/// The oldest API version a caller may ask for.
-pub const API_VERSION_MIN: u32 = fi_version(1, 5);
+/// The first API version whose `mr_mode` is a set of bits. A caller of an
+/// older version (Intel MPI 2021 asks with version 0) reads it as the old
+/// enumeration, where FI_MR_BASIC stands for exactly
+/// [`MR_MODE_REMOTE`]'s three bits.
+pub const API_VERSION_MR_BITS: u32 = fi_version(1, 5);
+
+/// FI_MR_UNSPEC, FI_MR_BASIC and FI_MR_SCALABLE: the values of `mr_mode`
+/// before API 1.5.
+pub const MR_UNSPEC: u32 = 0;
+/// See [`MR_UNSPEC`].
+pub const MR_BASIC: u32 = 1;
 
 use std::net::IpAddr;
 
@@ -300,13 +309,25 @@ pub fn offer(device: &Device) -> Info {
         caps &= !ATOMIC;
     }
     let order = sys::FI_ORDER_SAS as u64;
+    // A rank's atomics to a peer go out on its one QP to that peer, in the
+    // order posted (a pending queue is first in, first out), and the
+    // device executes a QP's atomics in the order they arrive: atomics to
+    // one address are ordered among themselves, as Intel MPI's hints ask.
+    let atomic_order = if device.atomics {
+        sys::FI_ORDER_ATOMIC_RAR
+            | sys::FI_ORDER_ATOMIC_RAW
+            | sys::FI_ORDER_ATOMIC_WAR
+            | sys::FI_ORDER_ATOMIC_WAW
+    } else {
+        0
+    };
     Info {
         caps,
         mode: 0,
         addr_format: sys::FI_FORMAT_UNSPEC,
         tx: CtxAttr {
             caps: caps & TX_CAPS,
-            msg_order: order,
+            msg_order: order | atomic_order,
             inject_size: device.inject_size,
             size: device.queue_size,
             iov_limit: 1,
@@ -399,17 +420,25 @@ fn narrow_caps(asked: u64, offered: u64) -> u64 {
 
 /// The offer narrowed to `hints` for a caller of API `version`.
 pub fn narrow(offer: &Info, hints: Option<&Info>, version: u32) -> Result<Info, Refused> {
-    if version < API_VERSION_MIN {
-        return Err(Refused("api version below 1.5"));
-    }
+    let old = version < API_VERSION_MR_BITS;
     let Some(h) = hints else {
-        return Ok(offer.clone());
+        let mut out = offer.clone();
+        if old && out.domain.mr_mode == MR_MODE_REMOTE {
+            out.domain.mr_mode = MR_BASIC;
+        }
+        return Ok(out);
     };
     let mut out = offer.clone();
 
-    // Remote access needs the caller to take the registration modes.
-    let mr_ok = (h.domain.mr_mode == 0 && !h.domain.given && !has_domain_hints(h))
-        || h.domain.mr_mode & MR_MODE_REMOTE == MR_MODE_REMOTE;
+    // Remote access needs the caller to take the registration modes: before
+    // API 1.5, FI_MR_BASIC or FI_MR_UNSPEC (the provider's choice, which is
+    // FI_MR_BASIC); since, the three bits or (with no domain hints) nothing.
+    let mr_ok = if old {
+        matches!(h.domain.mr_mode, MR_UNSPEC | MR_BASIC)
+    } else {
+        (h.domain.mr_mode == 0 && !h.domain.given && !has_domain_hints(h))
+            || h.domain.mr_mode & MR_MODE_REMOTE == MR_MODE_REMOTE
+    };
     let mut offered_caps = offer.caps;
     if !mr_ok {
         if h.caps & REMOTE_ACCESS != 0 {
@@ -422,10 +451,10 @@ pub fn narrow(offer: &Info, hints: Option<&Info>, version: u32) -> Result<Info, 
     subset(h.caps, offered_caps, "caps")?;
     out.caps = narrow_caps(h.caps, offered_caps);
     out.mode = 0;
-    out.domain.mr_mode = if out.caps & REMOTE_ACCESS != 0 {
-        MR_MODE_REMOTE
-    } else {
-        0
+    out.domain.mr_mode = match (out.caps & REMOTE_ACCESS != 0, old) {
+        (true, false) => MR_MODE_REMOTE,
+        (true, true) => MR_BASIC,
+        (false, _) => 0,
     };
     if h.addr_format != sys::FI_FORMAT_UNSPEC {
         return Err(Refused("addr_format"));
@@ -599,12 +628,13 @@ mod tests {
     }
 
     #[test]
-    fn no_hints_get_the_whole_offer_and_old_callers_get_nothing() {
+    fn no_hints_get_the_whole_offer_in_the_callers_mr_mode() {
         assert_eq!(narrow(&rxe(), None, V1_18), Ok(rxe()));
-        assert_eq!(
-            narrow(&rxe(), None, fi_version(1, 4)),
-            Err(Refused("api version below 1.5"))
-        );
+        for old in [0, fi_version(1, 4)] {
+            let got = narrow(&rxe(), None, old).unwrap();
+            assert_eq!(got.domain.mr_mode, MR_BASIC);
+            assert_eq!(got.caps, rxe().caps);
+        }
         assert_eq!(rxe().caps & ATOMIC, ATOMIC);
         assert_eq!(siw().caps & ATOMIC, 0);
     }
@@ -687,6 +717,39 @@ mod tests {
             .unwrap_err()
             .0
             .starts_with("mr_mode"));
+    }
+
+    /// Intel MPI 2021 asks with API version 0 and mr_mode 0: before 1.5
+    /// that is FI_MR_UNSPEC (the provider picks), and the answer is
+    /// FI_MR_BASIC, never the later bits; FI_MR_SCALABLE cannot have remote
+    /// access, and the later bits mean nothing to such a caller.
+    #[test]
+    fn callers_before_api_1_5_get_mr_mode_as_the_old_enumeration() {
+        let mut h = Info {
+            caps: MSG | TAGGED | RMA | ATOMIC,
+            ..Info::default()
+        };
+        h.ep.ep_type = sys::FI_EP_RDM;
+        h.domain.threading = sys::FI_THREAD_DOMAIN;
+        for version in [0, fi_version(1, 4)] {
+            for asked in [MR_UNSPEC, MR_BASIC] {
+                h.domain.mr_mode = asked;
+                let got = narrow(&rxe(), Some(&h), version).unwrap();
+                assert_eq!(got.domain.mr_mode, MR_BASIC);
+                assert_eq!(got.caps & (RMA | ATOMIC), RMA | ATOMIC);
+            }
+            h.domain.mr_mode = 2; // FI_MR_SCALABLE
+            assert!(narrow(&rxe(), Some(&h), version)
+                .unwrap_err()
+                .0
+                .starts_with("mr_mode"));
+            h.domain.mr_mode = MR_MODE_REMOTE;
+            assert!(narrow(&rxe(), Some(&h), version).is_err());
+            h.caps = MSG | TAGGED;
+            h.domain.mr_mode = MR_UNSPEC;
+            assert_eq!(narrow(&rxe(), Some(&h), version).unwrap().domain.mr_mode, 0);
+            h.caps = MSG | TAGGED | RMA | ATOMIC;
+        }
     }
 
     /// MPICH ch4:ofi's default set, with FI_MR_ENDPOINT offered.

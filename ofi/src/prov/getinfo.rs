@@ -55,9 +55,22 @@ pub(super) unsafe extern "C" fn getinfo(
         let answers: Vec<Info> = devices
             .iter()
             .filter_map(|d| {
-                let mut i = info::narrow(&info::offer(d), hints.as_ref(), version).ok()?;
-                info::place(&mut i, d.ip, node.as_deref(), service.as_deref(), source).ok()?;
-                Some(i)
+                let placed =
+                    info::narrow(&info::offer(d), hints.as_ref(), version).and_then(|mut i| {
+                        info::place(&mut i, d.ip, node.as_deref(), service.as_deref(), source)
+                            .map(|()| i)
+                    });
+                placed
+                    .map_err(|why| {
+                        super::warn(&format!(
+                            "fi_getinfo (api {}.{}): {} refused: {}",
+                            version >> 16,
+                            version & 0xffff,
+                            d.name,
+                            why.0
+                        ))
+                    })
+                    .ok()
             })
             .collect();
         if answers.is_empty() {

@@ -323,10 +323,10 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
             return err(sys::FI_EBUSY);
         }
         if domain.verbose {
-            eprintln!(
-                "{}",
-                crate::engine::carried(std::process::id(), &domain.engine.stats())
-            );
+            // One write, so that the lines of ranks sharing a stderr do not
+            // interleave (eprintln! may write its pieces apart).
+            let line = crate::engine::carried(std::process::id(), &domain.engine.stats()) + "\n";
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         #[cfg(feature = "verbs")]
         if let Rank::Verbs(v) = &domain.rank {

@@ -497,12 +497,12 @@ unsafe extern "C" fn cntr_close(fid: *mut sys::fid) -> c_int {
 fn with_counter<R>(
     cntr: *mut sys::fid_cntr,
     progress: bool,
-    bad: R,
+    bad: impl FnOnce() -> R,
     f: impl FnOnce(&mut Counter) -> R,
 ) -> R {
     // SAFETY: libfabric passes a live fid; a fid_cntr starts with its fid.
     let Some(c) = (unsafe { CntrObj::from_fid(cntr.cast()) }) else {
-        return bad;
+        return bad();
     };
     if progress {
         c.domain().progress();
@@ -513,7 +513,7 @@ fn with_counter<R>(
 unsafe extern "C" fn cntr_read(cntr: *mut sys::fid_cntr) -> u64 {
     let mut v = 0;
     guard(|| {
-        v = with_counter(cntr, true, 0, |c| c.ok);
+        v = with_counter(cntr, true, || 0, |c| c.ok);
         0
     });
     v
@@ -522,7 +522,7 @@ unsafe extern "C" fn cntr_read(cntr: *mut sys::fid_cntr) -> u64 {
 unsafe extern "C" fn cntr_readerr(cntr: *mut sys::fid_cntr) -> u64 {
     let mut v = 0;
     guard(|| {
-        v = with_counter(cntr, true, 0, |c| c.err);
+        v = with_counter(cntr, true, || 0, |c| c.err);
         0
     });
     v
@@ -530,37 +530,57 @@ unsafe extern "C" fn cntr_readerr(cntr: *mut sys::fid_cntr) -> u64 {
 
 unsafe extern "C" fn cntr_add(cntr: *mut sys::fid_cntr, value: u64) -> c_int {
     guard(|| {
-        with_counter(cntr, false, err(sys::FI_EINVAL), |c| {
-            c.ok = c.ok.wrapping_add(value);
-            0
-        })
+        with_counter(
+            cntr,
+            false,
+            || err(sys::FI_EINVAL),
+            |c| {
+                c.ok = c.ok.wrapping_add(value);
+                0
+            },
+        )
     })
 }
 
 unsafe extern "C" fn cntr_set(cntr: *mut sys::fid_cntr, value: u64) -> c_int {
     guard(|| {
-        with_counter(cntr, false, err(sys::FI_EINVAL), |c| {
-            c.ok = value;
-            0
-        })
+        with_counter(
+            cntr,
+            false,
+            || err(sys::FI_EINVAL),
+            |c| {
+                c.ok = value;
+                0
+            },
+        )
     })
 }
 
 unsafe extern "C" fn cntr_adderr(cntr: *mut sys::fid_cntr, value: u64) -> c_int {
     guard(|| {
-        with_counter(cntr, false, err(sys::FI_EINVAL), |c| {
-            c.err = c.err.wrapping_add(value);
-            0
-        })
+        with_counter(
+            cntr,
+            false,
+            || err(sys::FI_EINVAL),
+            |c| {
+                c.err = c.err.wrapping_add(value);
+                0
+            },
+        )
     })
 }
 
 unsafe extern "C" fn cntr_seterr(cntr: *mut sys::fid_cntr, value: u64) -> c_int {
     guard(|| {
-        with_counter(cntr, false, err(sys::FI_EINVAL), |c| {
-            c.err = value;
-            0
-        })
+        with_counter(
+            cntr,
+            false,
+            || err(sys::FI_EINVAL),
+            |c| {
+                c.err = value;
+                0
+            },
+        )
     })
 }
 
@@ -569,13 +589,13 @@ unsafe extern "C" fn cntr_seterr(cntr: *mut sys::fid_cntr, value: u64) -> c_int 
 /// negative: no limit).
 unsafe extern "C" fn cntr_wait(cntr: *mut sys::fid_cntr, threshold: u64, timeout: c_int) -> c_int {
     guard(|| {
-        let Some(errors) = with_counter(cntr, false, None, |c| Some(c.err)) else {
+        let Some(errors) = with_counter(cntr, false, || None, |c| Some(c.err)) else {
             return err(sys::FI_EINVAL);
         };
         let start = Instant::now();
         let limit = u64::try_from(timeout).ok().map(Duration::from_millis);
         loop {
-            let (ok, now_err) = with_counter(cntr, true, (0, 0), |c| (c.ok, c.err));
+            let (ok, now_err) = with_counter(cntr, true, || (0, 0), |c| (c.ok, c.err));
             if ok >= threshold {
                 return 0;
             }

@@ -770,7 +770,7 @@ unsafe fn one_rma<'a>(
     msg: *const sys::fi_msg_rma,
 ) -> Result<(&'a sys::fi_msg_rma, *const c_void, usize, u64, u64), isize> {
     // SAFETY: the caller's promise.
-    let m = unsafe { msg.as_ref() }.ok_or(err(sys::FI_EINVAL) as isize)?;
+    let m = unsafe { msg.as_ref() }.ok_or_else(|| err(sys::FI_EINVAL) as isize)?;
     // SAFETY: as above.
     let (buf, len) = unsafe { one_iov(m.msg_iov, m.iov_count) }?;
     if m.rma_iov_count != 1 || m.rma_iov.is_null() {
@@ -1056,7 +1056,7 @@ unsafe fn one_atomic<'a>(
     msg: *const sys::fi_msg_atomic,
 ) -> Result<(&'a sys::fi_msg_atomic, *const c_void, usize, u64, u64), isize> {
     // SAFETY: the caller's promise.
-    let m = unsafe { msg.as_ref() }.ok_or(err(sys::FI_EINVAL) as isize)?;
+    let m = unsafe { msg.as_ref() }.ok_or_else(|| err(sys::FI_EINVAL) as isize)?;
     if m.iov_count != 1 || m.msg_iov.is_null() || m.rma_iov_count != 1 || m.rma_iov.is_null() {
         return Err(err(sys::FI_EINVAL) as isize);
     }

@@ -27,18 +27,34 @@ use crate::sys;
 /// The provider's name, as `FI_PROVIDER=xrc` and `fi_info -p xrc` name it.
 pub(crate) const NAME: &std::ffi::CStr = c"xrc";
 
-/// A negative `FI_E*` value, as every entry point returns an error.
+/// A negative `FI_E*` value, as every entry point returns an error. Where
+/// the caller asked libfabric for a log, each error but FI_EAGAIN (which
+/// is flow control, not a refusal) is said with the line that returned it:
+/// an application that treats an error as fatal shows nothing else of
+/// which check refused it.
+#[track_caller]
 pub(crate) fn err(code: u32) -> c_int {
+    if code != sys::FI_EAGAIN && logging() {
+        let at = std::panic::Location::caller();
+        warn(&format!("returned -{code} at {}:{}", at.file(), at.line()));
+    }
     -(code as c_int)
+}
+
+/// Whether `FI_LOG_LEVEL` is set (read once).
+fn logging() -> bool {
+    static LOGGING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOGGING.get_or_init(|| std::env::var_os("FI_LOG_LEVEL").is_some())
 }
 
 /// Says why an object could not be made, on standard error, where the
 /// caller asked libfabric for a log (`FI_LOG_LEVEL` set): the error code
-/// alone cannot say which port or device failed.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+/// alone cannot say which port or device failed. One write per line, so
+/// that processes sharing a stderr do not interleave their lines.
 pub(crate) fn warn(what: &str) {
-    if std::env::var_os("FI_LOG_LEVEL").is_some() {
-        eprintln!("libfabric:{}:xrc: {what}", std::process::id());
+    if logging() {
+        let line = format!("libfabric:{}:xrc: {what}\n", std::process::id());
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     }
 }
 

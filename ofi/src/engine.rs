@@ -126,7 +126,7 @@ pub struct Targets {
 }
 
 /// A send as the caller posts it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SendArgs {
     /// The caller's context, returned in the completion.
     pub context: u64,
@@ -142,6 +142,9 @@ pub struct SendArgs {
     pub completion: bool,
     /// Complete only once delivered (FI_DELIVERY_COMPLETE).
     pub delivery: bool,
+    /// The body the provider gathered from several I/O vector entries:
+    /// `mem` points into it, and the send keeps it until it completes.
+    pub gathered: Option<Box<[u8]>>,
 }
 
 /// A receive as the caller posts it.
@@ -253,6 +256,9 @@ struct Op {
     eager: Option<Vec<u8>>,
     /// The rendezvous registration of a send.
     reg: Option<MemReg>,
+    /// A gathered send's body, which `mem` points into: held, never read
+    /// (dropped after `reg`).
+    _body: Option<Box<[u8]>>,
 }
 
 impl Op {
@@ -268,6 +274,7 @@ impl Op {
             multi: a.multi.is_some(),
             eager: None,
             reg: None,
+            _body: None,
         }
     }
 }
@@ -534,6 +541,7 @@ impl<C: Context> Ops for Engine<C> {
                     multi: false,
                     eager,
                     reg: None,
+                    _body: a.gathered,
                 },
             );
             core.rdm.send(
@@ -755,6 +763,7 @@ impl<C: Context> Ops for Engine<C> {
                 multi: false,
                 eager: None,
                 reg: None,
+                _body: None,
             };
             match found {
                 Some(h) => complete_recv(&core.targets, &op, Outcome::Done, &received(&h)),

@@ -34,6 +34,11 @@ pub const fn fi_version(major: u32, minor: u32) -> u32 {
 /// added only enum values to them.
 pub const API_VERSION: u32 = fi_version(1, 18);
 
+/// I/O vector entries a send may have (`tx_attr.iov_limit`): more than
+/// one are gathered into one buffer the send keeps. Receives, RMA and
+/// atomics take one.
+pub const SEND_IOV_LIMIT: usize = 8;
+
 /// The first API version whose `mr_mode` is a set of bits. A caller of an
 /// older version (Intel MPI 2021 asks with version 0) reads it as the old
 /// enumeration, where FI_MR_BASIC stands for exactly
@@ -330,7 +335,7 @@ pub fn offer(device: &Device) -> Info {
             msg_order: order | atomic_order,
             inject_size: device.inject_size,
             size: device.queue_size,
-            iov_limit: 1,
+            iov_limit: SEND_IOV_LIMIT,
             rma_iov_limit: 1,
             ..CtxAttr::default()
         },

@@ -111,6 +111,7 @@ impl Two {
                     mem,
                     completion: true,
                     delivery: false,
+                    gathered: None,
                 },
             )
             .unwrap();
@@ -260,6 +261,7 @@ fn a_full_queue_refuses_the_post_and_takes_it_once_read() {
             mem: Some(src.user_mem().slice(0, 8).unwrap()),
             completion: true,
             delivery: false,
+            gathered: None,
         },
     );
     assert_eq!(far, Err(PostError::NoAddress));
@@ -371,6 +373,7 @@ fn endpoints_of_a_node_share_its_xrc_connections() {
                         mem: Some(bufs[i].user_mem().slice(0, 16).unwrap()),
                         completion: true,
                         delivery: false,
+                        gathered: None,
                     },
                 )
                 .unwrap();

@@ -6,9 +6,11 @@
 //! Messages (FI_MSG) and tagged messages (FI_TAGGED, with FI_PEEK,
 //! FI_CLAIM and FI_DISCARD) go through the domain's [`crate::engine`] once
 //! the endpoint is enabled, and so do RMA reads and writes (with remote CQ
-//! data too) and the atomics [`crate::atomic`] lists. I/O vectors of more
-//! than one entry are -FI_EINVAL (the offered iov_limit and rma_iov_limit
-//! are 1).
+//! data too) and the atomics [`crate::atomic`] lists. A send's I/O vector
+//! may have up to [`crate::info::SEND_IOV_LIMIT`] entries, gathered into
+//! one buffer the send keeps (Intel MPI sends its active messages in two
+//! pieces whatever iov_limit says); receives, RMA and atomics take one
+//! entry, and more are -FI_EINVAL (their iov_limit and rma_iov_limit are 1).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -25,7 +27,7 @@ use crate::flags::{
     CLAIM, COMPLETION, DELIVERY_COMPLETE, DISCARD, INJECT, MULTI_RECV, PEEK, READ, RECV,
     REMOTE_CQ_DATA, REMOTE_READ, REMOTE_WRITE, SEND, TRANSMIT, TRANSMIT_COMPLETE, WRITE,
 };
-use crate::info::INJECT_SIZE;
+use crate::info::{INJECT_SIZE, SEND_IOV_LIMIT};
 use crate::rdm::Space;
 use crate::sys;
 use xrcbtl_btl::UserMem;
@@ -202,6 +204,87 @@ unsafe fn post_send(
         Ok(m) => m,
         Err(rc) => return rc,
     };
+    send_body(ep, mem, None, dest, space, data, context, flags)
+}
+
+/// A send whose body is in `count` I/O vector entries: one is sent from
+/// where it is; several are first gathered into a buffer the send keeps
+/// (the BTL sends from one place).
+///
+/// # Safety
+/// As [`post_send`], for each entry of `iov`, which holds `count`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn post_sendv(
+    ep: *mut sys::fid_ep,
+    iov: *const sys::iovec,
+    count: usize,
+    dest: u64,
+    space: Space,
+    data: Option<u64>,
+    context: *mut c_void,
+    flags: u64,
+) -> isize {
+    if count <= 1 {
+        // SAFETY: the caller's promise.
+        return match unsafe { one_iov(iov, count) } {
+            Ok((buf, len)) => unsafe { post_send(ep, buf, len, dest, space, data, context, flags) },
+            Err(rc) => rc,
+        };
+    }
+    if count > SEND_IOV_LIMIT || iov.is_null() {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    // SAFETY: a fid_ep starts with its fid.
+    let Some(obj) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
+        return err(sys::FI_EINVAL) as isize;
+    };
+    // SAFETY: the caller's promise: `count` entries.
+    let entries = unsafe { std::slice::from_raw_parts(iov, count) };
+    let Some(len) = entries
+        .iter()
+        .try_fold(0usize, |sum, v| sum.checked_add(v.iov_len))
+    else {
+        return err(sys::FI_EINVAL) as isize;
+    };
+    if len > obj.max_msg || (flags & INJECT != 0 && len > INJECT_SIZE) {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    let mut body = Vec::with_capacity(len);
+    for v in entries {
+        if v.iov_len == 0 {
+            continue;
+        }
+        if v.iov_base.is_null() {
+            return err(sys::FI_EINVAL) as isize;
+        }
+        // SAFETY: the caller lends `iov_len` readable bytes at `iov_base`.
+        body.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+        });
+    }
+    let mut body = body.into_boxed_slice();
+    // SAFETY: the box's bytes stay where they are, and the send keeps the
+    // box (`gathered`) for as long as it may read them.
+    let mem = match unsafe { lent(body.as_mut_ptr() as *const c_void, len) } {
+        Ok(m) => m,
+        Err(rc) => return rc,
+    };
+    send_body(obj, mem, Some(body), dest, space, data, context, flags)
+}
+
+/// Posts a send of `mem` (kept alive by `gathered` where the provider
+/// gathered it) from `ep`.
+#[allow(clippy::too_many_arguments)]
+fn send_body(
+    ep: &EpObj,
+    mem: Option<UserMem>,
+    gathered: Option<Box<[u8]>>,
+    dest: u64,
+    space: Space,
+    data: Option<u64>,
+    context: *mut c_void,
+    flags: u64,
+) -> isize {
     let selective = {
         let b = ep.bound();
         if !b.enabled {
@@ -224,6 +307,7 @@ unsafe fn post_send(
             // transmitted waits for the receiver's Ack, as a delivery does,
             // the provider having no sign of transmission short of it.
             delivery: flags & (DELIVERY_COMPLETE | TRANSMIT_COMPLETE) != 0,
+            gathered,
         },
     ))
 }
@@ -416,19 +500,8 @@ unsafe extern "C" fn msg_sendv(
 ) -> isize {
     // SAFETY: as above.
     guard_size(|| unsafe {
-        match one_iov(iov, count) {
-            Ok((buf, len)) => post_send(
-                ep,
-                buf,
-                len,
-                dest,
-                Space::Msg,
-                None,
-                context,
-                default_flags(ep, true),
-            ),
-            Err(rc) => rc,
-        }
+        let flags = default_flags(ep, true);
+        post_sendv(ep, iov, count, dest, Space::Msg, None, context, flags)
     })
 }
 
@@ -440,10 +513,16 @@ unsafe extern "C" fn msg_sendmsg(ep: Ep, msg: *const sys::fi_msg, flags: u64) ->
             return err(sys::FI_EINVAL) as isize;
         };
         let data = (flags & REMOTE_CQ_DATA != 0).then_some(m.data);
-        match one_iov(m.msg_iov, m.iov_count) {
-            Ok((buf, len)) => post_send(ep, buf, len, m.addr, Space::Msg, data, m.context, flags),
-            Err(rc) => rc,
-        }
+        post_sendv(
+            ep,
+            m.msg_iov,
+            m.iov_count,
+            m.addr,
+            Space::Msg,
+            data,
+            m.context,
+            flags,
+        )
     })
 }
 
@@ -606,13 +685,17 @@ unsafe extern "C" fn tag_sendv(
 ) -> isize {
     // SAFETY: as above.
     guard_size(|| unsafe {
-        match one_iov(iov, count) {
-            Ok((buf, len)) => {
-                let flags = default_flags(ep, true);
-                post_send(ep, buf, len, dest, Space::Tagged(tag), None, context, flags)
-            }
-            Err(rc) => rc,
-        }
+        let flags = default_flags(ep, true);
+        post_sendv(
+            ep,
+            iov,
+            count,
+            dest,
+            Space::Tagged(tag),
+            None,
+            context,
+            flags,
+        )
     })
 }
 
@@ -624,19 +707,17 @@ unsafe extern "C" fn tag_sendmsg(ep: Ep, msg: *const sys::fi_msg_tagged, flags: 
             return err(sys::FI_EINVAL) as isize;
         };
         let data = (flags & REMOTE_CQ_DATA != 0).then_some(m.data);
-        match one_iov(m.msg_iov, m.iov_count) {
-            Ok((buf, len)) => post_send(
-                ep,
-                buf,
-                len,
-                m.addr,
-                Space::Tagged(m.tag),
-                data,
-                m.context,
-                flags,
-            ),
-            Err(rc) => rc,
-        }
+        let space = Space::Tagged(m.tag);
+        post_sendv(
+            ep,
+            m.msg_iov,
+            m.iov_count,
+            m.addr,
+            space,
+            data,
+            m.context,
+            flags,
+        )
     })
 }
 

@@ -132,7 +132,12 @@ int main(void)
     CHECK(fi_send(ep, buf, 8, NULL, 999, NULL) == -FI_EINVAL, "a send to an address not in the vector");
     CHECK(fi_recv(ep, buf, 8, NULL, 999, NULL) == -FI_EINVAL, "a receive from one");
     struct iovec iov2[2] = {{buf, 8}, {buf + 8, 8}};
-    CHECK(fi_sendv(ep, iov2, NULL, 2, fa[0], NULL) == -FI_EINVAL, "two pieces to send (iov_limit 1)");
+    struct iovec iov9[9];
+    for (int i = 0; i < 9; i++)
+        iov9[i] = (struct iovec){buf, 1};
+    CHECK(fi_sendv(ep, iov9, NULL, 9, fa[0], NULL) == -FI_EINVAL, "nine pieces to send (iov_limit 8)");
+    struct iovec hole[2] = {{buf, 8}, {NULL, 8}};
+    CHECK(fi_sendv(ep, hole, NULL, 2, fa[0], NULL) == -FI_EINVAL, "a piece with no buffer");
     CHECK(fi_recvv(ep, iov2, NULL, 2, FI_ADDR_UNSPEC, NULL) == -FI_EINVAL, "two pieces to receive");
     CHECK(fi_sendmsg(ep, NULL, 0) == -FI_EINVAL, "no message");
     static uint8_t big[8192];

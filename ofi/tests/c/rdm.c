@@ -125,8 +125,10 @@ static void fill(uint8_t *b, size_t len, unsigned seed)
         b[i] = (uint8_t) (i * 131 + seed);
 }
 
-/* One message of `len` bytes from x to y, checked. */
-static void one(struct side *x, struct side *y, int yi, size_t len, int tagged, int early, unsigned seed)
+/* One message of `len` bytes from x to y, checked; with `gather`, sent from
+ * three I/O vector entries (1 byte, half the rest, and the rest). */
+static void one(struct side *x, struct side *y, int yi, size_t len, int tagged, int early, unsigned seed,
+                int gather)
 {
     uint8_t *src = malloc(len + 1), *dst = malloc(len + 2);
     fill(src, len, seed);
@@ -141,8 +143,15 @@ static void one(struct side *x, struct side *y, int yi, size_t len, int tagged, 
             : fi_recv(y->ep, dst, len + 1, NULL, FI_ADDR_UNSPEC, &rctx))
     if (early)
         CHECK((rc = RECV()) == 0, "recv: %zd", rc);
-    rc = tagged ? fi_tsend(x->ep, src, len, NULL, x->peer[yi], tag, &sctx)
-                : fi_send(x->ep, src, len, NULL, x->peer[yi], &sctx);
+    if (gather && len >= 2) {
+        size_t half = (len - 1) / 2;
+        struct iovec v[3] = {{src, 1}, {src + 1, half}, {src + 1 + half, len - 1 - half}};
+        rc = tagged ? fi_tsendv(x->ep, v, NULL, 3, x->peer[yi], tag, &sctx)
+                    : fi_sendv(x->ep, v, NULL, 3, x->peer[yi], &sctx);
+    } else {
+        rc = tagged ? fi_tsend(x->ep, src, len, NULL, x->peer[yi], tag, &sctx)
+                    : fi_send(x->ep, src, len, NULL, x->peer[yi], &sctx);
+    }
     CHECK(rc == 0, "send of %zu B: %s", len, fi_strerror((int) -rc));
     if (!early)
         CHECK((rc = RECV()) == 0, "late recv: %zd", rc);
@@ -648,9 +657,12 @@ int main(int argc, char **argv)
             sizes[n++] = p + 1;
     }
     for (int i = 0; i < n; i++)
-        one(&s[0], &s[2], 2, sizes[i], 1, i % 2, (unsigned) i);
+        one(&s[0], &s[2], 2, sizes[i], 1, i % 2, (unsigned) i, 0);
     for (int i = 0; i < n; i += 3)
-        one(&s[0], &s[1], 1, sizes[i], 0, i % 2, (unsigned) i + 7);
+        one(&s[0], &s[1], 1, sizes[i], 0, i % 2, (unsigned) i + 7, 0);
+    /* Gathered sends, eager and rendezvous, tagged and not. */
+    for (int i = 0; i < n; i += 2)
+        one(&s[0], &s[2], 2, sizes[i], i % 4 == 0, i % 3 == 0, (unsigned) i + 11, 1);
     special();
     rma();
     big_region(with_atomics);
@@ -676,7 +688,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "rdm: %d failures\n", failures);
         return 1;
     }
-    printf("rdm: passed (%d sizes tagged A->C across nodes, %d untagged A->B on one node, and the special cases)\n",
-           n, (n + 2) / 3);
+    printf("rdm: passed (%d sizes tagged A->C across nodes, %d untagged A->B on one node, %d gathered from three "
+           "pieces, and the special cases)\n",
+           n, (n + 2) / 3, (n + 1) / 2);
     return 0;
 }

@@ -225,10 +225,12 @@ unsafe fn post_sendv(
     flags: u64,
 ) -> isize {
     if count <= 1 {
-        // SAFETY: the caller's promise.
-        return match unsafe { one_iov(iov, count) } {
-            Ok((buf, len)) => unsafe { post_send(ep, buf, len, dest, space, data, context, flags) },
-            Err(rc) => rc,
+        // SAFETY: the caller's promise, for the vector and its one entry.
+        return unsafe {
+            match one_iov(iov, count) {
+                Ok((buf, len)) => post_send(ep, buf, len, dest, space, data, context, flags),
+                Err(rc) => rc,
+            }
         };
     }
     if count > SEND_IOV_LIMIT || iov.is_null() {

@@ -28,13 +28,13 @@ use crate::sys;
 pub(crate) const NAME: &std::ffi::CStr = c"xrc";
 
 /// A negative `FI_E*` value, as every entry point returns an error. Where
-/// the caller asked libfabric for a log, each error but FI_EAGAIN (which
-/// is flow control, not a refusal) is said with the line that returned it:
-/// an application that treats an error as fatal shows nothing else of
-/// which check refused it.
+/// the caller asked libfabric for a log, each error but FI_EAGAIN (flow
+/// control) and FI_EAVAIL (an error completion to read, which the entry
+/// reports) is said with the line that returned it: an application that
+/// treats an error as fatal shows nothing else of which check refused it.
 #[track_caller]
 pub(crate) fn err(code: u32) -> c_int {
-    if code != sys::FI_EAGAIN && logging() {
+    if code != sys::FI_EAGAIN && code != sys::FI_EAVAIL && logging() {
         let at = std::panic::Location::caller();
         warn(&format!("returned -{code} at {}:{}", at.file(), at.line()));
     }

@@ -191,25 +191,17 @@ unsafe fn post_send(
     context: *mut c_void,
     flags: u64,
 ) -> isize {
-    // SAFETY: a fid_ep starts with its fid.
-    let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
-        return err(sys::FI_EINVAL) as isize;
+    let one = sys::iovec {
+        iov_base: buf as *mut c_void,
+        iov_len: len,
     };
-    let inject = flags & INJECT != 0;
-    if len > ep.max_msg || (inject && len > INJECT_SIZE) {
-        return err(sys::FI_EINVAL) as isize;
-    }
-    // SAFETY: the caller's promise.
-    let mem = match unsafe { lent(buf, len) } {
-        Ok(m) => m,
-        Err(rc) => return rc,
-    };
-    send_body(ep, mem, None, dest, space, data, context, flags)
+    // SAFETY: the caller's promise, for the one entry.
+    unsafe { post_sendv(ep, &one, 1, dest, space, data, context, flags) }
 }
 
-/// A send whose body is in `count` I/O vector entries: one is sent from
-/// where it is; several are first gathered into a buffer the send keeps
-/// (the BTL sends from one place).
+/// A send whose body is in `count` I/O vector entries: none is a message
+/// of no bytes, one is sent from where it is, and several are first
+/// gathered into a buffer the send keeps (the BTL sends from one place).
 ///
 /// # Safety
 /// As [`post_send`], for each entry of `iov`, which holds `count`.
@@ -224,69 +216,46 @@ unsafe fn post_sendv(
     context: *mut c_void,
     flags: u64,
 ) -> isize {
-    if count <= 1 {
-        // SAFETY: the caller's promise, for the vector and its one entry.
-        return unsafe {
-            match one_iov(iov, count) {
-                Ok((buf, len)) => post_send(ep, buf, len, dest, space, data, context, flags),
-                Err(rc) => rc,
-            }
-        };
-    }
-    if count > SEND_IOV_LIMIT || iov.is_null() {
-        return err(sys::FI_EINVAL) as isize;
-    }
     // SAFETY: a fid_ep starts with its fid.
-    let Some(obj) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
+    let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
         return err(sys::FI_EINVAL) as isize;
     };
-    // SAFETY: the caller's promise: `count` entries.
-    let entries = unsafe { std::slice::from_raw_parts(iov, count) };
+    if count > SEND_IOV_LIMIT || (count > 0 && iov.is_null()) {
+        return err(sys::FI_EINVAL) as isize;
+    }
+    let entries = if count == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the caller's promise: `count` entries, checked non-null.
+        unsafe { std::slice::from_raw_parts(iov, count) }
+    };
     let Some(len) = entries
         .iter()
         .try_fold(0usize, |sum, v| sum.checked_add(v.iov_len))
     else {
         return err(sys::FI_EINVAL) as isize;
     };
-    if len > obj.max_msg || (flags & INJECT != 0 && len > INJECT_SIZE) {
+    if len > ep.max_msg || (flags & INJECT != 0 && len > INJECT_SIZE) {
         return err(sys::FI_EINVAL) as isize;
     }
-    let mut body = Vec::with_capacity(len);
-    for v in entries {
-        if v.iov_len == 0 {
-            continue;
+    let (mem, gathered) = if let [one] = entries {
+        // SAFETY: the caller's promise: `iov_len` bytes lent at `iov_base`.
+        match unsafe { lent(one.iov_base, one.iov_len) } {
+            Ok(mem) => (mem, None),
+            Err(rc) => return rc,
         }
-        if v.iov_base.is_null() {
-            return err(sys::FI_EINVAL) as isize;
+    } else {
+        let mut body = match gather(entries, len) {
+            Ok(b) => b,
+            Err(rc) => return rc,
+        };
+        // SAFETY: the box's bytes stay where they are, and the send keeps
+        // the box (`gathered`) for as long as it may read them.
+        match unsafe { lent(body.as_mut_ptr() as *const c_void, len) } {
+            Ok(mem) => (mem, Some(body)),
+            Err(rc) => return rc,
         }
-        // SAFETY: the caller lends `iov_len` readable bytes at `iov_base`.
-        body.extend_from_slice(unsafe {
-            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
-        });
-    }
-    let mut body = body.into_boxed_slice();
-    // SAFETY: the box's bytes stay where they are, and the send keeps the
-    // box (`gathered`) for as long as it may read them.
-    let mem = match unsafe { lent(body.as_mut_ptr() as *const c_void, len) } {
-        Ok(m) => m,
-        Err(rc) => return rc,
     };
-    send_body(obj, mem, Some(body), dest, space, data, context, flags)
-}
-
-/// Posts a send of `mem` (kept alive by `gathered` where the provider
-/// gathered it) from `ep`.
-#[allow(clippy::too_many_arguments)]
-fn send_body(
-    ep: &EpObj,
-    mem: Option<UserMem>,
-    gathered: Option<Box<[u8]>>,
-    dest: u64,
-    space: Space,
-    data: Option<u64>,
-    context: *mut c_void,
-    flags: u64,
-) -> isize {
     let selective = {
         let b = ep.bound();
         if !b.enabled {
@@ -312,6 +281,25 @@ fn send_body(
             gathered,
         },
     ))
+}
+
+/// Several I/O vector entries of `len` bytes in all, copied into one
+/// buffer.
+fn gather(entries: &[sys::iovec], len: usize) -> Result<Box<[u8]>, isize> {
+    let mut body = Vec::with_capacity(len);
+    for v in entries {
+        if v.iov_len == 0 {
+            continue;
+        }
+        if v.iov_base.is_null() {
+            return Err(err(sys::FI_EINVAL) as isize);
+        }
+        // SAFETY: the caller lends `iov_len` readable bytes at `iov_base`.
+        body.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+        });
+    }
+    Ok(body.into_boxed_slice())
 }
 
 /// A receive of up to `len` bytes into `buf`.

@@ -220,6 +220,13 @@ unsafe fn post_sendv(
     let Some(ep) = (unsafe { EpObj::from_fid(ep.cast()) }) else {
         return err(sys::FI_EINVAL) as isize;
     };
+    let selective = {
+        let b = ep.bound();
+        if !b.enabled {
+            return err(sys::FI_EOPBADSTATE) as isize;
+        }
+        b.selective
+    };
     if count > SEND_IOV_LIMIT || (count > 0 && iov.is_null()) {
         return err(sys::FI_EINVAL) as isize;
     }
@@ -255,13 +262,6 @@ unsafe fn post_sendv(
             Ok(mem) => (mem, Some(body)),
             Err(rc) => return rc,
         }
-    };
-    let selective = {
-        let b = ep.bound();
-        if !b.enabled {
-            return err(sys::FI_EOPBADSTATE) as isize;
-        }
-        b.selective
     };
     post_rc(ep.domain().engine.send(
         ep.number,

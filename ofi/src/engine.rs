@@ -766,7 +766,9 @@ impl<C: Context> Ops for Engine<C> {
                 _body: None,
             };
             match found {
-                Some(h) => complete_recv(&core.targets, &op, Outcome::Done, &received(&h)),
+                Some((h, data)) => {
+                    complete_recv(&core.targets, &op, Outcome::Done, &peeked(&h, data))
+                }
                 None => {
                     let entry = Entry {
                         context: a.context,
@@ -1231,14 +1233,15 @@ fn take_work(core: &mut EpCore) -> Vec<Work> {
     work
 }
 
-/// What a peek reports of the message it found.
-fn received(h: &Header) -> Received {
+/// What a peek reports of the message it found: its header and remote
+/// CQ data.
+fn peeked(h: &Header, data: Option<u64>) -> Received {
     Received {
         from: h.from,
         tag: h.tag,
         len: h.len,
         offset: 0,
-        data: None,
+        data,
         released: true,
     }
 }

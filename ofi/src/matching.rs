@@ -152,9 +152,12 @@ pub enum Posted<M> {
 
 /// What FI_PEEK saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peeked {
+pub struct Peeked<'a, M> {
     /// The matching message's header.
     pub head: Header,
+    /// The message itself, still waiting (what else a completion reports
+    /// of it, its remote CQ data, is there).
+    pub msg: &'a M,
 }
 
 struct Receive {
@@ -279,22 +282,28 @@ impl<M> Matcher<M> {
     }
 
     /// FI_PEEK: the oldest unclaimed unexpected message a receive would take.
-    pub fn peek(&self, want: &Want) -> Option<Peeked> {
+    pub fn peek(&self, want: &Want) -> Option<Peeked<'_, M>> {
         self.unexpected
             .iter()
             .find(|w| w.claim.is_none() && want.takes(&w.head))
-            .map(|w| Peeked { head: w.head })
+            .map(|w| Peeked {
+                head: w.head,
+                msg: &w.msg,
+            })
     }
 
     /// FI_PEEK | FI_CLAIM: as [`peek`](Self::peek), and the message is then
     /// kept for `claim` alone.
-    pub fn peek_claim(&mut self, want: &Want, claim: ClaimId) -> Option<Peeked> {
+    pub fn peek_claim(&mut self, want: &Want, claim: ClaimId) -> Option<Peeked<'_, M>> {
         let w = self
             .unexpected
             .iter_mut()
             .find(|w| w.claim.is_none() && want.takes(&w.head))?;
         w.claim = Some(claim);
-        Some(Peeked { head: w.head })
+        Some(Peeked {
+            head: w.head,
+            msg: &w.msg,
+        })
     }
 
     /// FI_PEEK | FI_DISCARD: drops the oldest unclaimed message a receive

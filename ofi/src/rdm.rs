@@ -188,6 +188,15 @@ enum Arrived {
     },
 }
 
+impl Arrived {
+    /// The remote CQ data the sender gave, if any.
+    fn data(&self) -> Option<u64> {
+        match self {
+            Arrived::Eager { data, .. } | Arrived::Rts { data, .. } => *data,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct SendState {
     op: OpRef,
@@ -459,12 +468,14 @@ impl Rdm {
     }
 
     /// FI_PEEK (with `claim`, FI_PEEK | FI_CLAIM) in the tagged space: the
-    /// header of the oldest matching message, if one waits.
-    pub fn peek(&mut self, want: &Want, claim: Option<ClaimId>) -> Option<Header> {
-        match claim {
-            None => self.tagged.peek(want).map(|p| p.head),
-            Some(c) => self.tagged.peek_claim(want, c).map(|p| p.head),
-        }
+    /// header of the oldest matching message, if one waits, and its remote
+    /// CQ data if the sender gave some.
+    pub fn peek(&mut self, want: &Want, claim: Option<ClaimId>) -> Option<(Header, Option<u64>)> {
+        let found = match claim {
+            None => self.tagged.peek(want),
+            Some(c) => self.tagged.peek_claim(want, c),
+        };
+        found.map(|p| (p.head, p.msg.data()))
     }
 
     /// FI_CLAIM: receive `recv` of `len` bytes takes the message `claim`
@@ -662,9 +673,7 @@ impl Rdm {
         } else {
             Outcome::Done
         };
-        let data = match &arrived {
-            Arrived::Eager { data, .. } | Arrived::Rts { data, .. } => *data,
-        };
+        let data = arrived.data();
         let got = Received {
             from: head.from,
             tag: head.tag,

@@ -416,9 +416,15 @@ fn a_claimed_message_goes_to_its_claim_and_a_discarded_large_one_releases_its_se
     p.send(A, 2, Space::Tagged(6), None, pattern(500, 6), false);
     p.run();
     let want5 = tag_is(5);
-    assert_eq!(p.sides[1].rdm.peek(&want5, None).map(|h| h.len), Some(16));
     assert_eq!(
-        p.sides[1].rdm.peek(&want5, Some(ClaimId(1))).map(|h| h.len),
+        p.sides[1].rdm.peek(&want5, None).map(|(h, _)| h.len),
+        Some(16)
+    );
+    assert_eq!(
+        p.sides[1]
+            .rdm
+            .peek(&want5, Some(ClaimId(1)))
+            .map(|(h, _)| h.len),
         Some(16)
     );
     assert_eq!(p.sides[1].rdm.peek(&want5, None), None, "claimed");
@@ -432,6 +438,41 @@ fn a_claimed_message_goes_to_its_claim_and_a_discarded_large_one_releases_its_se
     let mut done = p.sides[0].sends_done.clone();
     done.sort();
     assert_eq!(done, [(1, Outcome::Done), (2, Outcome::Done)]);
+    p.assert_clean();
+}
+
+/// MPICH passes the sender's rank as remote CQ data and reads it from
+/// the completion of its MPI_Probe (FI_PEEK): a peek reports the data of
+/// the message it found, eager or rendezvous, claimed or not.
+#[test]
+fn a_peek_reports_the_remote_cq_data_of_the_message_it_found() {
+    let mut p = Pair::new(64);
+    p.send(A, 1, Space::Tagged(5), Some(0x2a), pattern(16, 5), false);
+    p.send(A, 2, Space::Tagged(6), Some(3), pattern(500, 6), false);
+    p.send(A, 3, Space::Tagged(7), None, pattern(8, 7), false);
+    p.run();
+    let peek = |p: &mut Pair, tag, claim| {
+        p.sides[1]
+            .rdm
+            .peek(&tag_is(tag), claim)
+            .map(|(h, d)| (h.len, d))
+    };
+    assert_eq!(peek(&mut p, 5, None), Some((16, Some(0x2a))), "eager");
+    assert_eq!(peek(&mut p, 6, None), Some((500, Some(3))), "rendezvous");
+    assert_eq!(peek(&mut p, 7, None), Some((8, None)), "no data");
+    assert_eq!(
+        peek(&mut p, 6, Some(ClaimId(1))),
+        Some((500, Some(3))),
+        "claimed"
+    );
+    p.sides[1].bufs.insert(10, vec![0; 500]);
+    assert!(p.sides[1].rdm.take_claimed(10, ClaimId(1), 500));
+    assert!(p.sides[1].rdm.peek(&tag_is(5), Some(ClaimId(2))).is_some());
+    assert!(p.sides[1].rdm.discard_claimed(ClaimId(2)));
+    assert!(p.sides[1].rdm.peek(&tag_is(7), Some(ClaimId(3))).is_some());
+    assert!(p.sides[1].rdm.discard_claimed(ClaimId(3)));
+    p.run();
+    assert_eq!(p.sides[1].bufs[&10], pattern(500, 6));
     p.assert_clean();
 }
 

@@ -302,7 +302,9 @@ static void special(void)
     m.context = &peek_ctx;
     CHECK(fi_trecvmsg(c->ep, &m, FI_PEEK) == 0, "peek");
     CHECK(wait_for(c, &peek_ctx, &e, NULL, &ee) == -FI_ENOMSG, "nothing to peek at yet");
-    CHECK(fi_tsend(a->ep, buf, 40, NULL, a->peer[2], 9, &sctx) == 0, "tsend tag 9");
+    /* With remote CQ data, which MPICH reads the sender's rank from when
+     * it probes. */
+    CHECK(fi_tsenddata(a->ep, buf, 40, NULL, 0x5eed, a->peer[2], 9, &sctx) == 0, "tsenddata tag 9");
     CHECK(wait_for(a, &sctx, &e, NULL, &ee) == 0, "sent");
     for (int tries = 0;; tries++) {
         m.context = &claim_ctx;
@@ -311,14 +313,17 @@ static void special(void)
         if (r != -FI_ENOMSG || tries > 1000)
             break;
     }
-    CHECK(r == 0 && e.len == 40 && e.tag == 9, "peeked: %d, %zu B, tag %llu", r, e.len, (unsigned long long) e.tag);
+    CHECK(r == 0 && e.len == 40 && e.tag == 9 && (e.flags & FI_REMOTE_CQ_DATA) && e.data == 0x5eed,
+          "peeked: %d, %zu B, tag %llu, data %#llx", r, e.len, (unsigned long long) e.tag,
+          (unsigned long long) e.data);
     m.context = &peek_ctx;
     CHECK(fi_trecvmsg(c->ep, &m, FI_PEEK) == 0, "peek again");
     CHECK(wait_for(c, &peek_ctx, &e, NULL, &ee) == -FI_ENOMSG, "a claimed message is no one else's");
     memset(out, 0, sizeof out);
     m.context = &claim_ctx;
     CHECK(fi_trecvmsg(c->ep, &m, FI_CLAIM) == 0, "receive the claimed message");
-    CHECK(wait_for(c, &claim_ctx, &e, NULL, &ee) == 0 && e.len == 40 && !memcmp(out, buf, 40), "claimed bytes");
+    CHECK(wait_for(c, &claim_ctx, &e, NULL, &ee) == 0 && e.len == 40 && !memcmp(out, buf, 40) && e.data == 0x5eed,
+          "claimed bytes and data");
     m.context = &claim_ctx;
     CHECK(fi_trecvmsg(c->ep, &m, FI_CLAIM) == -FI_EINVAL, "nothing claimed any more");
 

@@ -67,3 +67,33 @@ mpi_setup() {
         *) echo "mpi_setup: no library $name" >&2; return 1 ;;
     esac
 }
+
+# mpi_hosts NAME VENV PER: sets mpi_hosts, the options that place PER ranks
+# on each of the two nodes n1 and n2 of a two-node softrdma-vm guest
+# (started through scripts/netns-rsh), for library NAME as mpi_setup names
+# it; on one node (PER empty), what lets Open MPI put more ranks than cores.
+mpi_hosts() {
+    local name=$1 venv=$2 per=${3:-} rsh=$PWD/scripts/netns-rsh
+    mpi_hosts=()
+    case $name in
+        mpich | impi | rsmpi)
+            [ -z "$per" ] || mpi_hosts=(-launcher rsh -launcher-exec "$rsh" -hosts n1,n2 -ppn "$per") ;;
+        openmpi)
+            mpi_hosts=(--map-by :OVERSUBSCRIBE)
+            [ -z "$per" ] || mpi_hosts=(--prefix "$venv" --host "n1:$per,n2:$per" --map-by node:OVERSUBSCRIBE
+                                        --prtemca plm_ssh_agent "$rsh") ;;
+        ompi4*)
+            mpi_hosts=(--oversubscribe)
+            [ -z "$per" ] || mpi_hosts=(--oversubscribe --host "n1:$per,n2:$per" --map-by node --mca plm rsh
+                                        --mca plm_rsh_agent "$rsh") ;;
+    esac
+}
+
+# mpi_two_nodes: inside a two-node softrdma-vm guest, names n1 and n2 in
+# /etc/hosts and sets mpi_launch, the prefix that starts a launcher on n1
+# under that host name (the other ranks' processes start through
+# netns-rsh, and find n1 by name).
+mpi_two_nodes() {
+    grep -q ' n2$' /etc/hosts || printf '192.168.77.1 n1\n192.168.77.2 n2\n' >>/etc/hosts
+    mpi_launch=(ip netns exec n1 unshare -u sh -c 'hostname n1 && exec "$@"' launch)
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""The tables of scripts/perf-ofi, in Markdown, from one device's raw lines.
+
+    perf-ofi-report.py RAW DEVICE
+
+RAW has one line a measurement, `ROUND BENCH SIZE STACK VALUE...`:
+
+- `pingpong`: fi_pingpong's usec/xfer and MB/s;
+- `LIB-latency`: osu_mpi latency's microseconds through library LIB;
+- `LIB-bw`: osu_mpi bw's MB/s through LIB;
+
+and `instructions STACK N` lines: user-space instructions per 8-byte
+round trip. Each table gives a stack's median over the rounds and, for
+every stack but xrc, xrc's value over that stack's: the median of the
+rounds' ratios with their range (time for pingpong and latency, lower is
+better for xrc; bandwidth for bw, higher is better).
+"""
+import statistics
+import sys
+
+BENCH_TITLES = {
+    "pingpong": "fi_pingpong -e rdm -m tagged: one-way time (us) and MB/s",
+    "latency": "osu_mpi latency through {lib}: one-way time (us)",
+    "bw": "osu_mpi bw through {lib}: MB/s",
+}
+
+
+def order(stacks):
+    return sorted(stacks, key=lambda s: (s != "xrc", s))
+
+
+def cell(values):
+    return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+
+
+def main(raw, device):
+    got, instr = {}, {}
+    for line in open(raw):
+        f = line.split()
+        if not f:
+            continue
+        if f[0] == "instructions":
+            instr[f[1]] = int(f[2])
+            continue
+        rnd, bench, size, stack = int(f[0]), f[1], int(f[2]), f[3]
+        got.setdefault(bench, {}).setdefault((size, stack), {})[rnd] = [float(v) for v in f[4:]]
+    rounds = max((max(r) for b in got.values() for r in b.values()), default=0)
+    print(f"### {device}, {rounds} round(s)\n")
+    for bench in sorted(got, key=lambda b: (b != "pingpong", b)):
+        cells = got[bench]
+        kind = bench.rsplit("-", 1)[-1]
+        lib = bench.rsplit("-", 1)[0]
+        stacks = order({s for _, s in cells})
+        others = [s for s in stacks if s != "xrc"]
+        print(f"#### {BENCH_TITLES[kind].format(lib=lib)}\n")
+        head = ["size"]
+        for s in stacks:
+            head += [f"{s} us", f"{s} MB/s"] if kind == "pingpong" else [s]
+        head += [f"xrc/{s}" for s in others]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for size in sorted({n for n, _ in cells}):
+            row = [str(size)]
+            for s in stacks:
+                v = list(cells.get((size, s), {}).values())
+                width = 2 if kind == "pingpong" else 1
+                row += [f"{statistics.median(x[i] for x in v):.2f}" if v else "-" for i in range(width)]
+            for s in others:
+                x, o = cells.get((size, "xrc"), {}), cells.get((size, s), {})
+                r = [x[k][0] / o[k][0] for k in x if k in o and o[k][0] > 0]
+                row.append(cell(r) if r else "-")
+            print("| " + " | ".join(row) + " |")
+        print()
+    if instr:
+        print("#### user-space instructions per 8-byte fi_pingpong round trip (client, callgrind)\n")
+        stacks = order(instr)
+        print("| " + " | ".join(stacks + [f"xrc/{s}" for s in stacks if s != "xrc"]) + " |")
+        print("|" + "---|" * (2 * len(stacks) - 1))
+        ratios = [f"{instr['xrc'] / instr[s]:.2f}" if "xrc" in instr else "-" for s in stacks if s != "xrc"]
+        print("| " + " | ".join([str(instr[s]) for s in stacks] + ratios) + " |")
+        print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -100,7 +100,8 @@ static void test_p2p(void)
     passed("p2p");
 }
 
-/* MPI_Ssend, MPI_Probe/Iprobe and wildcard receives. */
+/* MPI_Ssend, MPI_Probe/Iprobe, matched probes (MPI_Mprobe/Mrecv,
+ * MPI_Improbe/Imrecv) and wildcard receives. */
 static void test_sync(void)
 {
     size_t lens[] = {0, 10, 5000, 100000, 3u << 20};
@@ -132,6 +133,31 @@ static void test_sync(void)
         } else {
             while (!flag) MPI_Iprobe(peer, 9, MPI_COMM_WORLD, &flag, &st);
             MPI_Recv(&count, sizeof i, MPI_BYTE, peer, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+        /* Matched probes: MPI_Mprobe and MPI_Mrecv with a wildcard source,
+         * then MPI_Improbe until it matches, and MPI_Imrecv. A message a
+         * matched probe took is no other receive's. */
+        if (rank < peer) {
+            fill(b, rank, len);
+            MPI_Send(b, (int) len, MPI_BYTE, peer, 600 + (int) i, MPI_COMM_WORLD);
+            MPI_Send(b, (int) len, MPI_BYTE, peer, 700 + (int) i, MPI_COMM_WORLD);
+        } else {
+            MPI_Message m;
+            MPI_Request q;
+            MPI_Mprobe(MPI_ANY_SOURCE, 600 + (int) i, MPI_COMM_WORLD, &m, &st);
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            CHECK(st.MPI_SOURCE == peer && (size_t) count == len, "mprobe: source %d count %d", st.MPI_SOURCE, count);
+            memset(b, 0, len);
+            MPI_Mrecv(b, count, MPI_BYTE, &m, &st);
+            CHECK(m == MPI_MESSAGE_NULL && wrong(b, peer, len) < 0, "mrecv of %zu", len);
+            flag = 0;
+            while (!flag) MPI_Improbe(peer, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &m, &st);
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            CHECK(st.MPI_TAG == 700 + (int) i && (size_t) count == len, "improbe: tag %d count %d", st.MPI_TAG, count);
+            memset(b, 0, len);
+            MPI_Imrecv(b, count, MPI_BYTE, &m, &q);
+            MPI_Wait(&q, &st);
+            CHECK(st.MPI_SOURCE == peer && wrong(b, peer, len) < 0, "imrecv of %zu", len);
         }
         free(b);
     }

@@ -11,8 +11,9 @@ RAW has one line a measurement, `ROUND BENCH SIZE STACK VALUE...`:
 
 and `instructions STACK N` lines: user-space instructions per 8-byte
 round trip. Each table gives a stack's median over the rounds and, for
-every stack but xrc, xrc's value over that stack's: the median of the
-rounds' ratios with their range (time for pingpong and latency, lower is
+each xrc row (xrc, and xrc-spin: the same without yielding the CPU when
+idle) against each libfabric stack, the xrc row's value over the stack's:
+the median of the rounds' ratios with their range (time for pingpong and latency, lower is
 better for xrc; bandwidth for bw, higher is better).
 """
 import statistics
@@ -26,7 +27,13 @@ BENCH_TITLES = {
 
 
 def order(stacks):
-    return sorted(stacks, key=lambda s: (s != "xrc", s))
+    return sorted(stacks, key=lambda s: (not s.startswith("xrc"), s))
+
+
+def pairs(stacks):
+    """(ours, theirs) for every xrc row against every libfabric stack."""
+    ours = [s for s in stacks if s.startswith("xrc")]
+    return [(o, s) for o in ours for s in stacks if not s.startswith("xrc")]
 
 
 def cell(values):
@@ -51,12 +58,12 @@ def main(raw, device):
         kind = bench.rsplit("-", 1)[-1]
         lib = bench.rsplit("-", 1)[0]
         stacks = order({s for _, s in cells})
-        others = [s for s in stacks if s != "xrc"]
+        versus = pairs(stacks)
         print(f"#### {BENCH_TITLES[kind].format(lib=lib)}\n")
         head = ["size"]
         for s in stacks:
             head += [f"{s} us", f"{s} MB/s"] if kind == "pingpong" else [s]
-        head += [f"xrc/{s}" for s in others]
+        head += [f"{o}/{s}" for o, s in versus]
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for size in sorted({n for n, _ in cells}):
@@ -65,8 +72,8 @@ def main(raw, device):
                 v = list(cells.get((size, s), {}).values())
                 width = 2 if kind == "pingpong" else 1
                 row += [f"{statistics.median(x[i] for x in v):.2f}" if v else "-" for i in range(width)]
-            for s in others:
-                x, o = cells.get((size, "xrc"), {}), cells.get((size, s), {})
+            for mine, s in versus:
+                x, o = cells.get((size, mine), {}), cells.get((size, s), {})
                 r = [x[k][0] / o[k][0] for k in x if k in o and o[k][0] > 0]
                 row.append(cell(r) if r else "-")
             print("| " + " | ".join(row) + " |")
@@ -74,9 +81,10 @@ def main(raw, device):
     if instr:
         print("#### user-space instructions per 8-byte fi_pingpong round trip (client, callgrind)\n")
         stacks = order(instr)
-        print("| " + " | ".join(stacks + [f"xrc/{s}" for s in stacks if s != "xrc"]) + " |")
-        print("|" + "---|" * (2 * len(stacks) - 1))
-        ratios = [f"{instr['xrc'] / instr[s]:.2f}" if "xrc" in instr else "-" for s in stacks if s != "xrc"]
+        versus = pairs(stacks)
+        print("| " + " | ".join(stacks + [f"{o}/{s}" for o, s in versus]) + " |")
+        print("|" + "---|" * (len(stacks) + len(versus)))
+        ratios = [f"{instr[o] / instr[s]:.2f}" for o, s in versus]
         print("| " + " | ".join([str(instr[s]) for s in stacks] + ratios) + " |")
         print()
 

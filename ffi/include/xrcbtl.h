@@ -80,7 +80,7 @@
  * The ABI version this header describes; `xrcbtl_abi_version` returns the
  * library's. They must be equal.
  */
-#define XRCBTL_ABI_VERSION 2
+#define XRCBTL_ABI_VERSION 3
 
 /**
  * Longest address `xrcbtl_address` writes.
@@ -210,6 +210,16 @@
  * control.
  */
 #define XRCBTL_INFO_CREDITS (1 << 2)
+
+/**
+ * `xrcbtl_info_t.flags`: the rank's rendezvous writes into the receiver's
+ * memory (put) rather than reading from the sender's (get), as it does on
+ * iWARP unless `XRCBTL_RNDV_PROTOCOL` says otherwise: there a read
+ * response waits for the responder's kernel thread (soft-iWARP) and the
+ * sink of a read must be open to remote writes. A caller with a
+ * rendezvous of its own (Open MPI's ob1) should prefer put too.
+ */
+#define XRCBTL_INFO_PREFERS_PUT (1 << 3)
 
 /**
  * A simulated job (opaque to C).
@@ -373,6 +383,14 @@ typedef struct {
    * Sending QPs alive now.
    */
   uint64_t live_qps;
+  /**
+   * Registrations the cache served from a region it held.
+   */
+  uint64_t reg_hits;
+  /**
+   * Registrations that took a new device registration.
+   */
+  uint64_t reg_misses;
 } xrcbtl_stats_t;
 
 /**

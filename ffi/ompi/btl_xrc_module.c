@@ -6,6 +6,7 @@
  */
 #include "btl_xrc.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +32,8 @@ mca_btl_xrc_module_t mca_btl_xrc_module_template = {
     .super = {
         .btl_component = &mca_btl_xrc_component.super,
         /* Sizes include ob1's header; init caps them at what xrcbtl sends
-         * eagerly. Larger contiguous messages go by RDMA get (RGET). */
+         * eagerly. Larger contiguous messages go by RDMA get (RGET), on
+         * iWARP by ob1's put pipeline (init drops GET there). */
         .btl_eager_limit = 8192,
         .btl_rndv_eager_limit = 8192,
         .btl_max_send_size = 8192,
@@ -319,6 +321,7 @@ static int xrc_finalize(mca_btl_base_module_t *btl)
 {
     mca_btl_xrc_module_t *m = (mca_btl_xrc_module_t *) btl;
     mca_btl_xrc_counters_t *k = &m->counters;
+    xrcbtl_stats_t st;
     int rc;
 
     (void) mca_btl_xrc_complete_sends(m);
@@ -328,10 +331,15 @@ static int xrc_finalize(mca_btl_base_module_t *btl)
         xrcbtl_last_error(msg, sizeof msg);
         XRC_VERBOSE(1, "leaving: %s (going anyway)", msg);
     }
+    /* registrations counts ob1's and osc's register_mem calls; xrcbtl's
+     * cache counts those and its own (zero-copy sends, loopback): a hit was
+     * served from a region it held, a miss took a device registration. */
+    memset(&st, 0, sizeof st);
+    (void) xrcbtl_stats(m->xrc, &st);
     XRC_VERBOSE(1, "rank %u carried: sends %ld, sendi %ld, received %ld, puts %ld, gets %ld, atomics %ld, "
-                   "registrations %ld, peers %ld",
+                   "registrations %ld, peers %ld; registration cache: hits %" PRIu64 ", misses %" PRIu64,
                 m->info.rank, (long) k->sends, (long) k->sendi, (long) k->received, (long) k->puts, (long) k->gets,
-                (long) k->atomics, (long) k->registrations, (long) k->add_procs);
+                (long) k->atomics, (long) k->registrations, (long) k->add_procs, st.reg_hits, st.reg_misses);
     rc = xrcbtl_destroy(m->xrc);
     for (uint32_t i = 0; i < m->eps_len; i++) {
         free(m->eps[i]);

@@ -848,6 +848,7 @@ pub unsafe extern "C" fn xrcbtl_query(btl: *mut xrcbtl_t, out: *mut xrcbtl_info_
             info.flags |= if caps.atomics { XRCBTL_INFO_ATOMICS } else { 0 };
             info.flags |= if b.uses_credits() { XRCBTL_INFO_CREDITS } else { 0 };
             info.flags |= if h.in_sim { XRCBTL_INFO_SIMULATED } else { 0 };
+            info.flags |= if b.config().rndv_protocol.is_put(caps.transport) { XRCBTL_INFO_PREFERS_PUT } else { 0 };
             info.max_send_size = b.max_send_size() as u64;
             info.max_inline = b.config().max_inline.min(caps.max_inline);
             info.max_registration = caps.max_mr_size;
@@ -871,6 +872,7 @@ pub unsafe extern "C" fn xrcbtl_stats(btl: *mut xrcbtl_t, out: *mut xrcbtl_stats
         let s = on_btl!(h, b => {
             let s = b.stats();
             let (created, live) = b.with_manager(|m| (m.counters().qps_created, m.live_qps()));
+            let cache = b.rcache_stats();
             xrcbtl_stats_t {
                 eager_sent: s.eager_sent,
                 inline_sent: s.inline_sent,
@@ -884,6 +886,8 @@ pub unsafe extern "C" fn xrcbtl_stats(btl: *mut xrcbtl_t, out: *mut xrcbtl_stats
                 lost: s.lost,
                 qps_created: created,
                 live_qps: live as u64,
+                reg_hits: cache.hits,
+                reg_misses: cache.misses,
             }
         });
         // SAFETY: the caller's promise.

@@ -10,7 +10,7 @@ use crate::handle::xrcbtl_t;
 
 /// The ABI version this header describes; `xrcbtl_abi_version` returns the
 /// library's. They must be equal.
-pub const XRCBTL_ABI_VERSION: u32 = 2;
+pub const XRCBTL_ABI_VERSION: u32 = 3;
 
 /// Longest address `xrcbtl_address` writes.
 pub const XRCBTL_ADDRESS_MAX: usize = 322;
@@ -188,6 +188,13 @@ pub const XRCBTL_INFO_SIMULATED: u32 = 1 << 1;
 /// `xrcbtl_info_t.flags`: the device has no RNR (iWARP): credit flow
 /// control.
 pub const XRCBTL_INFO_CREDITS: u32 = 1 << 2;
+/// `xrcbtl_info_t.flags`: the rank's rendezvous writes into the receiver's
+/// memory (put) rather than reading from the sender's (get), as it does on
+/// iWARP unless `XRCBTL_RNDV_PROTOCOL` says otherwise: there a read
+/// response waits for the responder's kernel thread (soft-iWARP) and the
+/// sink of a read must be open to remote writes. A caller with a
+/// rendezvous of its own (Open MPI's ob1) should prefer put too.
+pub const XRCBTL_INFO_PREFERS_PUT: u32 = 1 << 3;
 
 /// What a rank is and can do (`xrcbtl_query`).
 #[repr(C)]
@@ -240,6 +247,10 @@ pub struct xrcbtl_stats_t {
     pub qps_created: u64,
     /// Sending QPs alive now.
     pub live_qps: u64,
+    /// Registrations the cache served from a region it held.
+    pub reg_hits: u64,
+    /// Registrations that took a new device registration.
+    pub reg_misses: u64,
 }
 
 /// One setting (`xrcbtl_settings`).

@@ -174,6 +174,8 @@ static void sim_job(uint32_t device, const char *name)
     OK(xrcbtl_query(r[0], &info));
     EXPECT(info.rank == 0 && (info.flags & XRCBTL_INFO_SIMULATED));
     EXPECT(info.mode == (device == XRCBTL_SIM_IB ? XRCBTL_MODE_XRC : XRCBTL_MODE_RC));
+    /* Rendezvous write on iWARP, read elsewhere (XRCBTL_RNDV_PROTOCOL auto). */
+    EXPECT(!!(info.flags & XRCBTL_INFO_PREFERS_PUT) == (device == XRCBTL_SIM_IWARP));
     EXPECT(strcmp(info.device, "sim0") == 0);
     max = xrcbtl_max_send_size(r[0]);
     EXPECT(max == info.max_send_size && max >= 4096);
@@ -263,6 +265,17 @@ static void sim_job(uint32_t device, const char *name)
         OK(xrcbtl_register_am(r[0], TAG_HANDLE, on_handle, &in[0]));
         run_until(&in[0].have_handle, 1);
         OK(xrcbtl_register_mem(r[0], mine, LEN, 0, &mreg));
+        {
+            /* A piece of a region the cache holds is served from it. */
+            xrcbtl_stats_t before, after;
+            xrcbtl_mem_t piece;
+            OK(xrcbtl_stats(r[0], &before));
+            EXPECT(before.reg_misses >= 1);
+            OK(xrcbtl_register_mem(r[0], mine + 64, 1024, 0, &piece));
+            OK(xrcbtl_stats(r[0], &after));
+            EXPECT(after.reg_hits == before.reg_hits + 1 && after.reg_misses == before.reg_misses);
+            OK(xrcbtl_deregister_mem(r[0], &piece));
+        }
 
         OK(xrcbtl_put(r[0], 3, &mreg, mine + 100, in[0].handle, treg.addr + 1000, 30000, on_done, &d, &op));
         run_until(&d.finished, 1);

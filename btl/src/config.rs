@@ -122,6 +122,10 @@ impl RndvProtocol {
 /// parts longer than this is refused as malformed.
 pub const MAX_SPLIT: usize = 4 << 20;
 
+/// The longest rendezvous a receiver accepts, whatever
+/// [`BtlConfig::rndv_max`] says.
+pub(crate) const MAX_RNDV: u64 = 1 << 40;
+
 /// Which payloads go eagerly: sent in one message into a receive buffer
 /// the peer posted in advance, which is this large (plus the header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -533,13 +537,7 @@ impl BtlConfig {
                 128,
                 "fragments",
             ),
-            (
-                "XRCBTL_RNDV_MAX",
-                self.rndv_max,
-                1 << 20,
-                crate::core::MAX_RNDV,
-                "bytes",
-            ),
+            ("XRCBTL_RNDV_MAX", self.rndv_max, 1 << 20, MAX_RNDV, "bytes"),
             (
                 "XRCBTL_SEND_SLOTS",
                 self.send_slots.into(),

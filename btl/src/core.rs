@@ -19,7 +19,7 @@ use xrcbtl_fabric::{
 use xrcbtl_progress::{Batch, WrSlab};
 use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 
-use crate::config::BtlConfig;
+use crate::config::{BtlConfig, MAX_RNDV};
 use crate::conn::{ConnDriver, ConnEvent};
 use crate::ep::{Endpoints, EpState, Item, Kept, Msg, Path, Store, Work};
 use crate::iface::Iface;
@@ -72,8 +72,6 @@ fn sink_size(cap: usize) -> Option<usize> {
 fn sink_start(buf: &[u8]) -> usize {
     buf.as_ptr().align_offset(PAGE)
 }
-/// The longest rendezvous a receiver accepts.
-pub(crate) const MAX_RNDV: u64 = 1 << 40;
 
 /// The source of a rendezvous this rank sends: the data, kept alive and
 /// registered until the peer has it.

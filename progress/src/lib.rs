@@ -4,11 +4,6 @@
 //!   when its completion arrives, and refuse stale ids;
 //! - [`Batch`]: completions polled in bounded batches, so that one busy
 //!   queue cannot starve the rest of progress;
-//! - [`Callbacks`]: the components of a transport register a callback that
-//!   does their pending work and reports how much it did; a component that
-//!   has nothing outstanding takes itself off the queue;
-//! - [`SubmitQueue`]: lock-free submission of work from other threads (or
-//!   from inside callbacks), drained by progress;
 //! - [`ProgressThread`]: an optional thread that calls progress, and blocks
 //!   (on a completion channel, through the caller's wait function) when
 //!   there is nothing to do.
@@ -19,13 +14,9 @@
 #![forbid(unsafe_code)]
 
 mod batch;
-mod callbacks;
 mod slab;
-mod submit;
 mod thread;
 
 pub use batch::Batch;
-pub use callbacks::{CallbackId, Callbacks, Keep};
 pub use slab::WrSlab;
-pub use submit::{SubmitQueue, Submitter};
 pub use thread::{ProgressThread, ThreadConfig};

@@ -55,63 +55,6 @@ fn batches_are_bounded() {
 }
 
 #[test]
-fn callbacks_report_work_and_leave_when_done() {
-    let mut q: Callbacks<Vec<&'static str>> = Callbacks::new();
-    let mut left = 3;
-    let a = q.register(|log: &mut Vec<&'static str>| {
-        log.push("a");
-        Keep::Yes(1)
-    });
-    let b = q.register(move |log: &mut Vec<&'static str>| {
-        log.push("b");
-        left -= 1;
-        if left == 0 {
-            Keep::No(5)
-        } else {
-            Keep::Yes(0)
-        }
-    });
-    let mut log = Vec::new();
-    assert_eq!(q.run(&mut log), 1);
-    assert_eq!(q.run(&mut log), 1);
-    assert_eq!(q.run(&mut log), 6, "b's last call reports its work");
-    assert!(!q.contains(b));
-    assert_eq!(q.run(&mut log), 1);
-    assert_eq!(log, vec!["a", "b", "a", "b", "a", "b", "a"]);
-    assert!(q.unregister(a));
-    assert!(!q.unregister(a));
-    assert!(q.is_empty());
-}
-
-#[test]
-fn submissions_from_many_threads_are_each_drained_once() {
-    let q: SubmitQueue<(usize, usize)> = SubmitQueue::new();
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let s = q.submitter();
-            std::thread::spawn(move || {
-                for i in 0..10_000 {
-                    s.push((t, i));
-                }
-            })
-        })
-        .collect();
-    let mut next = [0usize; 4];
-    let mut total = 0;
-    while total < 40_000 {
-        total += q.drain(100, |(t, i)| {
-            assert_eq!(next[t], i, "one thread's submissions stay in order");
-            next[t] += 1;
-        });
-    }
-    for t in threads {
-        t.join().unwrap();
-    }
-    assert!(q.is_empty());
-    assert_eq!(q.submitter().pushed(), 40_000);
-}
-
-#[test]
 fn the_thread_progresses_blocks_when_idle_and_stops() {
     let work = Arc::new(AtomicUsize::new(100));
     let done = Arc::new(AtomicUsize::new(0));

@@ -38,7 +38,6 @@ use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 use crate::config::BtlConfig;
 use crate::conn::DriverStats;
 use crate::core::{Body, Core, Delivery, Source, UserReg};
-use crate::ep::Work;
 use crate::proto::atomic::{atomic, Atomic};
 use crate::proto::rma::transfer;
 use crate::proto::Local;
@@ -47,6 +46,7 @@ use crate::types::{
     OpResult, OpStatus, Peer, Receive, RegMem, RemotePtr, Tag,
 };
 use crate::wire::HEADER;
+use crate::work::Work;
 
 /// What a delivery runs, with its callbacks found.
 enum Job<C: Context> {
@@ -673,7 +673,7 @@ impl<C: Context> Btl<C> {
         };
         for rdma in std::iter::once(rdma).chain(fence) {
             if core.eps.get(ei).pending.is_empty() {
-                let item = crate::ep::Item {
+                let item = crate::work::Item {
                     order: core.eps.next_order(ei),
                     tries: 0,
                     work: Work::Rdma(rdma),

@@ -21,7 +21,7 @@ use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 
 use crate::config::{BtlConfig, MAX_RNDV};
 use crate::conn::{ConnDriver, ConnEvent};
-use crate::ep::{Endpoints, EpState, Item, Kept, Msg, Path, Store, Work};
+use crate::ep::{Endpoints, EpState, Kept, Path};
 use crate::iface::Iface;
 use crate::post::{PostedWr, SendQueue};
 use crate::proto::eager::Arrival;
@@ -33,6 +33,7 @@ use crate::types::{
     Receive, Tag,
 };
 use crate::wire::{self, Header, Kind, HEADER};
+use crate::work::{Item, Msg, Store, Work};
 use crate::wr_id::{RecvSlot, WrId};
 
 /// Give up on a work request after this many failed attempts.
@@ -999,7 +1000,7 @@ impl<C: Context> Core<C> {
             Work::Msg(m) => {
                 let mut body = [0u8; wire::CONTROL_MAX];
                 let n = (m.len as usize).min(body.len());
-                self.iface.bounce.copy_body(&m.store, &mut body[..n]);
+                m.store.copy_to(&self.iface.bounce, &mut body[..n]);
                 self.let_go(m.store);
                 if m.kind != Kind::Credit {
                     self.stats.lost += 1;

@@ -24,7 +24,6 @@ use xrcbtl_fabric::{
 use xrcbtl_xrc_conn::Mode;
 
 use crate::config::BtlConfig;
-use crate::ep::Store;
 use crate::wire::HEADER;
 use crate::wr_id::RecvSlot;
 
@@ -102,16 +101,6 @@ pub(crate) struct Slots<C: Context> {
 }
 
 impl<C: Context> Slots<C> {
-    /// Copies the first `out.len()` bytes of a message's body into `out`,
-    /// from wherever `store` keeps it (this slots' slot, or memory).
-    pub fn copy_body(&self, store: &Store, out: &mut [u8]) {
-        match (store, store.bytes()) {
-            (_, Some(body)) => out.copy_from_slice(&body[..out.len()]),
-            (Store::Slot(s), None) => self.read_to(*s, HEADER, out),
-            (_, None) => {}
-        }
-    }
-
     fn new(
         ctx: &C,
         pd: &C::Pd,

@@ -11,6 +11,7 @@
 //! | `core.rs` | the state behind the lock, and what progress does with it |
 //! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
 //! | [`conn`] | the connection driver: runs the XRC connection manager on the fabric (connections only) |
+//! | `work.rs` | work for a peer: messages, where their bodies are kept, RDMA operations |
 //! | `ep.rs` | endpoints, their pending queues and ordering rules |
 //! | `credits.rs` | credit flow control where the device has no RNR |
 //! | `wr_id.rs` | the wr_id space |
@@ -40,6 +41,7 @@ pub mod sim;
 pub mod threaded;
 mod types;
 pub mod wire;
+mod work;
 mod wr_id;
 
 pub use crate::btl::Btl;

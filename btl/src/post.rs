@@ -26,11 +26,11 @@ use xrcbtl_fabric::{Context, Error, Payload, Qp, QpCaps, SendOp, SendWr, Sge};
 
 use crate::core::Core;
 use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
-use crate::ep::{small_body, Item, Msg, Store, Work, SMALL_BODY};
 use crate::iface::Slots;
 use crate::proto::rndv::RESUME;
 use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::wire::{Header, Kind, HEADER};
+use crate::work::{small_body, Item, Msg, Store, Work, SMALL_BODY};
 use crate::wr_id::WrId;
 
 /// The largest message posted inline (the scratch buffer it is gathered
@@ -214,7 +214,7 @@ impl<C: Context> Core<C> {
                     // Decided as it goes: a put some of whose writes went
                     // on another connection asks for its RTR again.
                     let mut id = [0u8; 8];
-                    self.iface.bounce.copy_body(&m.store, &mut id);
+                    m.store.copy_to(&self.iface.bounce, &mut id);
                     let msg = u64::from_le_bytes(id);
                     if msg & RESUME == 0 && self.rndv.fin_resumes(msg, qpn) {
                         let marked = (msg | RESUME).to_le_bytes();
@@ -229,7 +229,7 @@ impl<C: Context> Core<C> {
                     // heap needs no slot.
                     let inline = &mut self.inline[..total];
                     inline[..HEADER].copy_from_slice(&hdr);
-                    self.iface.bounce.copy_body(&m.store, &mut inline[HEADER..]);
+                    m.store.copy_to(&self.iface.bounce, &mut inline[HEADER..]);
                     inline_len = total;
                 } else {
                     let s = match &mut m.store {

@@ -49,8 +49,6 @@ const FLOORS: &[(&str, u8)] = &[
 const NOT_YET: &[(&str, &str)] = &[
     // The callback aliases take `&Btl`: callbacks.rs, generic over it.
     ("types", "btl"),
-    // `Store` and the work vocabulary live in ep.rs: work.rs.
-    ("iface", "ep"),
     // post.rs is a second `impl Core`: `SendQueues`.
     ("post", "core"),
 ];

@@ -283,6 +283,9 @@ struct EpCore {
     rdm: Rdm,
     targets: Targets,
     ops: HashMap<OpRef, Op>,
+    /// The registrations of the places offered to writing senders, by
+    /// grant.
+    grants: HashMap<u64, MemReg>,
     next_op: OpRef,
 }
 
@@ -361,6 +364,9 @@ pub struct Engine<C: Context> {
     lookups: Arc<Mutex<Lookups<C>>>,
     eager_max: usize,
     unexpected_max: usize,
+    /// Large messages are written into the receives by their senders
+    /// ([`Rdm::with_writes`]), as the BTL's own rendezvous does here.
+    writes: bool,
 }
 
 impl<C: Context> std::fmt::Debug for Engine<C> {
@@ -406,12 +412,14 @@ impl<C: Context> Engine<C> {
             }
         });
         let eager_max = btl.max_send_size().saturating_sub(HEADER_MAX);
+        let writes = btl.config().rndv_protocol.is_put(btl.caps().transport);
         Engine {
             btl,
             state,
             lookups,
             eager_max,
             unexpected_max,
+            writes,
         }
     }
 
@@ -490,9 +498,10 @@ impl<C: Context> Ops for Engine<C> {
         lock(&self.state).eps.insert(
             ep,
             EpCore {
-                rdm: Rdm::new(ep, self.eager_max, self.unexpected_max),
+                rdm: Rdm::new(ep, self.eager_max, self.unexpected_max).with_writes(self.writes),
                 targets,
                 ops: HashMap::new(),
+                grants: HashMap::new(),
                 next_op: 1,
             },
         );
@@ -505,6 +514,9 @@ impl<C: Context> Ops for Engine<C> {
                 if let Some(reg) = op.reg {
                     let _ = self.btl.deregister_mem(reg);
                 }
+            }
+            for reg in core.grants.into_values() {
+                let _ = self.btl.deregister_mem(reg);
             }
         }
     }
@@ -1119,6 +1131,17 @@ enum Work {
         mem: Option<UserMem>,
         len: usize,
     },
+    ExposeRecv {
+        grant: u64,
+        mem: Option<UserMem>,
+    },
+    Write {
+        msg_id: u64,
+        to: u32,
+        local: Option<MemReg>,
+        remote: Exposed,
+        len: usize,
+    },
     Unexpose(MemReg),
 }
 
@@ -1227,6 +1250,40 @@ fn take_work(core: &mut EpCore) -> Vec<Work> {
                 if let Some(reg) = core.ops.get_mut(&op).and_then(|o| o.reg.take()) {
                     work.push(Work::Unexpose(reg));
                 }
+            }
+            Action::ExposeRecv {
+                grant,
+                recv,
+                offset,
+                len,
+            } => {
+                let mem = core
+                    .ops
+                    .get(&recv)
+                    .and_then(|o| o.mem)
+                    .and_then(|m| m.slice(offset, len).ok());
+                work.push(Work::ExposeRecv { grant, mem });
+            }
+            Action::UnexposeRecv { grant } => {
+                if let Some(reg) = core.grants.remove(&grant) {
+                    work.push(Work::Unexpose(reg));
+                }
+            }
+            Action::Write {
+                msg_id,
+                op,
+                to,
+                remote,
+                len,
+            } => {
+                let local = core.ops.get(&op).and_then(|o| o.reg);
+                work.push(Work::Write {
+                    msg_id,
+                    to: to.domain,
+                    local,
+                    remote,
+                    len,
+                });
             }
         }
     }
@@ -1446,6 +1503,52 @@ fn run<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, ep: u16, w: Work) {
             });
             if started.is_none() {
                 with_core(state, ep, |c| c.rdm.handle_read(read, false));
+            }
+        }
+        Work::ExposeRecv { grant, mem } => {
+            let reg = mem.and_then(|m| btl.register_mem(m, Access::REMOTE_WRITE).ok());
+            let mut kept = false;
+            with_core(state, ep, |c| {
+                let exposed = reg.map(|r| Exposed {
+                    addr: r.addr(),
+                    key: r.remote().rkey,
+                });
+                if let Some(r) = reg {
+                    c.grants.insert(grant, r);
+                    kept = true;
+                }
+                c.rdm.handle_recv_exposed(grant, exposed);
+            });
+            if let (Some(r), false) = (reg, kept) {
+                // The endpoint closed meanwhile: give it back.
+                let _ = btl.deregister_mem(r);
+            }
+        }
+        Work::Write {
+            msg_id,
+            to,
+            local,
+            remote,
+            len,
+        } => {
+            let started = local.and_then(|reg| {
+                let at = RemoteMem {
+                    addr: remote.addr,
+                    len: len as u64,
+                    rkey: remote.key,
+                }
+                .at(0);
+                let weak = Arc::downgrade(state);
+                let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+                    if let Some(state) = weak.upgrade() {
+                        with_core(&state, ep, |c| c.rdm.handle_written(msg_id, r.is_ok()));
+                        drive(btl, &state, ep);
+                    }
+                });
+                btl.put(to, reg.at(0), at, len, Some(done)).ok()
+            });
+            if started.is_none() {
+                with_core(state, ep, |c| c.rdm.handle_written(msg_id, false));
             }
         }
         Work::Unexpose(reg) => {

@@ -15,6 +15,13 @@
 //!   receiver matches it like any message, reads what fits straight into
 //!   the posted buffer, and answers Fin; the send completes on Fin (which
 //!   is delivery complete).
+//! - A receiver made [`Rdm::with_writes`] (where its BTL's rendezvous
+//!   writes: iWARP, whose reads soft-iWARP serves from a kernel thread)
+//!   does not read: it registers the place in the posted buffer for
+//!   remote writes and offers it (Cts). The sender writes its bytes there
+//!   and says Written on the same connection, which arrives after the
+//!   data is placed; the receiver completes the receive and answers Fin.
+//!   Every sender takes either answer to its Rts.
 //! - A receive that is shorter than the message completes with FI_ETRUNC
 //!   and the bytes that did not fit.
 //! - If a peer is lost, every send waiting on it fails, and so does every
@@ -131,6 +138,38 @@ pub enum Action {
         /// The bytes (already cut to what fits).
         bytes: Vec<u8>,
     },
+    /// Register `len` bytes of receive `recv` at `offset` for the peer to
+    /// write; the driver answers with [`Rdm::handle_recv_exposed`].
+    ExposeRecv {
+        /// This offer's number.
+        grant: u64,
+        /// The receive.
+        recv: OpRef,
+        /// Where in its buffer.
+        offset: usize,
+        /// How much.
+        len: usize,
+    },
+    /// Release the registration of offer `grant` (the writes are over).
+    UnexposeRecv {
+        /// The offer.
+        grant: u64,
+    },
+    /// Write the first `len` bytes of send `op`'s buffer to the place a
+    /// receiver offered; the driver answers with [`Rdm::handle_written`]
+    /// naming `msg_id`.
+    Write {
+        /// The message.
+        msg_id: u64,
+        /// The send.
+        op: OpRef,
+        /// To whom.
+        to: PeerEp,
+        /// The place offered.
+        remote: Exposed,
+        /// How much.
+        len: usize,
+    },
     /// Read `len` bytes of a peer's buffer into receive `recv` at `offset`;
     /// the driver answers with [`Rdm::handle_read`] naming `read`.
     Read {
@@ -204,6 +243,8 @@ struct SendState {
     req: SendReq,
     /// A rendezvous: waiting for Fin.
     rndv: bool,
+    /// The receiver's offer, once its Cts came (writing, or written).
+    grant: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -243,6 +284,12 @@ pub struct Rdm {
     next_msg_id: u64,
     reads: HashMap<u64, ReadState>,
     next_read: u64,
+    /// Large messages are written by their senders into offered places,
+    /// not read.
+    writes: bool,
+    /// Offers waiting for the sender's Written, by grant (numbered with
+    /// the reads).
+    grants: HashMap<u64, ReadState>,
     actions: VecDeque<Action>,
 }
 
@@ -263,8 +310,17 @@ impl Rdm {
             next_msg_id: 1,
             reads: HashMap::new(),
             next_read: 1,
+            writes: false,
+            grants: HashMap::new(),
             actions: VecDeque::new(),
         }
+    }
+
+    /// With `writes`, this endpoint has large messages written into its
+    /// receives by their senders (Cts, Written) rather than reading them.
+    pub fn with_writes(mut self, writes: bool) -> Self {
+        self.writes = writes;
+        self
     }
 
     /// The next thing to do.
@@ -272,11 +328,11 @@ impl Rdm {
         self.actions.pop_front()
     }
 
-    /// Operations in flight: sends, reads, posted receives.
+    /// Operations in flight: sends, reads and offers, posted receives.
     pub fn in_flight(&self) -> (usize, usize, usize) {
         (
             self.sends.len() + self.sent_wait.len(),
-            self.reads.len(),
+            self.reads.len() + self.grants.len(),
             self.recvs.len(),
         )
     }
@@ -316,7 +372,16 @@ impl Rdm {
         if rndv || req.delivery {
             // Completes on the receiver's Fin or Ack.
             let to = req.to;
-            self.sends.insert(msg_id, SendState { op, to, req, rndv });
+            self.sends.insert(
+                msg_id,
+                SendState {
+                    op,
+                    to,
+                    req,
+                    rndv,
+                    grant: None,
+                },
+            );
         } else {
             // Completes when the BTL has sent it.
             self.sent_wait.insert(op);
@@ -602,6 +667,18 @@ impl Rdm {
                 }
                 Ok(())
             }
+            Msg::Cts {
+                msg_id,
+                grant,
+                len,
+                addr,
+                key,
+                ..
+            } => self.handle_cts(from, msg_id, grant, len, Exposed { addr, key }),
+            Msg::Written { grant, status, .. } => {
+                self.handle_written_notice(from, grant, status);
+                Ok(())
+            }
             Msg::WriteData { .. } | Msg::KeyQuery { .. } | Msg::KeyReply { .. } => {
                 Err(RdmError::Malformed(
                     "an RMA notice or key lookup is the driver's, not a message to match".into(),
@@ -712,6 +789,26 @@ impl Rdm {
                     status: 0,
                 });
             }
+            Arrived::Rts { from, msg_id, .. } if self.writes => {
+                let grant = self.next_read;
+                self.next_read += 1;
+                self.grants.insert(
+                    grant,
+                    ReadState {
+                        from,
+                        msg_id,
+                        recv,
+                        got,
+                        truncated: place.truncated,
+                    },
+                );
+                self.actions.push_back(Action::ExposeRecv {
+                    grant,
+                    recv,
+                    offset: place.offset,
+                    len: place.len,
+                });
+            }
             Arrived::Rts {
                 from,
                 msg_id,
@@ -744,9 +841,103 @@ impl Rdm {
 
     /// Read `read` finished (ok, or failed: the peer is gone or refused).
     pub fn handle_read(&mut self, read: u64, ok: bool) {
-        let Some(r) = self.reads.remove(&read) else {
+        if let Some(r) = self.reads.remove(&read) {
+            self.finish_pull(r, ok);
+        }
+    }
+
+    /// The driver registered the place of offer `grant` (or failed to:
+    /// `None`, and the receive fails, and so does the send).
+    pub fn handle_recv_exposed(&mut self, grant: u64, exposed: Option<Exposed>) {
+        let Some(g) = self.grants.get(&grant) else {
             return;
         };
+        let Some(place) = exposed else {
+            let g = self.grants.remove(&grant).expect("found");
+            self.finish_pull(g, false);
+            return;
+        };
+        let (from, msg_id, len) = (g.from, g.msg_id, g.got.len as u64);
+        self.control(from, |c| Msg::Cts {
+            common: c,
+            msg_id,
+            grant,
+            len,
+            addr: place.addr,
+            key: place.key,
+        });
+    }
+
+    /// A receiver offered `len` bytes at `place` for message `msg_id`.
+    fn handle_cts(
+        &mut self,
+        from: PeerEp,
+        msg_id: u64,
+        grant: u64,
+        len: u64,
+        place: Exposed,
+    ) -> Result<(), RdmError> {
+        let Some(s) = self.sends.get_mut(&msg_id) else {
+            // The send already ended (its peer was lost): nothing to write.
+            return Ok(());
+        };
+        if s.to != from || !s.rndv || s.grant.is_some() || len > s.req.len as u64 {
+            return Err(RdmError::Malformed(format!(
+                "an offer of {len} bytes for message {msg_id}, which is not a {}-byte \
+                 rendezvous to that peer waiting for one",
+                s.req.len
+            )));
+        }
+        s.grant = Some(grant);
+        let (op, to) = (s.op, s.to);
+        self.actions.push_back(Action::Write {
+            msg_id,
+            op,
+            to,
+            remote: place,
+            len: len as usize,
+        });
+        Ok(())
+    }
+
+    /// The writes of message `msg_id` finished (ok, or failed: the peer is
+    /// gone or refused). The receiver hears it; a failed send ends here.
+    pub fn handle_written(&mut self, msg_id: u64, ok: bool) {
+        let Some(s) = self.sends.get(&msg_id) else {
+            return;
+        };
+        let (to, op) = (s.to, s.op);
+        let Some(grant) = s.grant else {
+            return;
+        };
+        let status = if ok { 0 } else { 2 };
+        self.control(to, |c| Msg::Written {
+            common: c,
+            grant,
+            status,
+        });
+        if !ok {
+            self.sends.remove(&msg_id);
+            self.actions.push_back(Action::Unexpose { op });
+            self.actions.push_back(Action::SendDone {
+                op,
+                outcome: Outcome::PeerLost,
+            });
+        }
+    }
+
+    /// The sender of offer `grant` wrote into it (status 0) or failed.
+    fn handle_written_notice(&mut self, from: PeerEp, grant: u64, status: u32) {
+        if self.grants.get(&grant).is_some_and(|g| g.from == from) {
+            let g = self.grants.remove(&grant).expect("found");
+            self.actions.push_back(Action::UnexposeRecv { grant });
+            self.finish_pull(g, status == 0);
+        }
+    }
+
+    /// A large message's bytes are in (ok) or will not come: the receive
+    /// completes and the sender hears it (Fin).
+    fn finish_pull(&mut self, r: ReadState, ok: bool) {
         let outcome = match (ok, r.truncated) {
             (false, _) => Outcome::PeerLost,
             (true, 0) => Outcome::Done,
@@ -765,8 +956,8 @@ impl Rdm {
         });
     }
 
-    /// Peer domain `domain` is lost: every send to it and read from it
-    /// fails, and its unexpected messages are dropped.
+    /// Peer domain `domain` is lost: every send to it, read from it and
+    /// offer to it fails, and its unexpected messages are dropped.
     pub fn handle_peer_lost(&mut self, domain: u32) {
         let mut lost: Vec<(u64, OpRef, bool)> = self
             .sends
@@ -798,6 +989,22 @@ impl Rdm {
                 recv: r.recv,
                 outcome: Outcome::PeerLost,
                 got: r.got,
+            });
+        }
+        let mut grants: Vec<u64> = self
+            .grants
+            .iter()
+            .filter(|(_, g)| g.from.domain == domain)
+            .map(|(&id, _)| id)
+            .collect();
+        grants.sort_unstable();
+        for grant in grants {
+            let g = self.grants.remove(&grant).expect("listed");
+            self.actions.push_back(Action::UnexposeRecv { grant });
+            self.actions.push_back(Action::RecvDone {
+                recv: g.recv,
+                outcome: Outcome::PeerLost,
+                got: g.got,
             });
         }
         for matcher in [&mut self.msg, &mut self.tagged] {

@@ -1,7 +1,9 @@
 //! What the provider puts in front of its messages inside the BTL's active
 //! messages: which endpoint of the peer's domain a message is for, its tag
-//! and remote CQ data, and the provider's own rendezvous, in which the
-//! receiver reads a large message straight into the posted buffer. Little
+//! and remote CQ data, and the provider's own rendezvous, in which a large
+//! message goes straight into the posted buffer: read by the receiver, or
+//! (where the receiver's BTL prefers writes: iWARP) written by the sender
+//! into the place the receiver offers. Little
 //! endian, fixed layout per kind, strictly decoded: a peer's bytes are
 //! input, and anything malformed is refused with its reason.
 //!
@@ -14,6 +16,8 @@
 //! | Eager | tag (u64), data (u64), with [`flags::DELIVERY`] also message id (u64) | the message |
 //! | Rts | tag, data, message id (u64), length (u64), address (u64), key (u32) | none |
 //! | Fin | message id (u64), status (u32) | none |
+//! | Cts | message id (u64), grant (u64), length (u64), address (u64), key (u32) | none |
+//! | Written | grant (u64), status (u32) | none |
 //! | Ack | message id (u64) | none |
 //! | WriteData | remote CQ data (u64) | none |
 //! | KeyQuery | key (u64) | none |
@@ -27,6 +31,13 @@
 //!   (as much as fits) and answers Fin with the message id.
 //! - Fin: the receiver is done with the sender's buffer; status 0, or a
 //!   nonzero code when the read failed (the sender's operation fails).
+//! - Cts: instead of reading, the receiver offers the place the message
+//!   goes (`length` bytes, at most the message's, at `address` with `key`,
+//!   open to remote writes) under its `grant` number.
+//! - Written: the sender wrote the granted bytes (status 0), or failed to.
+//!   It follows the writes on the same connection, so it arrives after
+//!   their data has been placed (InfiniBand's and iWARP's ordering). The
+//!   receiver answers Fin.
 //! - Ack: an eager message sent with [`flags::DELIVERY`] was delivered.
 //! - WriteData: an RMA write with remote CQ data completed at its origin;
 //!   the target endpoint reports the data (`fi_writedata`).
@@ -37,7 +48,7 @@
 #![forbid(unsafe_code)]
 
 /// The version this provider speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 
 /// Bytes every message starts with.
 pub const COMMON: usize = 8;
@@ -62,6 +73,8 @@ const ACK: u8 = 4;
 const WRITE_DATA: u8 = 5;
 const KEY_QUERY: u8 = 6;
 const KEY_REPLY: u8 = 7;
+const CTS: u8 = 8;
+const WRITTEN: u8 = 9;
 
 /// The common header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +128,30 @@ pub enum Msg {
         /// 0, or why the receiver's read failed.
         status: u32,
     },
+    /// The receiver offers where a large message goes.
+    Cts {
+        /// Common fields.
+        common: Common,
+        /// The sender's id of the message.
+        msg_id: u64,
+        /// The receiver's id of the offer.
+        grant: u64,
+        /// Bytes to write (at most the message's).
+        len: u64,
+        /// Where.
+        addr: u64,
+        /// The place's key.
+        key: u32,
+    },
+    /// The sender wrote what a Cts granted.
+    Written {
+        /// Common fields.
+        common: Common,
+        /// The receiver's id of the offer.
+        grant: u64,
+        /// 0, or why the writes failed.
+        status: u32,
+    },
     /// An eager message was delivered.
     Ack {
         /// Common fields.
@@ -155,6 +192,8 @@ impl Msg {
             Msg::Eager { common, .. }
             | Msg::Rts { common, .. }
             | Msg::Fin { common, .. }
+            | Msg::Cts { common, .. }
+            | Msg::Written { common, .. }
             | Msg::Ack { common, .. }
             | Msg::WriteData { common, .. }
             | Msg::KeyQuery { common, .. }
@@ -168,7 +207,8 @@ impl Msg {
             + match self {
                 Msg::Eager { ack, .. } => 16 + if ack.is_some() { 8 } else { 0 },
                 Msg::Rts { .. } => 44,
-                Msg::Fin { .. } => 12,
+                Msg::Fin { .. } | Msg::Written { .. } => 12,
+                Msg::Cts { .. } => 36,
                 Msg::Ack { .. } | Msg::WriteData { .. } | Msg::KeyQuery { .. } => 8,
                 Msg::KeyReply { .. } => 12,
             }
@@ -185,6 +225,8 @@ impl Msg {
             Msg::Eager { common, .. } => (EAGER, common),
             Msg::Rts { common, .. } => (RTS, common),
             Msg::Fin { common, .. } => (FIN, common),
+            Msg::Cts { common, .. } => (CTS, common),
+            Msg::Written { common, .. } => (WRITTEN, common),
             Msg::Ack { common, .. } => (ACK, common),
             Msg::WriteData { common, .. } => (WRITE_DATA, common),
             Msg::KeyQuery { common, .. } => (KEY_QUERY, common),
@@ -227,9 +269,27 @@ impl Msg {
                 }
                 out.extend_from_slice(&key.to_le_bytes());
             }
-            Msg::Fin { msg_id, status, .. } => {
+            Msg::Fin { msg_id, status, .. }
+            | Msg::Written {
+                grant: msg_id,
+                status,
+                ..
+            } => {
                 out.extend_from_slice(&msg_id.to_le_bytes());
                 out.extend_from_slice(&status.to_le_bytes());
+            }
+            Msg::Cts {
+                msg_id,
+                grant,
+                len,
+                addr,
+                key,
+                ..
+            } => {
+                for word in [msg_id, grant, len, addr] {
+                    out.extend_from_slice(&word.to_le_bytes());
+                }
+                out.extend_from_slice(&key.to_le_bytes());
             }
             Msg::Ack { msg_id, .. } => out.extend_from_slice(&msg_id.to_le_bytes()),
             Msg::WriteData { data, .. } => out.extend_from_slice(&data.to_le_bytes()),
@@ -286,6 +346,19 @@ impl Msg {
                 msg_id: r.u64()?,
                 status: r.u32()?,
             },
+            CTS => Msg::Cts {
+                common,
+                msg_id: r.u64()?,
+                grant: r.u64()?,
+                len: r.u64()?,
+                addr: r.u64()?,
+                key: r.u32()?,
+            },
+            WRITTEN => Msg::Written {
+                common,
+                grant: r.u64()?,
+                status: r.u32()?,
+            },
             ACK => Msg::Ack {
                 common,
                 msg_id: r.u64()?,
@@ -316,7 +389,7 @@ impl Msg {
             }
             _ => {}
         }
-        if let Msg::Rts { addr, len, .. } = msg {
+        if let Msg::Rts { addr, len, .. } | Msg::Cts { addr, len, .. } = msg {
             if addr.checked_add(len).is_none() {
                 return Err(format!(
                     "a large message of {len} bytes at {addr:#x} wraps the address space"
@@ -409,6 +482,19 @@ mod tests {
                 common: control,
                 msg_id: 10,
             },
+            Msg::Cts {
+                common: control,
+                msg_id: 11,
+                grant: 12,
+                len: 1 << 20,
+                addr: 0x7f00_0010_0000,
+                key: 0x1234_5678,
+            },
+            Msg::Written {
+                common: control,
+                grant: 12,
+                status: 0,
+            },
             Msg::WriteData {
                 common: control,
                 data: 0xfeed,
@@ -475,13 +561,29 @@ mod tests {
             c[at] = v;
             Msg::decode(&c).unwrap_err()
         };
-        assert!(spoil(0, 2).contains("version 2"));
-        assert!(spoil(1, 9).contains("kind 9"));
+        assert!(spoil(0, 1).contains("version 1"));
+        assert!(spoil(1, 10).contains("kind 10"));
         assert!(spoil(2, 0x80).contains("unknown flags"));
         // An address near the top: address + length wraps.
         let mut near_top = b.clone();
         near_top[COMMON + 8 * 4..COMMON + 8 * 5].copy_from_slice(&(u64::MAX - 10).to_le_bytes());
         assert!(Msg::decode(&near_top).unwrap_err().contains("wraps"));
+        // So does a granted place's.
+        let mut cts = Vec::new();
+        Msg::Cts {
+            common: Common {
+                flags: 0,
+                dst_ep: 0,
+                src_ep: 0,
+            },
+            msg_id: 1,
+            grant: 2,
+            len: 4096,
+            addr: u64::MAX - 100,
+            key: 3,
+        }
+        .encode(&mut cts);
+        assert!(Msg::decode(&cts).unwrap_err().contains("wraps"));
         let mut fin = Vec::new();
         Msg::Fin {
             common: Common {

@@ -23,6 +23,19 @@ struct Side {
     /// Reads waiting for the harness to run them: (read, recv, offset,
     /// remote key, length).
     reads: VecDeque<(u64, OpRef, usize, u32, usize)>,
+    /// Places of receives offered to writers, by key: (receive, offset,
+    /// length).
+    offered: HashMap<u32, (OpRef, usize, usize)>,
+    /// Writes waiting for the harness to run them: (message id, send,
+    /// remote key, length).
+    writes: VecDeque<(u64, OpRef, u32, usize)>,
+    /// Bytes this side wrote into its peer's receives, and read from its
+    /// peer's sends.
+    written: usize,
+    read: usize,
+    /// Faults: registering a receive's place fails; writes fail.
+    refuse_places: bool,
+    fail_writes: bool,
 }
 
 struct Pair {
@@ -40,15 +53,28 @@ fn peer(domain: u32) -> PeerEp {
 }
 
 impl Pair {
+    /// Two endpoints whose receivers read large messages.
     fn new(eager_max: usize) -> Pair {
+        Pair::with(eager_max, false)
+    }
+
+    /// Two endpoints whose receivers read large messages, or (`writes`)
+    /// have them written.
+    fn with(eager_max: usize, writes: bool) -> Pair {
         let side = |domain| Side {
-            rdm: Rdm::new(0, eager_max, 1 << 20),
+            rdm: Rdm::new(0, eager_max, 1 << 20).with_writes(writes),
             domain,
             bufs: HashMap::new(),
             exposed: HashMap::new(),
             sends_done: Vec::new(),
             recvs_done: Vec::new(),
             reads: VecDeque::new(),
+            offered: HashMap::new(),
+            writes: VecDeque::new(),
+            written: 0,
+            read: 0,
+            refuse_places: false,
+            fail_writes: false,
         };
         Pair {
             sides: [side(A), side(B)],
@@ -110,6 +136,21 @@ impl Pair {
                 self.sides[on as usize].rdm.handle_sent(op, true);
             } else {
                 for i in 0..2 {
+                    if let Some((msg_id, op, key, len)) = self.sides[i].writes.pop_front() {
+                        moved = true;
+                        let ok = !self.lost.contains(&self.sides[1 - i].domain)
+                            && !self.lost.contains(&self.sides[i].domain)
+                            && !self.sides[i].fail_writes;
+                        if ok {
+                            self.sides[i].written += len;
+                            let (recv, offset, room) = self.sides[1 - i].offered[&key];
+                            assert!(len <= room, "a write within the place offered");
+                            let bytes = self.sides[i].bufs[&op][..len].to_vec();
+                            self.sides[1 - i].bufs.get_mut(&recv).unwrap()[offset..offset + len]
+                                .copy_from_slice(&bytes);
+                        }
+                        self.sides[i].rdm.handle_written(msg_id, ok);
+                    }
                     if let Some((read, recv, offset, key, len)) = self.sides[i].reads.pop_front() {
                         moved = true;
                         let other = &self.sides[1 - i];
@@ -119,6 +160,7 @@ impl Pair {
                         if ok {
                             let src_op = other.exposed[&key];
                             let bytes = other.bufs[&src_op][..len].to_vec();
+                            self.sides[i].read += len;
                             self.sides[i].bufs.get_mut(&recv).unwrap()[offset..offset + len]
                                 .copy_from_slice(&bytes);
                         }
@@ -182,6 +224,46 @@ impl Pair {
                 assert_eq!(remote.addr, 0x10_0000);
                 s.reads.push_back((read, recv, offset, remote.key, len));
             }
+            Action::ExposeRecv {
+                grant,
+                recv,
+                offset,
+                len,
+            } => {
+                let key = 5000 + grant as u32;
+                assert!(offset + len <= s.bufs[&recv].len());
+                if s.refuse_places {
+                    s.rdm.handle_recv_exposed(grant, None);
+                    return;
+                }
+                s.offered.insert(key, (recv, offset, len));
+                s.rdm.handle_recv_exposed(
+                    grant,
+                    Some(Exposed {
+                        addr: 0x20_0000,
+                        key,
+                    }),
+                );
+            }
+            Action::UnexposeRecv { grant } => {
+                let key = 5000 + grant as u32;
+                assert!(s.offered.remove(&key).is_some(), "unexposed once");
+            }
+            Action::Write {
+                msg_id,
+                op,
+                to,
+                remote,
+                len,
+            } => {
+                assert_eq!(to.domain, 1 - s.domain);
+                assert_eq!(remote.addr, 0x20_0000);
+                assert!(
+                    s.exposed.values().any(|&o| o == op),
+                    "writes from a registered buffer"
+                );
+                s.writes.push_back((msg_id, op, remote.key, len));
+            }
             Action::SendDone { op, outcome } => s.sends_done.push((op, outcome)),
             Action::RecvDone { recv, outcome, got } => s.recvs_done.push((recv, outcome, got)),
         }
@@ -194,6 +276,7 @@ impl Pair {
             assert_eq!(s.rdm.in_flight(), (0, 0, 0), "domain {}", s.domain);
             assert_eq!(s.rdm.unexpected_len(), 0, "domain {}", s.domain);
             assert!(s.exposed.is_empty(), "domain {}: {:?}", s.domain, s.exposed);
+            assert!(s.offered.is_empty(), "domain {}: {:?}", s.domain, s.offered);
             assert_eq!(s.rdm.poll_action(), None);
         }
     }
@@ -216,9 +299,12 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn messages_of_every_size_around_the_eager_limit_land_whole_posted_first_or_last() {
-    for len in [0, 1, 63, 64, 65, 4096] {
+    for (len, writes) in [0, 1, 63, 64, 65, 4096]
+        .into_iter()
+        .flat_map(|l| [(l, false), (l, true)])
+    {
         for recv_first in [true, false] {
-            let mut p = Pair::new(64);
+            let mut p = Pair::with(64, writes);
             let tag = Space::Tagged(7);
             if recv_first {
                 p.recv(B, 10, tag, tag_is(7), len);
@@ -255,8 +341,8 @@ fn messages_of_every_size_around_the_eager_limit_land_whole_posted_first_or_last
 
 #[test]
 fn a_short_receive_gets_what_fits_and_the_bytes_that_did_not() {
-    for len in [40, 5000] {
-        let mut p = Pair::new(64);
+    for (len, writes) in [(40, false), (5000, false), (5000, true)] {
+        let mut p = Pair::with(64, writes);
         p.recv(B, 10, Space::Msg, Want::ANY, 30);
         p.send(A, 1, Space::Msg, None, pattern(len, 9), false);
         p.run();
@@ -265,6 +351,9 @@ fn a_short_receive_gets_what_fits_and_the_bytes_that_did_not() {
         assert_eq!((got.len, got.data), (30, None));
         assert_eq!(p.sides[1].bufs[&10], pattern(len, 9)[..30]);
         assert_eq!(p.sides[0].sends_done, [(1, Outcome::Done)]);
+        if writes {
+            assert_eq!(p.sides[0].written, 30, "only what fits is written");
+        }
         p.assert_clean();
     }
 }
@@ -296,7 +385,13 @@ fn delivery_complete_waits_for_the_receivers_match() {
 
 #[test]
 fn a_large_send_completes_only_after_the_receiver_read_it() {
-    let mut p = Pair::new(64);
+    for writes in [false, true] {
+        large_send_completes_after_the_receiver_has_it(writes);
+    }
+}
+
+fn large_send_completes_after_the_receiver_has_it(writes: bool) {
+    let mut p = Pair::with(64, writes);
     p.send(A, 1, Space::Tagged(1), None, pattern(1000, 1), false);
     p.run();
     assert!(p.sides[0].sends_done.is_empty());
@@ -319,6 +414,11 @@ fn a_large_send_completes_only_after_the_receiver_read_it() {
     p.run();
     assert_eq!(p.sides[0].sends_done, [(1, Outcome::Done)]);
     assert_eq!(p.sides[1].bufs[&10], pattern(1000, 1));
+    if writes {
+        assert_eq!((p.sides[0].written, p.sides[1].read), (1000, 0), "written");
+    } else {
+        assert_eq!((p.sides[0].written, p.sides[1].read), (0, 1000), "read");
+    }
     p.assert_clean();
 }
 
@@ -366,6 +466,157 @@ fn a_lost_peer_fails_its_sends_and_reads_and_drops_its_waiting_messages() {
     p.assert_clean();
 }
 
+/// Runs actions and delivers messages, but no read or write.
+fn run_but_no_transfer(p: &mut Pair) {
+    for _ in 0..20 {
+        for i in 0..2 {
+            while let Some(a) = p.sides[i].rdm.poll_action() {
+                p.act(i, a);
+            }
+        }
+        if let Some((to, from, bytes)) = p.wire.pop_front() {
+            p.sides[to as usize]
+                .rdm
+                .handle_message(from, Source::Known(u64::from(from)), &bytes)
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_lost_peer_fails_a_send_and_a_receive_whose_place_was_offered() {
+    let mut p = Pair::with(64, true);
+    p.send(A, 1, Space::Tagged(1), None, pattern(1000, 1), false);
+    p.recv(B, 10, Space::Tagged(1), tag_is(1), 1000);
+    run_but_no_transfer(&mut p);
+    assert_eq!(p.sides[0].writes.len(), 1, "the offer came");
+    assert_eq!(p.sides[1].offered.len(), 1);
+    assert_eq!(p.sides[1].rdm.in_flight(), (0, 1, 0), "an offer in flight");
+    p.lost.push(B);
+    p.sides[0].rdm.handle_peer_lost(B);
+    p.sides[1].rdm.handle_peer_lost(A);
+    p.run();
+    assert_eq!(p.sides[0].sends_done, [(1, Outcome::PeerLost)]);
+    assert_eq!(p.sides[1].recvs_done.len(), 1);
+    assert_eq!(p.sides[1].recvs_done[0].1, Outcome::PeerLost);
+    p.sent.clear();
+    p.assert_clean();
+}
+
+#[test]
+fn a_place_that_cannot_be_registered_fails_the_receive_and_the_send() {
+    let mut p = Pair::with(64, true);
+    p.sides[1].refuse_places = true;
+    p.send(A, 1, Space::Tagged(1), None, pattern(1000, 1), false);
+    p.recv(B, 10, Space::Tagged(1), tag_is(1), 1000);
+    p.run();
+    assert_eq!(p.sides[0].sends_done, [(1, Outcome::RemoteFailed(2))]);
+    assert_eq!(p.sides[1].recvs_done[0].1, Outcome::PeerLost);
+    assert_eq!(p.sides[0].written, 0);
+    p.assert_clean();
+}
+
+#[test]
+fn a_failed_write_fails_the_send_and_the_receive() {
+    let mut p = Pair::with(64, true);
+    p.sides[0].fail_writes = true;
+    p.send(A, 1, Space::Tagged(1), None, pattern(1000, 1), false);
+    p.recv(B, 10, Space::Tagged(1), tag_is(1), 1000);
+    p.run();
+    assert_eq!(p.sides[0].sends_done, [(1, Outcome::PeerLost)]);
+    assert_eq!(p.sides[1].recvs_done[0].1, Outcome::PeerLost);
+    p.assert_clean();
+}
+
+/// A reader and a writer side by side: each sender takes the answer its
+/// receiver chose.
+#[test]
+fn a_reading_and_a_writing_receiver_each_get_their_large_messages() {
+    let mut p = Pair::new(64);
+    p.sides[1].rdm = Rdm::new(0, 64, 1 << 20).with_writes(true);
+    p.send(A, 1, Space::Tagged(1), None, pattern(3000, 1), false);
+    p.send(B, 2, Space::Tagged(2), None, pattern(2000, 2), false);
+    p.recv(B, 10, Space::Tagged(1), tag_is(1), 3000);
+    p.recv(A, 11, Space::Tagged(2), tag_is(2), 2000);
+    p.run();
+    assert_eq!(p.sides[1].bufs[&10], pattern(3000, 1));
+    assert_eq!(p.sides[0].bufs[&11], pattern(2000, 2));
+    assert_eq!((p.sides[0].written, p.sides[0].read), (3000, 2000));
+    assert_eq!((p.sides[1].written, p.sides[1].read), (0, 0));
+    assert_eq!(p.sides[0].sends_done, [(1, Outcome::Done)]);
+    assert_eq!(p.sides[1].sends_done, [(2, Outcome::Done)]);
+    p.assert_clean();
+}
+
+#[test]
+fn an_offer_that_names_no_rendezvous_of_that_peer_is_refused() {
+    let cts = |msg_id, len, src_ep| {
+        let mut b = Vec::new();
+        Msg::Cts {
+            common: Common {
+                flags: 0,
+                dst_ep: 0,
+                src_ep,
+            },
+            msg_id,
+            grant: 1,
+            len,
+            addr: 0x1000,
+            key: 1,
+        }
+        .encode(&mut b);
+        b
+    };
+    let mut r = Rdm::new(0, 64, 1 << 20);
+    let req = |len, delivery| SendReq {
+        to: peer(1),
+        space: Space::Tagged(1),
+        data: None,
+        len,
+        delivery,
+    };
+    r.send(1, req(8, true));
+    r.send(2, req(500, false));
+    while r.poll_action().is_some() {}
+    r.handle_exposed(
+        2,
+        Some(Exposed {
+            addr: 0x9000,
+            key: 9,
+        }),
+    );
+    while r.poll_action().is_some() {}
+    let malformed = |r: &mut Rdm, b: &[u8]| {
+        matches!(
+            r.handle_message(1, Source::Unknown, b),
+            Err(RdmError::Malformed(_))
+        )
+    };
+    assert!(malformed(&mut r, &cts(1, 8, 0)), "an eager send");
+    assert!(malformed(&mut r, &cts(2, 501, 0)), "more than the message");
+    assert!(
+        malformed(&mut r, &cts(2, 500, 1)),
+        "another endpoint of the peer"
+    );
+    assert_eq!(r.poll_action(), None, "nothing written");
+    // An offer for a send that already ended is dropped quietly.
+    assert!(r.handle_message(1, Source::Unknown, &cts(77, 8, 0)).is_ok());
+    assert_eq!(r.poll_action(), None);
+    // The right one starts the write.
+    assert!(r
+        .handle_message(1, Source::Unknown, &cts(2, 500, 0))
+        .is_ok());
+    assert!(matches!(
+        r.poll_action(),
+        Some(Action::Write {
+            op: 2,
+            len: 500,
+            ..
+        })
+    ));
+    assert!(malformed(&mut r, &cts(2, 500, 0)), "a second offer");
+}
+
 #[test]
 fn a_cancelled_receive_completes_once_and_leaves_the_message_for_another() {
     let mut p = Pair::new(64);
@@ -386,7 +637,13 @@ fn a_cancelled_receive_completes_once_and_leaves_the_message_for_another() {
 
 #[test]
 fn a_multi_receive_buffer_takes_several_messages_and_says_when_it_is_released() {
-    let mut p = Pair::new(1 << 20);
+    for (eager_max, writes) in [(1 << 20, false), (10, false), (10, true)] {
+        multi_receive(eager_max, writes);
+    }
+}
+
+fn multi_receive(eager_max: usize, writes: bool) {
+    let mut p = Pair::with(eager_max, writes);
     p.sides[1].bufs.insert(10, vec![0; 100]);
     p.sides[1]
         .rdm
@@ -411,7 +668,13 @@ fn a_multi_receive_buffer_takes_several_messages_and_says_when_it_is_released() 
 
 #[test]
 fn a_claimed_message_goes_to_its_claim_and_a_discarded_large_one_releases_its_sender() {
-    let mut p = Pair::new(64);
+    for writes in [false, true] {
+        claimed_and_discarded(writes);
+    }
+}
+
+fn claimed_and_discarded(writes: bool) {
+    let mut p = Pair::with(64, writes);
     p.send(A, 1, Space::Tagged(5), None, pattern(16, 5), false);
     p.send(A, 2, Space::Tagged(6), None, pattern(500, 6), false);
     p.run();
@@ -446,7 +709,13 @@ fn a_claimed_message_goes_to_its_claim_and_a_discarded_large_one_releases_its_se
 /// the message it found, eager or rendezvous, claimed or not.
 #[test]
 fn a_peek_reports_the_remote_cq_data_of_the_message_it_found() {
-    let mut p = Pair::new(64);
+    for writes in [false, true] {
+        peek_reports_data(writes);
+    }
+}
+
+fn peek_reports_data(writes: bool) {
+    let mut p = Pair::with(64, writes);
     p.send(A, 1, Space::Tagged(5), Some(0x2a), pattern(16, 5), false);
     p.send(A, 2, Space::Tagged(6), Some(3), pattern(500, 6), false);
     p.send(A, 3, Space::Tagged(7), None, pattern(8, 7), false);

@@ -1213,11 +1213,7 @@ fn take_work(core: &mut EpCore) -> Vec<Work> {
                 offset,
                 len,
             } => {
-                let mem = core
-                    .ops
-                    .get(&recv)
-                    .and_then(|o| o.mem)
-                    .and_then(|m| m.slice(offset, len).ok());
+                let mem = place_of(core, recv, offset, len);
                 work.push(Work::Read {
                     read,
                     from: from.domain,
@@ -1257,11 +1253,7 @@ fn take_work(core: &mut EpCore) -> Vec<Work> {
                 offset,
                 len,
             } => {
-                let mem = core
-                    .ops
-                    .get(&recv)
-                    .and_then(|o| o.mem)
-                    .and_then(|m| m.slice(offset, len).ok());
+                let mem = place_of(core, recv, offset, len);
                 work.push(Work::ExposeRecv { grant, mem });
             }
             Action::UnexposeRecv { grant } => {
@@ -1288,6 +1280,15 @@ fn take_work(core: &mut EpCore) -> Vec<Work> {
         }
     }
     work
+}
+
+/// `len` bytes at `offset` of receive `recv`'s buffer, where a large
+/// message goes.
+fn place_of(core: &EpCore, recv: OpRef, offset: usize, len: usize) -> Option<UserMem> {
+    core.ops
+        .get(&recv)
+        .and_then(|o| o.mem)
+        .and_then(|m| m.slice(offset, len).ok())
 }
 
 /// What a peek reports of the message it found: its header and remote
@@ -1479,21 +1480,10 @@ fn run<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, ep: u16, w: Work) {
         } => {
             let started = mem.and_then(|m| {
                 let reg = btl.register_mem(m, Access::NONE).ok()?;
-                let at = RemoteMem {
-                    addr: remote.addr,
-                    len: len as u64,
-                    rkey: remote.key,
-                }
-                .at(0);
-                let weak = Arc::downgrade(state);
-                let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
-                    let _ = btl.deregister_mem(reg);
-                    if let Some(state) = weak.upgrade() {
-                        with_core(&state, ep, |c| c.rdm.handle_read(read, r.is_ok()));
-                        drive(btl, &state, ep);
-                    }
+                let done = feed(state, ep, Some(reg), move |rdm, ok| {
+                    rdm.handle_read(read, ok)
                 });
-                match btl.get(from, at, reg.at(0), len, Some(done)) {
+                match btl.get(from, remote_at(remote, len), reg.at(0), len, Some(done)) {
                     Ok(_) => Some(()),
                     Err(_) => {
                         let _ = btl.deregister_mem(reg);
@@ -1532,20 +1522,11 @@ fn run<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, ep: u16, w: Work) {
             len,
         } => {
             let started = local.and_then(|reg| {
-                let at = RemoteMem {
-                    addr: remote.addr,
-                    len: len as u64,
-                    rkey: remote.key,
-                }
-                .at(0);
-                let weak = Arc::downgrade(state);
-                let done = Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
-                    if let Some(state) = weak.upgrade() {
-                        with_core(&state, ep, |c| c.rdm.handle_written(msg_id, r.is_ok()));
-                        drive(btl, &state, ep);
-                    }
+                let done = feed(state, ep, None, move |rdm, ok| {
+                    rdm.handle_written(msg_id, ok)
                 });
-                btl.put(to, reg.at(0), at, len, Some(done)).ok()
+                btl.put(to, reg.at(0), remote_at(remote, len), len, Some(done))
+                    .ok()
             });
             if started.is_none() {
                 with_core(state, ep, |c| c.rdm.handle_written(msg_id, false));
@@ -1555,6 +1536,36 @@ fn run<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, ep: u16, w: Work) {
             let _ = btl.deregister_mem(reg);
         }
     }
+}
+
+/// The start of `len` bytes of a peer's registered memory.
+fn remote_at(remote: Exposed, len: usize) -> xrcbtl_btl::RemotePtr {
+    RemoteMem {
+        addr: remote.addr,
+        len: len as u64,
+        rkey: remote.key,
+    }
+    .at(0)
+}
+
+/// The completion of a read or write of a rendezvous: gives `release`
+/// back, tells endpoint `ep`'s protocol how it went, and runs what follows.
+fn feed<C: Context>(
+    state: &Arc<Mutex<State>>,
+    ep: u16,
+    release: Option<MemReg>,
+    tell: impl FnOnce(&mut Rdm, bool) + Send + 'static,
+) -> xrcbtl_btl::OnDone<C> {
+    let weak = Arc::downgrade(state);
+    Box::new(move |btl: &Btl<C>, _, r: xrcbtl_btl::OpResult| {
+        if let Some(reg) = release {
+            let _ = btl.deregister_mem(reg);
+        }
+        if let Some(state) = weak.upgrade() {
+            with_core(&state, ep, |c| tell(&mut c.rdm, r.is_ok()));
+            drive(btl, &state, ep);
+        }
+    })
 }
 
 fn with_core(state: &Arc<Mutex<State>>, ep: u16, f: impl FnOnce(&mut EpCore)) {

@@ -789,52 +789,41 @@ impl Rdm {
                     status: 0,
                 });
             }
-            Arrived::Rts { from, msg_id, .. } if self.writes => {
-                let grant = self.next_read;
-                self.next_read += 1;
-                self.grants.insert(
-                    grant,
-                    ReadState {
-                        from,
-                        msg_id,
-                        recv,
-                        got,
-                        truncated: place.truncated,
-                    },
-                );
-                self.actions.push_back(Action::ExposeRecv {
-                    grant,
-                    recv,
-                    offset: place.offset,
-                    len: place.len,
-                });
-            }
             Arrived::Rts {
                 from,
                 msg_id,
                 remote,
                 ..
             } => {
-                let read = self.next_read;
-                self.next_read += 1;
-                self.reads.insert(
-                    read,
-                    ReadState {
-                        from,
-                        msg_id,
-                        recv,
-                        got,
-                        truncated: place.truncated,
-                    },
-                );
-                self.actions.push_back(Action::Read {
-                    read,
+                let pull = ReadState {
                     from,
-                    remote,
+                    msg_id,
                     recv,
-                    offset: place.offset,
-                    len: place.len,
-                });
+                    got,
+                    truncated: place.truncated,
+                };
+                let id = self.next_read;
+                self.next_read += 1;
+                let (offset, len) = (place.offset, place.len);
+                if self.writes {
+                    self.grants.insert(id, pull);
+                    self.actions.push_back(Action::ExposeRecv {
+                        grant: id,
+                        recv,
+                        offset,
+                        len,
+                    });
+                } else {
+                    self.reads.insert(id, pull);
+                    self.actions.push_back(Action::Read {
+                        read: id,
+                        from,
+                        remote,
+                        recv,
+                        offset,
+                        len,
+                    });
+                }
             }
         }
     }
@@ -976,35 +965,29 @@ impl Rdm {
                 outcome: Outcome::PeerLost,
             });
         }
-        let mut reads: Vec<u64> = self
+        // Reads and offers from it, in the order they began (grants and
+        // reads share their numbers).
+        let mut pulls: Vec<(u64, bool)> = self
             .reads
             .iter()
-            .filter(|(_, r)| r.from.domain == domain)
-            .map(|(&id, _)| id)
+            .map(|(&id, r)| (id, false, r))
+            .chain(self.grants.iter().map(|(&id, g)| (id, true, g)))
+            .filter(|(_, _, r)| r.from.domain == domain)
+            .map(|(id, offered, _)| (id, offered))
             .collect();
-        reads.sort_unstable();
-        for read in reads {
-            let r = self.reads.remove(&read).expect("listed");
+        pulls.sort_unstable();
+        for (id, offered) in pulls {
+            let r = if offered {
+                self.actions.push_back(Action::UnexposeRecv { grant: id });
+                self.grants.remove(&id)
+            } else {
+                self.reads.remove(&id)
+            }
+            .expect("listed");
             self.actions.push_back(Action::RecvDone {
                 recv: r.recv,
                 outcome: Outcome::PeerLost,
                 got: r.got,
-            });
-        }
-        let mut grants: Vec<u64> = self
-            .grants
-            .iter()
-            .filter(|(_, g)| g.from.domain == domain)
-            .map(|(&id, _)| id)
-            .collect();
-        grants.sort_unstable();
-        for grant in grants {
-            let g = self.grants.remove(&grant).expect("listed");
-            self.actions.push_back(Action::UnexposeRecv { grant });
-            self.actions.push_back(Action::RecvDone {
-                recv: g.recv,
-                outcome: Outcome::PeerLost,
-                got: g.got,
             });
         }
         for matcher in [&mut self.msg, &mut self.tagged] {

@@ -35,6 +35,7 @@ use bytes::Bytes;
 use xrcbtl_fabric::{Access, Context, Cq, DeviceCaps, DmaBuf, Error, IbAddr, Result, UserMem};
 use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
+use crate::callbacks::{AmFn, DoneFn, ErrFn};
 use crate::config::BtlConfig;
 use crate::conn::DriverStats;
 use crate::core::{Body, Core, Delivery, Source, UserReg};
@@ -42,8 +43,8 @@ use crate::proto::atomic::{atomic, Atomic};
 use crate::proto::rma::transfer;
 use crate::proto::Local;
 use crate::types::{
-    AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,
-    OpResult, OpStatus, Peer, Receive, RegMem, RemotePtr, Tag,
+    BtlError, BtlStats, Incoming, LocalPtr, MemReg, OpId, OpResult, OpStatus, Peer, Receive,
+    RegMem, RemotePtr, Tag,
 };
 use crate::wire::HEADER;
 use crate::work::Work;
@@ -80,9 +81,26 @@ impl Drop for Delivering<'_> {
     }
 }
 
+/// An active-message callback. It runs with no lock of the BTL held, on a
+/// thread that called [`Btl::progress`], and may call back into the BTL
+/// (send, add endpoints, start operations). Callbacks run one at a time, in
+/// the order the messages arrived.
+pub type AmCallback<C> = AmFn<Btl<C>>;
+
+/// An error callback: runs (like [`AmCallback`]) when the endpoint to a
+/// rank fails for good: the peer became unreachable or its process died.
+/// A peer that leaves cleanly, or an endpoint deleted with
+/// [`Btl::del_procs`], fails what was outstanding to it with
+/// [`BtlError::Closed`] but is not an error to report.
+pub type ErrorCallback<C> = ErrFn<Btl<C>>;
+
+/// An operation's completion callback: runs once (like [`AmCallback`])
+/// when the operation ends.
+pub type OnDone<C> = DoneFn<Btl<C>>;
+
 /// The byte transfer layer of one rank on one device.
 pub struct Btl<C: Context> {
-    core: Mutex<Core<C>>,
+    core: Mutex<Core<C, Btl<C>>>,
     delivering: AtomicBool,
     queued: Arc<AtomicUsize>,
     cfg: BtlConfig,
@@ -137,7 +155,7 @@ impl<C: Context> Btl<C> {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Core<C>> {
+    fn lock(&self) -> MutexGuard<'_, Core<C, Btl<C>>> {
         // A panic inside the BTL leaves its state as it was at that point;
         // the lock is never held while user code runs.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
@@ -355,7 +373,7 @@ impl<C: Context> Btl<C> {
     }
 
     /// The endpoint of `rank`, if it is usable.
-    fn endpoint(core: &Core<C>, rank: Rank) -> Result<u32> {
+    fn endpoint(core: &Core<C, Btl<C>>, rank: Rank) -> Result<u32> {
         let ei = core
             .eps
             .find(rank)
@@ -404,7 +422,7 @@ impl<C: Context> Btl<C> {
     }
 
     /// A message to this rank itself: delivered by copy.
-    fn to_self(core: &mut Core<C>, tag: Tag, parts: [&[u8]; 2]) {
+    fn to_self(core: &mut Core<C, Btl<C>>, tag: Tag, parts: [&[u8]; 2]) {
         let mut buf = core.buf();
         buf.clear();
         buf.extend_from_slice(parts[0]);
@@ -640,7 +658,7 @@ impl<C: Context> Btl<C> {
         dst: Rank,
         landed: Option<bool>,
         done: Option<OnDone<C>>,
-        make: impl FnOnce(&mut Core<C>, u64) -> Result<crate::proto::Rdma>,
+        make: impl FnOnce(&mut Core<C, Btl<C>>, u64) -> Result<crate::proto::Rdma>,
     ) -> Result<OpId> {
         let mut core = self.lock();
         if dst == self.cfg.rank && !core.drv.has_loopback() {
@@ -885,7 +903,7 @@ impl<C: Context> Btl<C> {
     /// thread's stack) is running them. `held` is the lock, taken by the
     /// caller: the first delivery is taken under it, and it is let go
     /// before any callback runs.
-    fn deliver_all(&self, held: MutexGuard<'_, Core<C>>) -> usize {
+    fn deliver_all(&self, held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
         let mut held = Some(held);
         let mut n = 0;
         loop {
@@ -991,7 +1009,7 @@ impl<C: Context> Btl<C> {
 }
 
 /// Finds a delivery's callbacks (under the lock).
-fn resolve<C: Context>(core: &mut Core<C>, d: Delivery<C>) -> Job<C> {
+fn resolve<C: Context>(core: &mut Core<C, Btl<C>>, d: Delivery<C, Btl<C>>) -> Job<C> {
     match d {
         Delivery::Message {
             src,

@@ -19,6 +19,7 @@ use xrcbtl_fabric::{
 use xrcbtl_progress::{Batch, WrSlab};
 use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 
+use crate::callbacks::{AmFn, DoneFn, ErrFn};
 use crate::config::{BtlConfig, MAX_RNDV};
 use crate::conn::{ConnDriver, ConnEvent};
 use crate::ep::{Endpoints, EpState, Kept, Path};
@@ -28,10 +29,7 @@ use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner, Rdma};
-use crate::types::{
-    AmCallback, BtlError, BtlStats, ErrorCallback, MemReg, OnDone, OpResult, Peer, PeerResolver,
-    Receive, Tag,
-};
+use crate::types::{BtlError, BtlStats, MemReg, OpResult, Peer, PeerResolver, Receive, Tag};
 use crate::wire::{self, Header, Kind, HEADER};
 use crate::work::{Item, Msg, Store, Work};
 use crate::wr_id::{RecvSlot, WrId};
@@ -135,7 +133,7 @@ impl<C: Context> Body<C> {
 }
 
 /// What the user must hear of, queued until the lock is released.
-pub(crate) enum Delivery<C: Context> {
+pub(crate) enum Delivery<C: Context, H> {
     /// A message: bytes `start..end` of `body`, from `src` with `tag`.
     Message {
         src: Rank,
@@ -148,7 +146,7 @@ pub(crate) enum Delivery<C: Context> {
     Done {
         op: u64,
         result: OpResult,
-        cb: OnDone<C>,
+        cb: DoneFn<H>,
     },
     /// The endpoint to `rank` failed for good.
     Failed { rank: Rank, err: BtlError },
@@ -166,7 +164,7 @@ pub(crate) enum UserReg<C: Context> {
 }
 
 /// Everything a BTL keeps, behind its lock.
-pub(crate) struct Core<C: Context> {
+pub(crate) struct Core<C: Context, H> {
     pub cfg: BtlConfig,
     pub iface: Iface<C>,
     pub drv: ConnDriver<C>,
@@ -185,7 +183,7 @@ pub(crate) struct Core<C: Context> {
     /// followed by a signalled message on its QP.
     pub want_cover: bool,
     pub rndv: Rndv<Source, Sink>,
-    pub ops: Ops<OnDone<C>>,
+    pub ops: Ops<DoneFn<H>>,
     pub cache: MemCache<C>,
     /// User registrations, by id.
     pub regs: WrSlab<UserReg<C>>,
@@ -205,15 +203,15 @@ pub(crate) struct Core<C: Context> {
     /// The last QP number whose sender was looked up, with the driver's
     /// [`ConnDriver::qp_gen`] then and the sender.
     sender_seen: (u64, u32, Rank),
-    pub am: Vec<Option<AmCallback<C>>>,
-    pub err_cbs: HashMap<Rank, ErrorCallback<C>>,
-    pub err_all: Option<ErrorCallback<C>>,
+    pub am: Vec<Option<AmFn<H>>>,
+    pub err_cbs: HashMap<Rank, ErrFn<H>>,
+    pub err_all: Option<ErrFn<H>>,
     pub resolver: Option<PeerResolver>,
     /// The XRC domain each node's peers stated, and the first peer that
     /// stated it: the ranks of a node share one INI QP from this rank, so
     /// they must share one domain.
     pub node_domains: HashMap<Node, (XrcdId, Rank)>,
-    pub deliveries: VecDeque<Delivery<C>>,
+    pub deliveries: VecDeque<Delivery<C, H>>,
     /// Deliveries queued, readable without the lock.
     pub queued: Arc<AtomicUsize>,
     pub stats: BtlStats,
@@ -235,7 +233,7 @@ pub(crate) struct Core<C: Context> {
     pub inline: Box<[u8; crate::post::INLINE_MAX]>,
 }
 
-impl<C: Context> Core<C> {
+impl<C: Context, H> Core<C, H> {
     /// Makes an endpoint for `p` (connected on first use); a known peer
     /// keeps its endpoint. On iWARP the receive queues grow with the peers.
     /// How this rank receives.
@@ -405,13 +403,13 @@ impl<C: Context> Core<C> {
     }
 
     /// Queues something for the user.
-    pub fn deliver(&mut self, d: Delivery<C>) {
+    pub fn deliver(&mut self, d: Delivery<C, H>) {
         self.deliveries.push_back(d);
         self.queued.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Takes the next thing for the user.
-    pub fn next_delivery(&mut self) -> Option<Delivery<C>> {
+    pub fn next_delivery(&mut self) -> Option<Delivery<C, H>> {
         let d = self.deliveries.pop_front()?;
         self.queued.fetch_sub(1, Ordering::SeqCst);
         Some(d)

@@ -7,7 +7,8 @@
 //! |---|---|
 //! | [`btl`] | the API ([`Btl`]), and how it is safe from any thread |
 //! | [`addr`] | the address a rank publishes for its peers, encoded and strictly decoded |
-//! | `types.rs` | the API's vocabulary: operations, callbacks, registered memory, counters |
+//! | `types.rs` | the API's vocabulary: operations, registered memory, counters |
+//! | `callbacks.rs` | the user's callbacks, generic over the handle they receive |
 //! | `core.rs` | the state behind the lock, and what progress does with it |
 //! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
 //! | [`conn`] | the connection driver: runs the XRC connection manager on the fabric (connections only) |
@@ -28,6 +29,7 @@
 
 pub mod addr;
 pub mod btl;
+mod callbacks;
 pub mod config;
 pub mod conn;
 mod core;
@@ -44,15 +46,15 @@ pub mod wire;
 mod work;
 mod wr_id;
 
-pub use crate::btl::Btl;
+pub use crate::btl::{AmCallback, Btl, ErrorCallback, OnDone};
 pub use crate::config::{
     BtlConfig, Clock, EagerLimit, IdleYield, RndvProtocol, Setting, SplitLimit, MAX_SPLIT, SETTINGS,
 };
 pub use crate::proto::MAX_RMA;
 pub use crate::threaded::Threaded;
 pub use crate::types::{
-    AmCallback, BtlError, BtlStats, ErrorCallback, Incoming, LocalPtr, MemReg, OnDone, OpId,
-    OpResult, OpStatus, Peer, PeerResolver, RawMemReg, Receive, RegMem, RemoteMem, RemotePtr, Tag,
+    BtlError, BtlStats, Incoming, LocalPtr, MemReg, OpId, OpResult, OpStatus, Peer, PeerResolver,
+    RawMemReg, Receive, RegMem, RemoteMem, RemotePtr, Tag,
 };
 pub use bytes::Bytes;
 pub use xrcbtl_fabric::{Access, IbAddr, MappedBuf, UserMem, XrcdId};

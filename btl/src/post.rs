@@ -136,7 +136,7 @@ pub(crate) struct PostedWr {
 // Moves of a posted request stay inline (see `SMALL_BODY`).
 const _: () = assert!(std::mem::size_of::<PostedWr>() <= 128);
 
-impl<C: Context> Core<C> {
+impl<C: Context, H> Core<C, H> {
     /// Posts `item` to endpoint `ei` if it can go now; gives it back if it
     /// must wait. An endpoint without a path is connected (on demand).
     // The item comes back by value to wait in its queue: moving its 104

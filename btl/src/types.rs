@@ -7,8 +7,6 @@ use std::sync::Arc;
 use xrcbtl_fabric::{Context, DmaBuf, Error, IbAddr, Result, WcStatus, XrcdId};
 use xrcbtl_xrc_conn::{FailReason, Node, Rank};
 
-use crate::btl::Btl;
-
 /// An active-message tag.
 pub type Tag = u8;
 
@@ -90,27 +88,10 @@ pub struct Incoming<'a> {
     pub data: &'a [u8],
 }
 
-/// An active-message callback. It runs with no lock of the BTL held, on a
-/// thread that called [`Btl::progress`], and may call back into the BTL
-/// (send, add endpoints, start operations). Callbacks run one at a time, in
-/// the order the messages arrived.
-pub type AmCallback<C> = Arc<dyn Fn(&Btl<C>, &Incoming<'_>) + Send + Sync>;
-
-/// An error callback: runs (like [`AmCallback`]) when the endpoint to a
-/// rank fails for good: the peer became unreachable or its process died.
-/// A peer that leaves cleanly, or an endpoint deleted with
-/// [`Btl::del_procs`], fails what was outstanding to it with
-/// [`BtlError::Closed`] but is not an error to report.
-pub type ErrorCallback<C> = Arc<dyn Fn(&Btl<C>, Rank, &BtlError) + Send + Sync>;
-
 /// Finds a rank this rank does not know when it asks for a connection
-/// ([`Btl::set_peer_resolver`]): gets the rank and where its request came
+/// ([`Btl::set_peer_resolver`](crate::Btl::set_peer_resolver)): gets the rank and where its request came
 /// from, where the CM said.
 pub type PeerResolver = Arc<dyn Fn(Rank, Option<SocketAddr>) -> Option<Peer> + Send + Sync>;
-
-/// An operation's completion callback: runs once (like [`AmCallback`])
-/// when the operation ends.
-pub type OnDone<C> = Box<dyn FnOnce(&Btl<C>, OpId, OpResult) + Send>;
 
 /// A peer to add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,9 +158,9 @@ impl std::str::FromStr for Receive {
 }
 
 /// Registered local memory: a user registration
-/// ([`Btl::register_mem`]) or memory the BTL allocated
-/// ([`Btl::alloc_mem`]). A plain handle: operations started with a user
-/// registration given back ([`Btl::deregister_mem`]) are refused, and
+/// ([`Btl::register_mem`](crate::Btl::register_mem)) or memory the BTL allocated
+/// ([`Btl::alloc_mem`](crate::Btl::alloc_mem)). A plain handle: operations started with a user
+/// registration given back ([`Btl::deregister_mem`](crate::Btl::deregister_mem)) are refused, and
 /// dropping an allocation while operations use it makes them fail; neither
 /// reaches other memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -465,7 +446,7 @@ pub struct BtlStats {
     /// kept for the connection driver's own sends).
     pub cq_full: u64,
     /// Peers made known by the resolver when they asked for a connection
-    /// ([`Btl::set_peer_resolver`]).
+    /// ([`Btl::set_peer_resolver`](crate::Btl::set_peer_resolver)).
     pub peers_resolved: u64,
     /// Eager messages that found no free bounce buffer when sent and waited
     /// in a heap copy.

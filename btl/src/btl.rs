@@ -203,6 +203,13 @@ impl<C: Context> Btl<C> {
         &self.cfg
     }
 
+    /// Whether this rank's rendezvous writes the data into the receiver's
+    /// memory (put) rather than having the receiver read it (get): its
+    /// [`BtlConfig::rndv_protocol`] on this device.
+    pub fn rndv_puts(&self) -> bool {
+        self.cfg.rndv_protocol.is_put(self.caps.transport)
+    }
+
     /// The most bytes (header and payload together) [`Btl::send`] and
     /// [`Btl::sendi`] take.
     pub fn max_send_size(&self) -> usize {

@@ -848,7 +848,7 @@ pub unsafe extern "C" fn xrcbtl_query(btl: *mut xrcbtl_t, out: *mut xrcbtl_info_
             info.flags |= if caps.atomics { XRCBTL_INFO_ATOMICS } else { 0 };
             info.flags |= if b.uses_credits() { XRCBTL_INFO_CREDITS } else { 0 };
             info.flags |= if h.in_sim { XRCBTL_INFO_SIMULATED } else { 0 };
-            info.flags |= if b.config().rndv_protocol.is_put(caps.transport) { XRCBTL_INFO_PREFERS_PUT } else { 0 };
+            info.flags |= if b.rndv_puts() { XRCBTL_INFO_PREFERS_PUT } else { 0 };
             info.max_send_size = b.max_send_size() as u64;
             info.max_inline = b.config().max_inline.min(caps.max_inline);
             info.max_registration = caps.max_mr_size;

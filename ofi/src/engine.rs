@@ -412,7 +412,7 @@ impl<C: Context> Engine<C> {
             }
         });
         let eager_max = btl.max_send_size().saturating_sub(HEADER_MAX);
-        let writes = btl.config().rndv_protocol.is_put(btl.caps().transport);
+        let writes = btl.rndv_puts();
         Engine {
             btl,
             state,
@@ -1497,19 +1497,17 @@ fn run<C: Context>(btl: &Btl<C>, state: &Arc<Mutex<State>>, ep: u16, w: Work) {
         }
         Work::ExposeRecv { grant, mem } => {
             let reg = mem.and_then(|m| btl.register_mem(m, Access::REMOTE_WRITE).ok());
-            let mut kept = false;
-            with_core(state, ep, |c| {
+            let open = with_core(state, ep, |c| {
                 let exposed = reg.map(|r| Exposed {
                     addr: r.addr(),
                     key: r.remote().rkey,
                 });
                 if let Some(r) = reg {
                     c.grants.insert(grant, r);
-                    kept = true;
                 }
                 c.rdm.handle_recv_exposed(grant, exposed);
             });
-            if let (Some(r), false) = (reg, kept) {
+            if let (Some(r), None) = (reg, open) {
                 // The endpoint closed meanwhile: give it back.
                 let _ = btl.deregister_mem(r);
             }
@@ -1568,10 +1566,9 @@ fn feed<C: Context>(
     })
 }
 
-fn with_core(state: &Arc<Mutex<State>>, ep: u16, f: impl FnOnce(&mut EpCore)) {
-    if let Some(core) = lock(state).eps.get_mut(&ep) {
-        f(core);
-    }
+/// Runs `f` on endpoint `ep`'s state; `None` if the endpoint is closed.
+fn with_core<R>(state: &Arc<Mutex<State>>, ep: u16, f: impl FnOnce(&mut EpCore) -> R) -> Option<R> {
+    lock(state).eps.get_mut(&ep).map(f)
 }
 
 #[cfg(test)]

@@ -247,8 +247,10 @@ struct SendState {
     grant: Option<u64>,
 }
 
+/// A large message on its way into a receive: read by the receiver, or
+/// (an endpoint [`Rdm::with_writes`]) written into the place it offered.
 #[derive(Debug)]
-struct ReadState {
+struct Pull {
     from: PeerEp,
     msg_id: u64,
     recv: OpRef,
@@ -282,14 +284,13 @@ pub struct Rdm {
     /// Eager sends waiting for the BTL's send completion (not delivery).
     sent_wait: HashSet<OpRef>,
     next_msg_id: u64,
-    reads: HashMap<u64, ReadState>,
-    next_read: u64,
+    /// Reads in flight, or (with `writes`) offers waiting for the
+    /// sender's Written, by number: the read's, or the offer's grant.
+    pulls: HashMap<u64, Pull>,
+    next_pull: u64,
     /// Large messages are written by their senders into offered places,
     /// not read.
     writes: bool,
-    /// Offers waiting for the sender's Written, by grant (numbered with
-    /// the reads).
-    grants: HashMap<u64, ReadState>,
     actions: VecDeque<Action>,
 }
 
@@ -308,10 +309,9 @@ impl Rdm {
             sends: HashMap::new(),
             sent_wait: HashSet::new(),
             next_msg_id: 1,
-            reads: HashMap::new(),
-            next_read: 1,
+            pulls: HashMap::new(),
+            next_pull: 1,
             writes: false,
-            grants: HashMap::new(),
             actions: VecDeque::new(),
         }
     }
@@ -332,7 +332,7 @@ impl Rdm {
     pub fn in_flight(&self) -> (usize, usize, usize) {
         (
             self.sends.len() + self.sent_wait.len(),
-            self.reads.len() + self.grants.len(),
+            self.pulls.len(),
             self.recvs.len(),
         )
     }
@@ -795,18 +795,18 @@ impl Rdm {
                 remote,
                 ..
             } => {
-                let pull = ReadState {
+                let pull = Pull {
                     from,
                     msg_id,
                     recv,
                     got,
                     truncated: place.truncated,
                 };
-                let id = self.next_read;
-                self.next_read += 1;
+                let id = self.next_pull;
+                self.next_pull += 1;
+                self.pulls.insert(id, pull);
                 let (offset, len) = (place.offset, place.len);
                 if self.writes {
-                    self.grants.insert(id, pull);
                     self.actions.push_back(Action::ExposeRecv {
                         grant: id,
                         recv,
@@ -814,7 +814,6 @@ impl Rdm {
                         len,
                     });
                 } else {
-                    self.reads.insert(id, pull);
                     self.actions.push_back(Action::Read {
                         read: id,
                         from,
@@ -830,7 +829,7 @@ impl Rdm {
 
     /// Read `read` finished (ok, or failed: the peer is gone or refused).
     pub fn handle_read(&mut self, read: u64, ok: bool) {
-        if let Some(r) = self.reads.remove(&read) {
+        if let Some(r) = self.pulls.remove(&read) {
             self.finish_pull(r, ok);
         }
     }
@@ -838,11 +837,11 @@ impl Rdm {
     /// The driver registered the place of offer `grant` (or failed to:
     /// `None`, and the receive fails, and so does the send).
     pub fn handle_recv_exposed(&mut self, grant: u64, exposed: Option<Exposed>) {
-        let Some(g) = self.grants.get(&grant) else {
+        let Some(g) = self.pulls.get(&grant) else {
             return;
         };
         let Some(place) = exposed else {
-            let g = self.grants.remove(&grant).expect("found");
+            let g = self.pulls.remove(&grant).expect("found");
             self.finish_pull(g, false);
             return;
         };
@@ -917,8 +916,10 @@ impl Rdm {
 
     /// The sender of offer `grant` wrote into it (status 0) or failed.
     fn handle_written_notice(&mut self, from: PeerEp, grant: u64, status: u32) {
-        if self.grants.get(&grant).is_some_and(|g| g.from == from) {
-            let g = self.grants.remove(&grant).expect("found");
+        // A reading endpoint offered nothing: its reads are not the
+        // peer's to end.
+        if self.writes && self.pulls.get(&grant).is_some_and(|g| g.from == from) {
+            let g = self.pulls.remove(&grant).expect("found");
             self.actions.push_back(Action::UnexposeRecv { grant });
             self.finish_pull(g, status == 0);
         }
@@ -926,7 +927,7 @@ impl Rdm {
 
     /// A large message's bytes are in (ok) or will not come: the receive
     /// completes and the sender hears it (Fin).
-    fn finish_pull(&mut self, r: ReadState, ok: bool) {
+    fn finish_pull(&mut self, r: Pull, ok: bool) {
         let outcome = match (ok, r.truncated) {
             (false, _) => Outcome::PeerLost,
             (true, 0) => Outcome::Done,
@@ -965,25 +966,19 @@ impl Rdm {
                 outcome: Outcome::PeerLost,
             });
         }
-        // Reads and offers from it, in the order they began (grants and
-        // reads share their numbers).
-        let mut pulls: Vec<(u64, bool)> = self
-            .reads
+        // Its reads and offers, in the order they began.
+        let mut pulls: Vec<u64> = self
+            .pulls
             .iter()
-            .map(|(&id, r)| (id, false, r))
-            .chain(self.grants.iter().map(|(&id, g)| (id, true, g)))
-            .filter(|(_, _, r)| r.from.domain == domain)
-            .map(|(id, offered, _)| (id, offered))
+            .filter(|(_, r)| r.from.domain == domain)
+            .map(|(&id, _)| id)
             .collect();
         pulls.sort_unstable();
-        for (id, offered) in pulls {
-            let r = if offered {
+        for id in pulls {
+            let r = self.pulls.remove(&id).expect("listed");
+            if self.writes {
                 self.actions.push_back(Action::UnexposeRecv { grant: id });
-                self.grants.remove(&id)
-            } else {
-                self.reads.remove(&id)
             }
-            .expect("listed");
             self.actions.push_back(Action::RecvDone {
                 recv: r.recv,
                 outcome: Outcome::PeerLost,

@@ -536,6 +536,38 @@ fn a_reading_and_a_writing_receiver_each_get_their_large_messages() {
     p.assert_clean();
 }
 
+/// A reading receiver offered no place: a peer's Written naming one of
+/// its reads changes nothing, and the read still completes the receive.
+#[test]
+fn a_written_notice_to_a_reading_receiver_is_ignored() {
+    let mut p = Pair::new(64);
+    p.send(A, 1, Space::Tagged(1), None, pattern(1000, 1), false);
+    p.recv(B, 10, Space::Tagged(1), tag_is(1), 1000);
+    run_but_no_transfer(&mut p);
+    assert_eq!(p.sides[1].reads.len(), 1, "a read waits");
+    let mut written = Vec::new();
+    Msg::Written {
+        common: Common {
+            flags: 0,
+            dst_ep: 0,
+            src_ep: 0,
+        },
+        grant: 1,
+        status: 0,
+    }
+    .encode(&mut written);
+    p.sides[1]
+        .rdm
+        .handle_message(A, Source::Known(0), &written)
+        .unwrap();
+    assert_eq!(p.sides[1].rdm.poll_action(), None);
+    assert_eq!(p.sides[1].rdm.in_flight(), (0, 1, 0));
+    p.run();
+    assert_eq!(p.sides[1].bufs[&10], pattern(1000, 1));
+    assert_eq!(p.sides[0].sends_done, [(1, Outcome::Done)]);
+    p.assert_clean();
+}
+
 #[test]
 fn an_offer_that_names_no_rendezvous_of_that_peer_is_refused() {
     let cts = |msg_id, len, src_ep| {

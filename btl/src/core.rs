@@ -24,6 +24,7 @@ use crate::config::{BtlConfig, MAX_RNDV};
 use crate::conn::{ConnDriver, ConnEvent};
 use crate::ep::{Endpoints, EpState, Kept, Path};
 use crate::iface::Iface;
+use crate::pools::{sink_start, Pools, Sink, Source};
 use crate::post::{PostedWr, SendQueue};
 use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
@@ -44,47 +45,6 @@ const CONTROL_SETTLED: u32 = 8;
 /// How often a rank looks for peers it waits on and has not heard from
 /// ([`Core::probe_silent`]).
 const PROBE_EVERY: Duration = Duration::from_secs(2);
-/// Message buffers kept for reuse.
-const BUFS_KEPT: usize = 256;
-/// Bytes of rendezvous sinks kept for reuse, all sizes together (at most
-/// what the registration cache keeps registered): a window of 64 messages
-/// of 1 MiB in flight (osu_bw's) finds its sinks, and their registrations,
-/// again on the next window instead of allocating, zeroing and registering
-/// each.
-const SINK_BYTES_KEPT: usize = 64 << 20;
-/// Rendezvous sinks hold at least this much.
-const SINK_MIN: usize = 64 * 1024;
-/// A sink's data starts on a page of its own and fills whole pages:
-/// registrations pin whole pages, and two sinks sharing a page would have
-/// their registrations merged by the cache (a new registration, and an old
-/// one kept pinned, at every use). A sink is allocated one page larger than
-/// its size, and its data starts at the first page boundary inside.
-const PAGE: usize = 4096;
-
-/// The size of the sink a buffer of capacity `cap` is, if it is one.
-fn sink_size(cap: usize) -> Option<usize> {
-    cap.checked_sub(PAGE)
-        .filter(|c| *c >= SINK_MIN && c.is_power_of_two())
-}
-
-/// Where a sink's data starts in its buffer: its first page boundary.
-fn sink_start(buf: &[u8]) -> usize {
-    buf.as_ptr().align_offset(PAGE)
-}
-
-/// The source of a rendezvous this rank sends: the data, kept alive and
-/// registered until the peer has it.
-pub(crate) struct Source {
-    pub data: Bytes,
-    pub reg: Registration,
-}
-
-/// The sink of a rendezvous this rank receives.
-pub(crate) struct Sink {
-    pub buf: Vec<u8>,
-    pub reg: Registration,
-}
-
 /// A message arriving in parts ([`Kind::Part`]), joined as they come.
 struct Train {
     tag: Tag,
@@ -93,9 +53,6 @@ struct Train {
     /// dropped, up to and including the last.
     bad: bool,
 }
-
-/// Joined messages' buffers kept for reuse.
-const JOINED_KEPT: usize = 8;
 
 /// A receive buffer a message arrived in, while its delivery reads it.
 struct Received<'a, C: Context> {
@@ -187,19 +144,13 @@ pub(crate) struct Core<C: Context, H> {
     pub cache: MemCache<C>,
     /// User registrations, by id.
     pub regs: WrSlab<UserReg<C>>,
-    sinks: HashMap<usize, Vec<Vec<u8>>>,
-    /// Bytes held in `sinks`.
-    sink_bytes: usize,
-    /// The most `sinks` may hold.
-    sink_budget: usize,
-    bufs: Vec<Vec<u8>>,
+    /// Buffers kept for reuse.
+    pools: Pools,
     /// Largest payload `send_bytes` splits into eager parts (0: none).
     pub split_limit: usize,
     /// Messages being joined from their parts, by endpoint (at most one
     /// per peer: the parts of a message are consecutive in its sequence).
     trains: HashMap<u32, Train>,
-    /// Buffers of joined messages kept for reuse.
-    joined_bufs: Vec<Vec<u8>>,
     /// The last QP number whose sender was looked up, with the driver's
     /// [`ConnDriver::qp_gen`] then and the sender.
     sender_seen: (u64, u32, Rank),
@@ -344,7 +295,7 @@ impl<C: Context, H> Core<C, H> {
             1
         };
         let cache = MemCache::new(ctx, iface.pd.clone(), cfg.rcache);
-        let sink_budget = SINK_BYTES_KEPT.min(cache.bytes_max());
+        let pools = Pools::new(iface.max_message(), cache.bytes_max());
         let put = cfg.rndv_protocol.is_put(iface.caps.transport);
         // Reads beyond the initiator depth would only queue in the device.
         let pipeline = if put {
@@ -375,13 +326,9 @@ impl<C: Context, H> Core<C, H> {
             ops: Ops::default(),
             cache,
             regs: WrSlab::new(),
-            sinks: HashMap::new(),
-            sink_bytes: 0,
-            sink_budget,
-            bufs: Vec::new(),
+            pools,
             split_limit,
             trains: HashMap::new(),
-            joined_bufs: Vec::new(),
             sender_seen: (u64::MAX, 0, 0),
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
@@ -418,57 +365,7 @@ impl<C: Context, H> Core<C, H> {
     /// A buffer for a message (reused; sized for the largest eager
     /// message, so that no message ever grows it).
     pub fn buf(&mut self) -> Vec<u8> {
-        let cap = self.iface.max_message();
-        self.bufs.pop().unwrap_or_else(|| Vec::with_capacity(cap))
-    }
-
-    /// Takes back a buffer a delivery is done with.
-    pub fn recycle(&mut self, buf: Vec<u8>) {
-        let cap = buf.capacity();
-        if let Some(size) = sink_size(cap) {
-            if buf.len() != cap {
-                return;
-            }
-            // The pool follows the sizes in use now: sinks of other sizes
-            // make room (a run that went through smaller sizes first must
-            // not leave the budget to them).
-            if self.sink_bytes + cap > self.sink_budget {
-                for (other, pool) in self.sinks.iter_mut().filter(|(s, _)| **s != size) {
-                    while self.sink_bytes + cap > self.sink_budget {
-                        let Some(old) = pool.pop() else { break };
-                        debug_assert_eq!(sink_size(old.capacity()), Some(*other));
-                        self.sink_bytes -= old.capacity();
-                    }
-                }
-            }
-            if self.sink_bytes + cap <= self.sink_budget {
-                self.sink_bytes += cap;
-                self.sinks.entry(size).or_default().push(buf);
-            }
-        } else if cap > self.iface.max_message() {
-            if self.joined_bufs.len() < JOINED_KEPT {
-                self.joined_bufs.push(buf);
-            }
-        } else if self.bufs.len() < BUFS_KEPT && cap > 0 {
-            self.bufs.push(buf);
-        }
-    }
-
-    /// A rendezvous sink for `len` bytes: a buffer from the pool, or a new
-    /// one (`None` when the memory cannot be had).
-    fn sink_buf(&mut self, len: usize) -> Option<Vec<u8>> {
-        let size = len.checked_next_power_of_two()?.max(SINK_MIN);
-        if let Some(b) = self.sinks.get_mut(&size).and_then(|p| p.pop()) {
-            self.sink_bytes -= b.capacity();
-            return Some(b);
-        }
-        let cap = size.checked_add(PAGE)?;
-        let mut b = Vec::new();
-        b.try_reserve_exact(cap).ok()?;
-        b.resize(b.capacity(), 0);
-        // An allocator that gave more than asked makes no sink: the pool
-        // could not tell it apart from another buffer.
-        (sink_size(b.capacity()) == Some(size)).then_some(b)
+        self.pools.buf()
     }
 
     // ---- progress ----------------------------------------------------------
@@ -1047,7 +944,7 @@ impl<C: Context, H> Core<C, H> {
         ep.state = EpState::Gone(e.clone());
         let rank = ep.rank;
         if let Some(t) = self.trains.remove(&ei) {
-            self.recycle(t.buf);
+            self.pools.recycle(t.buf);
         }
         for item in self.eps.drain(ei) {
             self.drop_item(ei, item, e.clone());
@@ -1263,15 +1160,13 @@ impl<C: Context, H> Core<C, H> {
                 // Control in the middle of a train: the parts are
                 // consecutive, so the peer broke them.
                 self.stats.malformed += 1;
-                self.recycle(t.buf);
+                self.pools.recycle(t.buf);
                 return;
             }
             Some(t) => t,
             None => {
-                let mut buf = self.joined_bufs.pop().unwrap_or_else(|| {
-                    Vec::with_capacity(self.split_limit.max(2 * self.iface.max_message()))
-                });
-                buf.clear();
+                let cap = self.split_limit.max(2 * self.iface.max_message());
+                let buf = self.pools.joined(cap);
                 Train {
                     tag: h.tag,
                     buf,
@@ -1294,7 +1189,7 @@ impl<C: Context, H> Core<C, H> {
             return;
         }
         if train.bad {
-            self.recycle(train.buf);
+            self.pools.recycle(train.buf);
             return;
         }
         let end = train.buf.len();
@@ -1315,7 +1210,7 @@ impl<C: Context, H> Core<C, H> {
     /// it owes its sender).
     pub fn consumed(&mut self, body: Body<C>) {
         match body {
-            Body::Heap(buf) => self.recycle(buf),
+            Body::Heap(buf) => self.pools.recycle(buf),
             Body::Received { slot, credit, .. } => {
                 self.iface.give_back(slot);
                 // Posted again now when a batch is due: the receiver may
@@ -1347,7 +1242,7 @@ impl<C: Context, H> Core<C, H> {
         let sink = if rts.len > self.cfg.rndv_max.min(MAX_RNDV) {
             None
         } else {
-            self.sink_buf(rts.len as usize)
+            self.pools.sink(rts.len as usize)
         };
         let Some(mut buf) = sink else {
             self.stats.rndv_refused += 1;
@@ -1370,7 +1265,7 @@ impl<C: Context, H> Core<C, H> {
             Ok(r) => r,
             Err(_) => {
                 self.stats.lost += 1;
-                return self.recycle(buf);
+                return self.pools.recycle(buf);
             }
         };
         let sink = Local {
@@ -1381,7 +1276,7 @@ impl<C: Context, H> Core<C, H> {
         if let Err(s) = self.rndv.on_rts(src, tag, rts, sink, Sink { buf, reg }) {
             self.stats.malformed += 1;
             self.cache.release(s.reg);
-            self.recycle(s.buf);
+            self.pools.recycle(s.buf);
         }
     }
 
@@ -1425,7 +1320,7 @@ impl<C: Context, H> Core<C, H> {
                 }
                 Act::Release { sink } => {
                     self.cache.release(sink.reg);
-                    self.recycle(sink.buf);
+                    self.pools.recycle(sink.buf);
                 }
             }
         }

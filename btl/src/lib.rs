@@ -16,6 +16,7 @@
 //! | `ep.rs` | endpoints, their pending queues and ordering rules |
 //! | `credits.rs` | credit flow control where the device has no RNR |
 //! | `wr_id.rs` | the wr_id space |
+//! | `pools.rs` | buffers kept for reuse: message buffers, joined messages, rendezvous sinks; a rendezvous' source and sink |
 //! | `post.rs` | the one place that turns work into a posted work request |
 //! | `proto/` | eager order, rendezvous, one-sided, atomics, operations: state machines without I/O |
 //! | [`wire`] | the message header and the rendezvous control payloads |
@@ -37,6 +38,7 @@ mod credits;
 mod ep;
 mod iface;
 pub mod place;
+mod pools;
 mod post;
 mod proto;
 pub mod sim;

@@ -25,7 +25,7 @@ use crate::conn::{ConnDriver, ConnEvent};
 use crate::ep::{Endpoints, EpState, Kept, Path};
 use crate::iface::Iface;
 use crate::pools::{sink_start, Pools, Sink, Source};
-use crate::post::{PostedWr, SendQueue};
+use crate::post::{SendQueues, SendView};
 use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
@@ -126,19 +126,12 @@ pub(crate) struct Core<C: Context, H> {
     pub iface: Iface<C>,
     pub drv: ConnDriver<C>,
     pub eps: Endpoints,
-    pub slab: WrSlab<PostedWr>,
-    /// Send-queue state per QP slot of the driver.
-    pub sq: Vec<SendQueue>,
+    /// Posted work, and the round robin of endpoints with queued work.
+    sends: SendQueues,
     /// The endpoints whose path an XRC INI QP was, by its slot: what its
     /// destruction must clear (an RC QP's, and the loopback's, is the one
     /// the driver names).
     pub ini_users: HashMap<u32, Vec<u32>>,
-    /// Signalled work requests posted and not completed: the send CQ is
-    /// polled only while there are some (and on control ticks).
-    pub signalled_out: usize,
-    /// Someone waits for everything to complete: unsignalled work must be
-    /// followed by a signalled message on its QP.
-    pub want_cover: bool,
     pub rndv: Rndv<Source, Sink>,
     pub ops: Ops<DoneFn<H>>,
     pub cache: MemCache<C>,
@@ -178,10 +171,6 @@ pub(crate) struct Core<C: Context, H> {
     recv_batch: Option<Batch<WorkCompletion>>,
     /// The last receive poll found the CQ empty before the batch was full.
     recv_dry: bool,
-    pub ring_blocked: VecDeque<u32>,
-    pub ring_served: VecDeque<u32>,
-    /// Where inline messages are gathered.
-    pub inline: Box<[u8; crate::post::INLINE_MAX]>,
 }
 
 impl<C: Context, H> Core<C, H> {
@@ -317,11 +306,8 @@ impl<C: Context, H> Core<C, H> {
             iface,
             drv,
             eps: Endpoints::default(),
-            slab: WrSlab::new(),
-            sq: Vec::new(),
+            sends: SendQueues::default(),
             ini_users: HashMap::new(),
-            signalled_out: 0,
-            want_cover: false,
             rndv,
             ops: Ops::default(),
             cache,
@@ -343,9 +329,6 @@ impl<C: Context, H> Core<C, H> {
             probe_at: Duration::ZERO,
             control_every,
             drained: false,
-            ring_blocked: VecDeque::new(),
-            ring_served: VecDeque::new(),
-            inline: Box::new([0; crate::post::INLINE_MAX]),
         })
     }
 
@@ -366,6 +349,36 @@ impl<C: Context, H> Core<C, H> {
     /// message, so that no message ever grows it).
     pub fn buf(&mut self) -> Vec<u8> {
         self.pools.buf()
+    }
+
+    /// The send queues, with what they work through lent for one call.
+    fn sends(&mut self) -> (&mut SendQueues, SendView<'_, C>) {
+        let view = SendView {
+            cfg: &self.cfg,
+            iface: &mut self.iface,
+            drv: &mut self.drv,
+            eps: &mut self.eps,
+            rndv: &mut self.rndv,
+            stats: &mut self.stats,
+            fc: self.fc,
+        };
+        (&mut self.sends, view)
+    }
+
+    /// Posts `item` to endpoint `ei` if it can go now ([`SendQueues::post`]);
+    /// gives it back if it must wait.
+    // By value, as `SendQueues::post` takes and returns it.
+    #[allow(clippy::result_large_err)]
+    pub fn post(&mut self, ei: u32, item: Item) -> std::result::Result<(), Item> {
+        let (sends, mut v) = self.sends();
+        sends.post(&mut v, ei, item)
+    }
+
+    /// Drains the pending queues round robin ([`SendQueues::drain_pending`]);
+    /// returns the posts made.
+    pub fn drain_pending(&mut self) -> usize {
+        let (sends, mut v) = self.sends();
+        sends.drain_pending(&mut v)
     }
 
     // ---- progress ----------------------------------------------------------
@@ -395,11 +408,11 @@ impl<C: Context, H> Core<C, H> {
         }
         // The send CQ holds completions of signalled work (and, rarely, of
         // the driver's hello, seen on the control ticks).
-        if due || self.signalled_out > 0 {
+        if due || self.sends.signalled_out() > 0 {
             n += self.poll_send();
         }
-        if self.want_cover {
-            self.cover_unsignalled();
+        if self.sends.wants_cover() {
+            self.sends.cover_unsignalled(&mut self.eps);
         }
         n += self.poll_recv();
         if self.drv.draining() && self.recv_dry {
@@ -438,9 +451,7 @@ impl<C: Context, H> Core<C, H> {
                 qpn,
                 srqns,
             } => {
-                if self.sq.len() <= slot as usize {
-                    self.sq.resize_with(slot as usize + 1, SendQueue::default);
-                }
+                self.sends.slot_ready(slot);
                 if let Some(ei) = self.eps.find(rank) {
                     let ep = self.eps.get_mut(ei);
                     ep.connecting = false;
@@ -495,11 +506,7 @@ impl<C: Context, H> Core<C, H> {
             }
             ConnEvent::Notice(Notice::Ready { .. } | Notice::Refused { .. }) => {}
             ConnEvent::Destroyed { slot, qpn, peer } => {
-                if let Some(q) = self.sq.get_mut(slot as usize) {
-                    q.used = 0;
-                    q.unsignalled.clear();
-                    q.cover_queued = false;
-                }
+                self.sends.slot_destroyed(slot);
                 // Only the endpoints that used the QP hold anything of it:
                 // its peer's (RC, loopback), or those whose path it was
                 // (XRC INI). Not a look through every endpoint: a million
@@ -537,9 +544,7 @@ impl<C: Context, H> Core<C, H> {
                     }
                 }
                 // Work on a destroyed QP never completes: post it again.
-                for (_, p) in self.slab.extract(|p| p.qp == slot) {
-                    self.forget(&p);
-                    self.release(&p);
+                for p in self.sends.take(&mut self.eps, |p| p.qp == slot) {
                     self.requeue(p.ep, p.item);
                 }
             }
@@ -576,28 +581,6 @@ impl<C: Context, H> Core<C, H> {
                 self.stats.probes += 1;
                 self.eps.requeue(ei, crate::post::credit_item());
             }
-        }
-    }
-
-    /// Posted work taken out of the slab without its completion: a
-    /// signalled request no longer awaits one. (An unsignalled one's id
-    /// stays in its queue's list and finds nothing when popped.)
-    fn forget(&mut self, p: &PostedWr) {
-        if p.signalled {
-            self.signalled_out -= 1;
-        }
-    }
-
-    /// Undoes the accounting of posted work that is over.
-    fn release(&mut self, p: &PostedWr) {
-        if let Some(q) = self.sq.get_mut(p.qp as usize) {
-            q.used = q.used.saturating_sub(1);
-        }
-        let ep = self.eps.get_mut(p.ep);
-        ep.in_flight = ep.in_flight.saturating_sub(1);
-        if ep.in_flight == 0 {
-            ep.flight_slot = None;
-            self.eps.mark_ready(p.ep);
         }
     }
 
@@ -710,25 +693,17 @@ impl<C: Context, H> Core<C, H> {
             }
             WrId::Recv(_) => {}
             WrId::Send(id) => {
-                let Some(&PostedWr {
-                    qp, no, signalled, ..
-                }) = self.slab.get(id)
-                else {
+                let Some((qp, no, _)) = self.sends.find(id) else {
                     return;
                 };
                 // A QP's work completes in order: whatever went unsignalled
                 // before this request is done.
-                self.complete_unsignalled(qp, no, wc);
-                if signalled {
-                    self.signalled_out -= 1;
-                } else if let Some(q) = self.sq.get_mut(qp as usize) {
-                    // An unsignalled request reports only its failure.
-                    q.unsignalled.retain(|&(_, i)| i != id);
+                while let Some(p) = self.sends.pop_unsignalled_before(&mut self.eps, qp, no) {
+                    self.sent_ok(p.ep, p.item, wc);
                 }
-                let Some(p) = self.slab.remove(id) else {
+                let Some(p) = self.sends.complete(&mut self.eps, id) else {
                     return;
                 };
-                self.release(&p);
                 if wc.status == WcStatus::Success {
                     return self.sent_ok(p.ep, p.item, wc);
                 }
@@ -750,46 +725,6 @@ impl<C: Context, H> Core<C, H> {
                 }
             }
         }
-    }
-
-    /// Completes the unsignalled work posted on QP slot `qp` before its
-    /// post number `no`.
-    fn complete_unsignalled(&mut self, qp: u32, no: u64, wc: &WorkCompletion) {
-        while let Some(&(n, id)) = self.sq.get(qp as usize).and_then(|q| q.unsignalled.front()) {
-            if n >= no {
-                break;
-            }
-            self.sq[qp as usize].unsignalled.pop_front();
-            if let Some(p) = self.slab.remove(id) {
-                self.release(&p);
-                self.sent_ok(p.ep, p.item, wc);
-            }
-        }
-    }
-
-    /// Queues a signalled message behind the unsignalled work of every QP
-    /// that has nothing signalled after it, so that all of it completes.
-    fn cover_unsignalled(&mut self) {
-        let mut any = false;
-        for slot in 0..self.sq.len() {
-            // Work its endpoint's failure took away is no longer waited for.
-            let slab = &self.slab;
-            let q = &mut self.sq[slot];
-            q.unsignalled.retain(|&(_, id)| slab.get(id).is_some());
-            let Some(&(n, id)) = q.unsignalled.back() else {
-                q.cover_queued = false;
-                continue;
-            };
-            any = true;
-            if q.cover_queued || q.last_signalled > n {
-                continue;
-            }
-            if let Some(ei) = self.slab.get(id).map(|p| p.ep) {
-                self.sq[slot].cover_queued = true;
-                self.eps.requeue(ei, crate::post::cover_item());
-            }
-        }
-        self.want_cover = any;
     }
 
     /// Work of endpoint `ei` completed successfully. Where credits flow, a
@@ -955,9 +890,7 @@ impl<C: Context, H> Core<C, H> {
                 self.let_go_kept(item);
             }
         }
-        for (_, p) in self.slab.extract(|p| p.ep == ei) {
-            self.forget(&p);
-            self.release(&p);
+        for p in self.sends.take(&mut self.eps, |p| p.ep == ei) {
             self.drop_item(ei, p.item, e.clone());
         }
         self.rndv.fail_peer(rank, &e);
@@ -1377,7 +1310,8 @@ impl<C: Context, H> Core<C, H> {
         let len = parts[0].len() + parts[1].len();
         if HEADER + len <= self.cfg.max_inline as usize {
             if kind == Kind::Eager {
-                if let Some(went) = self.send_small(ei, tag, parts, now_only) {
+                let (sends, mut v) = self.sends();
+                if let Some(went) = sends.send_small(&mut v, ei, tag, parts, now_only) {
                     return went;
                 }
             }
@@ -1555,12 +1489,10 @@ impl<C: Context, H> Core<C, H> {
     /// rendezvous in progress, no operation, nothing to deliver. Asking
     /// covers unsignalled work (see [`SendQueue`]) at once.
     pub fn is_idle(&mut self) -> bool {
-        if self.slab.len() > self.signalled_out {
-            self.want_cover = true;
-            self.cover_unsignalled();
+        if self.sends.ask_cover(&mut self.eps) {
             self.drain_pending();
         }
-        self.slab.is_empty()
+        self.sends.is_empty()
             && self.eps.pending_now == 0
             && self.rndv.is_idle()
             && self.ops.is_empty()
@@ -1573,8 +1505,8 @@ impl<C: Context, H> Core<C, H> {
         format!(
             "work requests {} ({} signalled), pending {}, rendezvous out {outs} in {ins} \
              asked {acts}, operations {:?}, deliveries {}",
-            self.slab.len(),
-            self.signalled_out,
+            self.sends.len(),
+            self.sends.signalled_out(),
             self.eps.pending_now,
             self.ops.live(),
             self.deliveries.len()

@@ -1,7 +1,10 @@
-//! The one place that turns work into a posted work request, for queued
-//! work and for work posted at once ([`crate::Btl::send`],
-//! [`crate::Btl::sendi`]) alike, and the round-robin drain of the pending
-//! queues.
+//! The send queues ([`SendQueues`]): the one place that turns work into a
+//! posted work request, for queued work and for work posted at once
+//! ([`crate::Btl::send`], [`crate::Btl::sendi`]) alike, the round-robin
+//! drain of the pending queues, and the record of posted work until it
+//! completes. They work through what the core lends them for a call
+//! ([`SendView`]) and never name the core: what completed goes back to it,
+//! to judge.
 //!
 //! A message goes as one work request: its header is written in front of
 //! the body in the message's bounce slot and the slot is posted (or the
@@ -15,20 +18,24 @@
 //! no RNR, credits. Otherwise it goes back to its queue.
 //!
 //! A short eager message to an endpoint with nothing queued takes a
-//! shorter way ([`Core::send_small`]): the same checks and records, made
+//! shorter way ([`SendQueues::send_small`]): the same checks and records, made
 //! in one function, with its body gathered once; whatever that way cannot
 //! take (a queue, no path, no credits) it leaves to the general one.
 
 use std::collections::VecDeque;
 
-use crate::types::Tag;
 use xrcbtl_fabric::{Context, Error, Payload, Qp, QpCaps, SendOp, SendWr, Sge};
+use xrcbtl_progress::WrSlab;
 
-use crate::core::Core;
+use crate::config::BtlConfig;
+use crate::conn::ConnDriver;
 use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
-use crate::iface::Slots;
-use crate::proto::rndv::RESUME;
+use crate::ep::Endpoints;
+use crate::iface::{Iface, Slots};
+use crate::pools::{Sink, Source};
+use crate::proto::rndv::{Rndv, RESUME};
 use crate::proto::{Owner, Rdma, RdmaOp};
+use crate::types::{BtlStats, Tag};
 use crate::wire::{Header, Kind, HEADER};
 use crate::work::{small_body, Item, Msg, Store, Work, SMALL_BODY};
 use crate::wr_id::WrId;
@@ -57,7 +64,7 @@ const COVER: Tag = 1;
 /// order, so that completion is theirs too. A failed unsignalled request
 /// still reports itself (errors always complete), and a destroyed QP
 /// gives all of its work back for posting again. When someone waits for
-/// everything to complete ([`Core::is_idle`]) and a QP has nothing
+/// everything to complete ([`SendQueues::ask_cover`]) and a QP has nothing
 /// signalled behind its unsignalled work, progress queues a signalled
 /// credit-only message (a cover) on it.
 #[derive(Debug, Default)]
@@ -136,19 +143,237 @@ pub(crate) struct PostedWr {
 // Moves of a posted request stay inline (see `SMALL_BODY`).
 const _: () = assert!(std::mem::size_of::<PostedWr>() <= 128);
 
-impl<C: Context, H> Core<C, H> {
+/// The posted-work state of a BTL: every request posted and not known
+/// complete, the send side of each QP, and the round robin of endpoints
+/// with queued work. It turns work into posted requests and gives back
+/// what completed; what a completion means (a message kept until its
+/// credits come back, work requeued or dropped, an endpoint failed) is for
+/// the core to judge.
+#[derive(Debug)]
+pub(crate) struct SendQueues {
+    /// Work posted and not completed, by its wr_id's index.
+    slab: WrSlab<PostedWr>,
+    /// The send side of each QP slot of the driver.
+    sq: Vec<SendQueue>,
+    /// Signalled work requests posted and not completed: the send CQ is
+    /// polled only while there are some (and on control ticks).
+    signalled_out: usize,
+    /// Someone waits for everything to complete: unsignalled work must be
+    /// followed by a signalled message on its QP.
+    want_cover: bool,
+    /// Where inline messages are gathered.
+    inline: Box<[u8; INLINE_MAX]>,
+    /// The endpoints a drain pass found blocked, then served (kept to
+    /// reuse their memory).
+    ring_blocked: VecDeque<u32>,
+    ring_served: VecDeque<u32>,
+}
+
+/// What the send queues work through, lent by the core for one call: the
+/// endpoints and their queues, the device's bounce slots and QPs, the
+/// rendezvous (a write posted, a FIN that must resume), and the counters.
+pub(crate) struct SendView<'a, C: Context> {
+    pub cfg: &'a BtlConfig,
+    pub iface: &'a mut Iface<C>,
+    pub drv: &'a mut ConnDriver<C>,
+    pub eps: &'a mut Endpoints,
+    pub rndv: &'a mut Rndv<Source, Sink>,
+    pub stats: &'a mut BtlStats,
+    /// Credit flow control: the device has no RNR (iWARP).
+    pub fc: bool,
+}
+
+impl Default for SendQueues {
+    fn default() -> Self {
+        SendQueues {
+            slab: WrSlab::new(),
+            sq: Vec::new(),
+            signalled_out: 0,
+            want_cover: false,
+            inline: Box::new([0; INLINE_MAX]),
+            ring_blocked: VecDeque::new(),
+            ring_served: VecDeque::new(),
+        }
+    }
+}
+
+impl SendQueues {
+    /// Work requests posted and not known complete.
+    pub fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    /// Whether no work request is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.slab.is_empty()
+    }
+
+    /// Signalled work requests outstanding: while there are none, the
+    /// send CQ has nothing for this rank but on control ticks.
+    pub fn signalled_out(&self) -> usize {
+        self.signalled_out
+    }
+
+    /// Whether someone waits for the unsignalled work to complete.
+    pub fn wants_cover(&self) -> bool {
+        self.want_cover
+    }
+
+    /// A QP came up in driver slot `slot`: it gets a send side.
+    pub fn slot_ready(&mut self, slot: u32) {
+        if self.sq.len() <= slot as usize {
+            self.sq.resize_with(slot as usize + 1, SendQueue::default);
+        }
+    }
+
+    /// The QP in `slot` was destroyed: nothing is outstanding on it any
+    /// more (its work is taken out with [`SendQueues::take`]).
+    pub fn slot_destroyed(&mut self, slot: u32) {
+        if let Some(q) = self.sq.get_mut(slot as usize) {
+            q.used = 0;
+            q.unsignalled.clear();
+            q.cover_queued = false;
+        }
+    }
+
+    /// Takes out the posted work `pick` chooses, as if it had completed
+    /// (it never will: its QP or its endpoint is gone), for the core to
+    /// post again or drop.
+    pub fn take(
+        &mut self,
+        eps: &mut Endpoints,
+        pick: impl FnMut(&PostedWr) -> bool,
+    ) -> Vec<PostedWr> {
+        let taken: Vec<PostedWr> = self
+            .slab
+            .extract(pick)
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        for p in &taken {
+            // A signalled request no longer awaits its completion (an
+            // unsignalled one's id stays in its queue's list and finds
+            // nothing when popped).
+            if p.signalled {
+                self.signalled_out -= 1;
+            }
+            self.release(eps, p);
+        }
+        taken
+    }
+
+    /// Where request `id`, whose completion came, went: its QP slot, its
+    /// number there, and whether it was signalled. `None` if it is no
+    /// longer outstanding.
+    pub fn find(&self, id: u64) -> Option<(u32, u64, bool)> {
+        self.slab.get(id).map(|p| (p.qp, p.no, p.signalled))
+    }
+
+    /// The oldest unsignalled request posted on QP slot `qp` before its
+    /// request number `no`, which a later completion there completed (a
+    /// QP completes its work in order).
+    pub fn pop_unsignalled_before(
+        &mut self,
+        eps: &mut Endpoints,
+        qp: u32,
+        no: u64,
+    ) -> Option<PostedWr> {
+        loop {
+            let q = self.sq.get_mut(qp as usize)?;
+            let &(n, id) = q.unsignalled.front()?;
+            if n >= no {
+                return None;
+            }
+            q.unsignalled.pop_front();
+            if let Some(p) = self.slab.remove(id) {
+                self.release(eps, &p);
+                return Some(p);
+            }
+        }
+    }
+
+    /// Request `id`'s completion came (a success, or any request's
+    /// failure): it is no longer outstanding.
+    pub fn complete(&mut self, eps: &mut Endpoints, id: u64) -> Option<PostedWr> {
+        let p = self.slab.remove(id)?;
+        if p.signalled {
+            self.signalled_out -= 1;
+        } else if let Some(q) = self.sq.get_mut(p.qp as usize) {
+            // An unsignalled request reports only its failure.
+            q.unsignalled.retain(|&(_, i)| i != id);
+        }
+        self.release(eps, &p);
+        Some(p)
+    }
+
+    /// Undoes the accounting of posted work that is over.
+    fn release(&mut self, eps: &mut Endpoints, p: &PostedWr) {
+        if let Some(q) = self.sq.get_mut(p.qp as usize) {
+            q.used = q.used.saturating_sub(1);
+        }
+        let ep = eps.get_mut(p.ep);
+        ep.in_flight = ep.in_flight.saturating_sub(1);
+        if ep.in_flight == 0 {
+            ep.flight_slot = None;
+            eps.mark_ready(p.ep);
+        }
+    }
+
+    /// Asks that all unsignalled work complete: covers are queued now,
+    /// and unsignalled posting stops until everything has completed.
+    /// Returns whether there was unsignalled work to cover (covers may
+    /// wait to be posted).
+    pub fn ask_cover(&mut self, eps: &mut Endpoints) -> bool {
+        if self.slab.len() == self.signalled_out {
+            return false;
+        }
+        self.want_cover = true;
+        self.cover_unsignalled(eps);
+        true
+    }
+
+    /// Queues a signalled message behind the unsignalled work of every QP
+    /// that has nothing signalled after it, so that all of it completes.
+    pub fn cover_unsignalled(&mut self, eps: &mut Endpoints) {
+        let mut any = false;
+        for slot in 0..self.sq.len() {
+            // Work its endpoint's failure took away is no longer waited for.
+            let slab = &self.slab;
+            let q = &mut self.sq[slot];
+            q.unsignalled.retain(|&(_, id)| slab.get(id).is_some());
+            let Some(&(n, id)) = q.unsignalled.back() else {
+                q.cover_queued = false;
+                continue;
+            };
+            any = true;
+            if q.cover_queued || q.last_signalled > n {
+                continue;
+            }
+            if let Some(ei) = self.slab.get(id).map(|p| p.ep) {
+                self.sq[slot].cover_queued = true;
+                eps.requeue(ei, cover_item());
+            }
+        }
+        self.want_cover = any;
+    }
+
     /// Posts `item` to endpoint `ei` if it can go now; gives it back if it
     /// must wait. An endpoint without a path is connected (on demand).
     // The item comes back by value to wait in its queue: moving its 104
     // bytes costs less than the allocation boxing it would take per message.
     #[allow(clippy::result_large_err)]
-    pub(crate) fn post(&mut self, ei: u32, mut item: Item) -> Result<(), Item> {
-        let ep = self.eps.get_mut(ei);
+    pub(crate) fn post<C: Context>(
+        &mut self,
+        v: &mut SendView<'_, C>,
+        ei: u32,
+        mut item: Item,
+    ) -> Result<(), Item> {
+        let ep = v.eps.get_mut(ei);
         let Some(path) = ep.path.as_ref() else {
             if !ep.connecting {
                 ep.connecting = true;
-                let (now, rank) = (self.cfg.clock.now(), ep.rank);
-                self.drv.connect(now, rank);
+                let (now, rank) = (v.cfg.clock.now(), ep.rank);
+                v.drv.connect(now, rank);
             }
             return Err(item);
         };
@@ -157,19 +382,19 @@ impl<C: Context, H> Core<C, H> {
             // Work is still out on the old path: nothing may overtake it.
             return Err(item);
         }
-        let Some((qp, caps)) = self.drv.qp(slot) else {
+        let Some((qp, caps)) = v.drv.qp(slot) else {
             return Err(item);
         };
         if self.sq[slot as usize].used >= caps.max_send_wr {
-            self.stats.no_resource += 1;
+            v.stats.no_resource += 1;
             return Err(item);
         }
         // Signalled requests complete on the one send CQ that all QPs
         // share: past its capacity the CQ overruns and takes every QP down
         // with it. The work waits in the pending queue. (Counted over all
         // posted work: an unsignalled request still completes with an error.)
-        if self.slab.len() >= self.iface.send_budget as usize {
-            self.stats.cq_full += 1;
+        if self.slab.len() >= v.iface.send_budget as usize {
+            v.stats.cq_full += 1;
             return Err(item);
         }
         let mut sgl = [Sge::default(); 2];
@@ -179,13 +404,13 @@ impl<C: Context, H> Core<C, H> {
         let (op, srqn) = match &mut item.work {
             Work::Msg(m) => {
                 let credit = m.kind == Kind::Credit;
-                if self.fc {
-                    let cr = ep.credits.of(qpn, self.cfg.credits);
+                if v.fc {
+                    let cr = ep.credits.of(qpn, v.cfg.credits);
                     if credit && cr.to_return == 0 && m.tag != COVER {
                         // A message already carried them: nothing to send.
                         cr.returning = false;
                         if let Store::Slot(s) = m.store {
-                            self.iface.bounce.give(s);
+                            v.iface.bounce.give(s);
                         }
                         return Ok(());
                     }
@@ -193,7 +418,7 @@ impl<C: Context, H> Core<C, H> {
                     match cr.offer(need) {
                         Some(r) => returned = r,
                         None => {
-                            self.stats.credit_stalls += 1;
+                            v.stats.credit_stalls += 1;
                             return Err(item);
                         }
                     }
@@ -201,7 +426,7 @@ impl<C: Context, H> Core<C, H> {
                 let total = HEADER + m.len as usize;
                 let mut hdr = [0u8; HEADER];
                 Header {
-                    src: self.cfg.rank,
+                    src: v.cfg.rank,
                     seq: m.seq,
                     kind: m.kind,
                     // A credit message's tag only marks a cover, locally.
@@ -214,12 +439,12 @@ impl<C: Context, H> Core<C, H> {
                     // Decided as it goes: a put some of whose writes went
                     // on another connection asks for its RTR again.
                     let mut id = [0u8; 8];
-                    m.store.copy_to(&self.iface.bounce, &mut id);
+                    m.store.copy_to(&v.iface.bounce, &mut id);
                     let msg = u64::from_le_bytes(id);
-                    if msg & RESUME == 0 && self.rndv.fin_resumes(msg, qpn) {
+                    if msg & RESUME == 0 && v.rndv.fin_resumes(msg, qpn) {
                         let marked = (msg | RESUME).to_le_bytes();
                         match &mut m.store {
-                            Store::Slot(s) => self.iface.bounce.write(*s, HEADER, &marked),
+                            Store::Slot(s) => v.iface.bounce.write(*s, HEADER, &marked),
                             store => *store = Store::Heap(marked.to_vec()),
                         }
                     }
@@ -229,7 +454,7 @@ impl<C: Context, H> Core<C, H> {
                     // heap needs no slot.
                     let inline = &mut self.inline[..total];
                     inline[..HEADER].copy_from_slice(&hdr);
-                    m.store.copy_to(&self.iface.bounce, &mut inline[HEADER..]);
+                    m.store.copy_to(&v.iface.bounce, &mut inline[HEADER..]);
                     inline_len = total;
                 } else {
                     let s = match &mut m.store {
@@ -240,12 +465,12 @@ impl<C: Context, H> Core<C, H> {
                             // free, a message queued behind this one gives
                             // up its slot (or they would wait for each
                             // other forever).
-                            let s = match self.iface.bounce.take_for(credit) {
+                            let s = match v.iface.bounce.take_for(credit) {
                                 Some(s) => s,
-                                None => match steal_slot(&mut ep.pending, &self.iface.bounce) {
+                                None => match steal_slot(&mut ep.pending, &v.iface.bounce) {
                                     Some(s) => s,
                                     None => {
-                                        self.stats.no_resource += 1;
+                                        v.stats.no_resource += 1;
                                         return Err(item);
                                     }
                                 },
@@ -254,7 +479,7 @@ impl<C: Context, H> Core<C, H> {
                                 Store::User { slot, .. } => *slot = Some(s),
                                 store => {
                                     if let Some(body) = store.bytes() {
-                                        self.iface.bounce.write(s, HEADER, body);
+                                        v.iface.bounce.write(s, HEADER, body);
                                     }
                                     *store = Store::Slot(s);
                                 }
@@ -262,16 +487,16 @@ impl<C: Context, H> Core<C, H> {
                             s
                         }
                     };
-                    self.iface.bounce.write(s, 0, &hdr);
+                    v.iface.bounce.write(s, 0, &hdr);
                     match &m.store {
                         Store::User { data, .. } if caps.max_send_sge < 2 => {
                             // The QP gathers nothing: copy after all.
-                            self.iface.bounce.write(s, HEADER, data);
-                            sgl[0] = self.iface.bounce.sge(s, total as u32);
+                            v.iface.bounce.write(s, HEADER, data);
+                            sgl[0] = v.iface.bounce.sge(s, total as u32);
                         }
                         Store::User { data, reg, .. } => {
                             // Header from the slot, body from where it is.
-                            sgl[0] = self.iface.bounce.sge(s, HEADER as u32);
+                            sgl[0] = v.iface.bounce.sge(s, HEADER as u32);
                             sgl[1] = Sge {
                                 addr: data.as_ptr() as u64,
                                 length: data.len() as u32,
@@ -279,14 +504,14 @@ impl<C: Context, H> Core<C, H> {
                             };
                             sges = 2;
                         }
-                        _ => sgl[0] = self.iface.bounce.sge(s, total as u32),
+                        _ => sgl[0] = v.iface.bounce.sge(s, total as u32),
                     }
                 }
-                let class = self.iface.class_for(total);
+                let class = v.iface.class_for(total);
                 (SendOp::Send, path.srqns.get(class).copied())
             }
             Work::Rdma(r) => {
-                sgl[0] = r.sge(|| self.iface.fence_sink.as_ref().map(|b| b.sge(0, 1)));
+                sgl[0] = r.sge(|| v.iface.fence_sink.as_ref().map(|b| b.sge(0, 1)));
                 (r.send_op(), path.srqns.first().copied())
             }
         };
@@ -303,7 +528,8 @@ impl<C: Context, H> Core<C, H> {
         let credit = item.is_credit();
         let cover = matches!(&item.work, Work::Msg(m) if m.kind == Kind::Credit && m.tag == COVER);
         let is_msg = matches!(item.work, Work::Msg(_));
-        let signalled = !(is_msg && inline_len > 0 && !cover && self.may_skip_signal(slot, caps));
+        let signalled =
+            !(is_msg && inline_len > 0 && !cover && self.may_skip_signal(v.iface, slot, caps));
         let no = self.sq[slot as usize].posts;
         let wr_id = WrId::send(self.slab.insert(PostedWr {
             ep: ei,
@@ -326,26 +552,26 @@ impl<C: Context, H> Core<C, H> {
             Ok(()) => {
                 if cover {
                     self.sq[slot as usize].cover_queued = false;
-                    self.stats.covers += 1;
+                    v.stats.covers += 1;
                 }
-                self.posted(ei, slot, no, wr_id, signalled);
-                if self.fc && is_msg {
-                    let cr = self.eps.get_mut(ei).credits.of(qpn, self.cfg.credits);
+                self.posted(v, ei, slot, no, wr_id, signalled);
+                if v.fc && is_msg {
+                    let cr = v.eps.get_mut(ei).credits.of(qpn, v.cfg.credits);
                     cr.spend(returned);
                     if credit {
                         cr.returning = false;
-                        self.stats.credits_returned += 1;
+                        v.stats.credits_returned += 1;
                     }
                 }
                 if first_eager && inline_len > 0 {
-                    self.stats.inline_sent += 1;
+                    v.stats.inline_sent += 1;
                 }
                 if let Some(msg) = rndv_write {
-                    self.rndv.write_posted(msg, qpn);
+                    v.rndv.write_posted(msg, qpn);
                 }
                 Ok(())
             }
-            Err(e) => Err(self.refused(wr_id, slot, e)),
+            Err(e) => Err(self.refused(v, wr_id, slot, e)),
         }
     }
 
@@ -354,12 +580,18 @@ impl<C: Context, H> Core<C, H> {
     /// for any reason but a full queue is unusable, and the manager
     /// rebuilds the path.
     #[cold]
-    fn refused(&mut self, wr_id: u64, slot: u32, e: Error) -> Item {
+    fn refused<C: Context>(
+        &mut self,
+        v: &mut SendView<'_, C>,
+        wr_id: u64,
+        slot: u32,
+        e: Error,
+    ) -> Item {
         let p = self.slab.remove(wr_id).expect("just inserted");
-        self.stats.no_resource += 1;
+        v.stats.no_resource += 1;
         if !matches!(e, Error::NoResource(_)) {
-            let now = self.cfg.clock.now();
-            self.drv.handle_send_failure(now, slot);
+            let now = v.cfg.clock.now();
+            v.drv.handle_send_failure(now, slot);
         }
         p.item
     }
@@ -369,17 +601,25 @@ impl<C: Context, H> Core<C, H> {
     /// queue) in a row, no cover wanted, and bounce slots and the send CQ's
     /// budget far from short (unsignalled work holds both until a later
     /// completion).
-    fn may_skip_signal(&self, slot: u32, caps: QpCaps) -> bool {
+    fn may_skip_signal<C: Context>(&self, iface: &Iface<C>, slot: u32, caps: QpCaps) -> bool {
         let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
         !self.want_cover
             && self.sq[slot as usize].unsignalled.len() + 1 < every
-            && self.iface.bounce.free() > self.iface.bounce.count() / 4
-            && self.slab.len() < self.iface.send_budget as usize / 2
+            && iface.bounce.free() > iface.bounce.count() / 4
+            && self.slab.len() < iface.send_budget as usize / 2
     }
 
     /// Records a request the QP in `slot` took: its send queue, the
     /// signalled work or the unsignalled list, and its endpoint's flight.
-    fn posted(&mut self, ei: u32, slot: u32, no: u64, wr_id: u64, signalled: bool) {
+    fn posted<C: Context>(
+        &mut self,
+        v: &mut SendView<'_, C>,
+        ei: u32,
+        slot: u32,
+        no: u64,
+        wr_id: u64,
+        signalled: bool,
+    ) {
         let q = &mut self.sq[slot as usize];
         q.used += 1;
         q.posts += 1;
@@ -388,9 +628,9 @@ impl<C: Context, H> Core<C, H> {
             self.signalled_out += 1;
         } else {
             q.unsignalled.push_back((no, wr_id));
-            self.stats.unsignalled += 1;
+            v.stats.unsignalled += 1;
         }
-        let ep = self.eps.get_mut(ei);
+        let ep = v.eps.get_mut(ei);
         ep.in_flight += 1;
         ep.flight_slot = Some(slot);
     }
@@ -399,16 +639,17 @@ impl<C: Context, H> Core<C, H> {
     /// fit the QP's inline limit and a [`Store::Small`], to an endpoint
     /// with a path and nothing queued, is numbered, gathered and posted
     /// here at once, without the general path's steps for bounce slots,
-    /// queued work and rendezvous control ([`Core::post`] does the same
+    /// queued work and rendezvous control ([`SendQueues::post`] does the same
     /// for it, slower). Returns `None`, having changed nothing, when
     /// anything stands in the way (no path, work on an older path or
     /// queued, a full send queue or CQ budget, no credits, too long): the
     /// caller then takes the general path, which decides what waits.
-    /// Otherwise returns `Some` of what [`Core::send_eager`] returns: the
+    /// Otherwise returns `Some` of what the core's `send_eager` returns: the
     /// message went, or, if the QP refused it, waits in its queue
     /// (`Some(true)`), or, with `now_only`, was dropped (`Some(false)`).
-    pub(crate) fn send_small(
+    pub(crate) fn send_small<C: Context>(
         &mut self,
+        v: &mut SendView<'_, C>,
         ei: u32,
         tag: Tag,
         parts: [&[u8]; 2],
@@ -416,16 +657,16 @@ impl<C: Context, H> Core<C, H> {
     ) -> Option<bool> {
         let len = parts[0].len() + parts[1].len();
         let total = HEADER + len;
-        let ep = self.eps.get_mut(ei);
+        let ep = v.eps.get_mut(ei);
         let path = ep.path.as_ref()?;
         let (slot, qpn) = (path.slot, path.qpn);
         if !ep.pending.is_empty() || (ep.in_flight > 0 && ep.flight_slot != Some(slot)) {
             return None;
         }
-        let (_, caps) = self.drv.qp(slot)?;
+        let (_, caps) = v.drv.qp(slot)?;
         if total > caps.max_inline as usize
             || self.sq[slot as usize].used >= caps.max_send_wr
-            || self.slab.len() >= self.iface.send_budget as usize
+            || self.slab.len() >= v.iface.send_budget as usize
         {
             return None;
         }
@@ -434,15 +675,15 @@ impl<C: Context, H> Core<C, H> {
         let bytes = small_body(parts)?;
         // Spent now, taken back if the QP refuses the message.
         let mut returned = 0;
-        if self.fc {
-            let cr = ep.credits.of(qpn, self.cfg.credits);
+        if v.fc {
+            let cr = ep.credits.of(qpn, v.cfg.credits);
             returned = cr.offer(MSG_CREDITS)?;
             cr.spend(returned);
         }
-        let srqn = path.srqns.get(self.iface.class_for(total)).copied();
+        let srqn = path.srqns.get(v.iface.class_for(total)).copied();
         let seq = ep.tx.peek();
         Header {
-            src: self.cfg.rank,
+            src: v.cfg.rank,
             seq,
             kind: Kind::Eager,
             tag,
@@ -451,9 +692,9 @@ impl<C: Context, H> Core<C, H> {
         }
         .encode(&mut self.inline[..HEADER]);
         self.inline[HEADER..HEADER + SMALL_BODY].copy_from_slice(&bytes);
-        let signalled = !self.may_skip_signal(slot, caps);
+        let signalled = !self.may_skip_signal(v.iface, slot, caps);
         let no = self.sq[slot as usize].posts;
-        let order = self.eps.next_order(ei);
+        let order = v.eps.next_order(ei);
         let wr_id = WrId::send(self.slab.insert(PostedWr {
             ep: ei,
             qp: slot,
@@ -479,27 +720,27 @@ impl<C: Context, H> Core<C, H> {
         if !signalled {
             wr = wr.unsignaled();
         }
-        let (qp, _) = self.drv.qp(slot).expect("looked up above");
+        let (qp, _) = v.drv.qp(slot).expect("looked up above");
         match qp.post_send(&wr) {
             Ok(()) => {
-                self.posted(ei, slot, no, wr_id, signalled);
-                self.stats.inline_sent += 1;
+                self.posted(v, ei, slot, no, wr_id, signalled);
+                v.stats.inline_sent += 1;
             }
             Err(e) => {
-                if self.fc {
-                    let cr = self.eps.get_mut(ei).credits.of(qpn, self.cfg.credits);
+                if v.fc {
+                    let cr = v.eps.get_mut(ei).credits.of(qpn, v.cfg.credits);
                     cr.unspend(returned);
                 }
-                let item = self.refused(wr_id, slot, e);
+                let item = self.refused(v, wr_id, slot, e);
                 if now_only {
                     return Some(false);
                 }
                 // It waits in its queue, as one the general path refused.
-                self.eps.requeue(ei, item);
+                v.eps.requeue(ei, item);
             }
         }
-        self.eps.get_mut(ei).tx.take();
-        self.stats.eager_sent += 1;
+        v.eps.get_mut(ei).tx.take();
+        v.stats.eager_sent += 1;
         Some(true)
     }
 
@@ -509,42 +750,42 @@ impl<C: Context, H> Core<C, H> {
     /// slot, no path) keeps its place at the front, so that endpoints
     /// sharing a QP take turns on its slots. Passes repeat while posts are
     /// made. Returns the posts made.
-    pub(crate) fn drain_pending(&mut self) -> usize {
+    pub(crate) fn drain_pending<C: Context>(&mut self, v: &mut SendView<'_, C>) -> usize {
         let mut work = 0;
         loop {
-            if !self.eps.any_ready() {
+            if !v.eps.any_ready() {
                 return work;
             }
-            let mut ring = self.eps.take_ready();
+            let mut ring = v.eps.take_ready();
             if ring.is_empty() {
-                self.eps.restore_ready(ring);
+                v.eps.restore_ready(ring);
                 return work;
             }
             let mut blocked = std::mem::take(&mut self.ring_blocked);
             let mut served = std::mem::take(&mut self.ring_served);
             let mut posted = false;
             while let Some(ei) = ring.pop_front() {
-                self.eps.get_mut(ei).queued = false;
-                if !self.eps.get(ei).is_open() {
+                v.eps.get_mut(ei).queued = false;
+                if !v.eps.get(ei).is_open() {
                     continue;
                 }
-                let Some(item) = self.eps.pop(ei) else {
+                let Some(item) = v.eps.pop(ei) else {
                     continue;
                 };
-                match self.post(ei, item) {
+                match self.post(v, ei, item) {
                     Ok(()) => {
                         posted = true;
                         work += 1;
                         served.push_back(ei);
                     }
                     Err(item) => {
-                        self.eps.unpop(ei, item);
+                        v.eps.unpop(ei, item);
                         blocked.push_back(ei);
                     }
                 }
             }
             for ei in blocked.drain(..).chain(served.drain(..)) {
-                let e = self.eps.get_mut(ei);
+                let e = v.eps.get_mut(ei);
                 if !e.queued && e.is_open() && !e.pending.is_empty() {
                     e.queued = true;
                     ring.push_back(ei);
@@ -552,7 +793,7 @@ impl<C: Context, H> Core<C, H> {
             }
             self.ring_blocked = blocked;
             self.ring_served = served;
-            self.eps.restore_ready(ring);
+            v.eps.restore_ready(ring);
             if !posted {
                 return work;
             }

@@ -2,10 +2,6 @@
 //! floor or below, never in a circle. This reads every `crate::` path in
 //! btl/src outside comments (`use` lines and inline paths alike) and checks
 //! it against [`FLOORS`].
-//!
-//! The imports that still run up a floor while the BTL is being layered
-//! (issue 31) are written out in [`NOT_YET`]: a new one fails, and so does
-//! one of those that is gone, so that the list shrinks with each move.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -42,13 +38,6 @@ const FLOORS: &[(&str, u8)] = &[
     // 8: what runs a BTL.
     ("threaded", 8),
     ("sim", 8),
-];
-
-/// Imports that run up a floor today (from, to), each to be removed by a
-/// move of issue 31.
-const NOT_YET: &[(&str, &str)] = &[
-    // post.rs is a second `impl Core`: `SendQueues`.
-    ("post", "core"),
 ];
 
 /// `text` without its comments (line, block and doc comments) and string
@@ -223,19 +212,9 @@ fn wrong_way(edges: &BTreeSet<(String, String)>) -> BTreeSet<(String, String)> {
 #[test]
 fn every_import_stays_on_its_floor_or_goes_down() {
     let wrong = wrong_way(&imports());
-    let allowed: BTreeSet<(String, String)> = NOT_YET
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    let new: Vec<_> = wrong.difference(&allowed).collect();
-    let gone: Vec<_> = allowed.difference(&wrong).collect();
     assert!(
-        new.is_empty(),
-        "imports that run up a floor or close a circle: {new:?}"
-    );
-    assert!(
-        gone.is_empty(),
-        "no longer wrong: remove them from NOT_YET: {gone:?}"
+        wrong.is_empty(),
+        "imports that run up a floor or close a circle: {wrong:?}"
     );
 }
 

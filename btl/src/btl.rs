@@ -698,18 +698,7 @@ impl<C: Context> Btl<C> {
             _ => (rdma, None),
         };
         for rdma in std::iter::once(rdma).chain(fence) {
-            if core.eps.get(ei).pending.is_empty() {
-                let item = crate::work::Item {
-                    order: core.eps.next_order(ei),
-                    tries: 0,
-                    work: Work::Rdma(rdma),
-                };
-                if let Err(item) = core.post(ei, item) {
-                    core.eps.requeue(ei, item);
-                }
-            } else {
-                core.eps.enqueue(ei, Work::Rdma(rdma));
-            }
+            core.submit(ei, Work::Rdma(rdma));
         }
         Ok(OpId(op))
     }

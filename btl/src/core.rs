@@ -369,7 +369,7 @@ impl<C: Context, H> Core<C, H> {
     /// gives it back if it must wait.
     // By value, as `SendQueues::post` takes and returns it.
     #[allow(clippy::result_large_err)]
-    pub fn post(&mut self, ei: u32, item: Item) -> std::result::Result<(), Item> {
+    fn post(&mut self, ei: u32, item: Item) -> std::result::Result<(), Item> {
         let (sends, mut v) = self.sends();
         sends.post(&mut v, ei, item)
     }
@@ -1403,43 +1403,59 @@ impl<C: Context, H> Core<C, H> {
         store: Store,
         now_only: bool,
     ) -> bool {
-        let ep = self.eps.get(ei);
-        let idle = ep.pending.is_empty();
         let msg = Msg {
-            seq: ep.tx.peek(),
+            seq: self.eps.get(ei).tx.peek(),
             kind,
             tag,
             len: len as u32,
             store,
         };
-        if !idle {
-            if now_only {
-                self.let_go(msg.store);
-                return false;
-            }
-            self.eps.get_mut(ei).tx.take();
-            self.stats.eager_sent += 1;
-            self.eps.enqueue(ei, Work::Msg(msg));
-            return true;
-        }
-        let item = Item {
-            order: self.eps.next_order(ei),
-            tries: 0,
-            work: Work::Msg(msg),
-        };
-        match self.post(ei, item) {
-            Ok(()) => {}
-            Err(item) if now_only => {
-                if let Work::Msg(m) = item.work {
+        if now_only {
+            if let Err(work) = self.submit_now(ei, Work::Msg(msg)) {
+                if let Work::Msg(m) = work {
                     self.let_go(m.store);
                 }
                 return false;
             }
-            Err(item) => self.eps.requeue(ei, item),
+        } else {
+            self.submit(ei, Work::Msg(msg));
         }
         self.eps.get_mut(ei).tx.take();
         self.stats.eager_sent += 1;
         true
+    }
+
+    /// Posts `work` to endpoint `ei` at once if nothing waits before it
+    /// and it can go; else it waits in the endpoint's queue, in order. (An
+    /// endpoint without a path is connected on demand.)
+    pub fn submit(&mut self, ei: u32, work: Work) {
+        if !self.eps.get(ei).pending.is_empty() {
+            return self.eps.enqueue(ei, work);
+        }
+        let item = Item {
+            order: self.eps.next_order(ei),
+            tries: 0,
+            work,
+        };
+        if let Err(item) = self.post(ei, item) {
+            self.eps.requeue(ei, item);
+        }
+    }
+
+    /// [`Core::submit`] of work that goes now or not at all: it is given
+    /// back if anything waits before it or it cannot be posted at once.
+    // By value, as `SendQueues::post` takes and returns it.
+    #[allow(clippy::result_large_err)]
+    fn submit_now(&mut self, ei: u32, work: Work) -> std::result::Result<(), Work> {
+        if !self.eps.get(ei).pending.is_empty() {
+            return Err(work);
+        }
+        let item = Item {
+            order: self.eps.next_order(ei),
+            tries: 0,
+            work,
+        };
+        self.post(ei, item).map_err(|item| item.work)
     }
 
     /// Holds a user's registration of `mem` with keys `(lkey, rkey)`; the

@@ -6,8 +6,8 @@
 //! [`Delivery`], which [`crate::Btl`] hands to the user's callbacks after
 //! the lock is released.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 use crate::callbacks::{AmFn, DoneFn, ErrFn};
 use crate::config::{BtlConfig, MAX_RNDV};
 use crate::conn::{ConnDriver, ConnEvent};
+use crate::delivery::{Body, Deliveries, Delivery};
 use crate::ep::{Endpoints, EpState, Kept, Path};
 use crate::iface::Iface;
 use crate::pools::{sink_start, Pools, Sink, Source};
@@ -62,53 +63,6 @@ struct Received<'a, C: Context> {
     slot: RecvSlot,
     /// The local QP it came on.
     qpn: u32,
-}
-
-/// Where a delivered message's bytes are.
-pub(crate) enum Body<C: Context> {
-    /// In a buffer of the BTL's (a rendezvous sink, a copy to itself).
-    Heap(Vec<u8>),
-    /// In place, in the receive buffer it arrived in: not posted again
-    /// until the consumer is done ([`Core::consumed`]). Where credits flow,
-    /// the credit the sender spent on it is owed back then, to `(sender,
-    /// local QP)`.
-    Received {
-        chunk: Arc<DmaBuf<C>>,
-        slot: RecvSlot,
-        credit: Option<(Rank, u32)>,
-    },
-}
-
-impl<C: Context> Body<C> {
-    /// Lends bytes `start..end` to `f`.
-    pub fn with<R>(&self, start: usize, end: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        match self {
-            Body::Heap(b) => f(&b[start..end]),
-            Body::Received { chunk, .. } => chunk.with_slice(start, end - start, f),
-        }
-    }
-}
-
-/// What the user must hear of, queued until the lock is released.
-pub(crate) enum Delivery<C: Context, H> {
-    /// A message: bytes `start..end` of `body`, from `src` with `tag`.
-    Message {
-        src: Rank,
-        tag: Tag,
-        body: Body<C>,
-        start: usize,
-        end: usize,
-    },
-    /// An operation ended; run its callback.
-    Done {
-        op: u64,
-        result: OpResult,
-        cb: DoneFn<H>,
-    },
-    /// The endpoint to `rank` failed for good.
-    Failed { rank: Rank, err: BtlError },
-    /// A rendezvous source to let go of (its owner's drop is user code).
-    Release(Bytes),
 }
 
 /// A user's registration ([`crate::Btl::register_mem`] or
@@ -155,9 +109,8 @@ pub(crate) struct Core<C: Context, H> {
     /// stated it: the ranks of a node share one INI QP from this rank, so
     /// they must share one domain.
     pub node_domains: HashMap<Node, (XrcdId, Rank)>,
-    pub deliveries: VecDeque<Delivery<C, H>>,
-    /// Deliveries queued, readable without the lock.
-    pub queued: Arc<AtomicUsize>,
+    /// What the user must hear of, until the lock is released.
+    deliveries: Deliveries<C, H>,
     pub stats: BtlStats,
     /// Credit flow control: the device has no RNR (iWARP).
     pub fc: bool,
@@ -321,8 +274,7 @@ impl<C: Context, H> Core<C, H> {
             err_all: None,
             resolver: None,
             node_domains: HashMap::new(),
-            deliveries: VecDeque::new(),
-            queued,
+            deliveries: Deliveries::new(queued),
             stats: BtlStats::default(),
             fc,
             control_left: 0,
@@ -334,15 +286,12 @@ impl<C: Context, H> Core<C, H> {
 
     /// Queues something for the user.
     pub fn deliver(&mut self, d: Delivery<C, H>) {
-        self.deliveries.push_back(d);
-        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.deliveries.push(d);
     }
 
     /// Takes the next thing for the user.
     pub fn next_delivery(&mut self) -> Option<Delivery<C, H>> {
-        let d = self.deliveries.pop_front()?;
-        self.queued.fetch_sub(1, Ordering::SeqCst);
-        Some(d)
+        self.deliveries.pop()
     }
 
     /// A buffer for a message (reused; sized for the largest eager

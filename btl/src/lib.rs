@@ -10,6 +10,7 @@
 //! | `types.rs` | the API's vocabulary: operations, registered memory, counters |
 //! | `callbacks.rs` | the user's callbacks, generic over the handle they receive |
 //! | `core.rs` | the state behind the lock, and what progress does with it |
+//! | `delivery.rs` | what the user must hear of (messages and where their bytes are, finished operations, failed peers), queued until the lock is released |
 //! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
 //! | [`conn`] | the connection driver: runs the XRC connection manager on the fabric (connections only) |
 //! | `work.rs` | work for a peer: messages, where their bodies are kept, RDMA operations |
@@ -35,6 +36,7 @@ pub mod config;
 pub mod conn;
 mod core;
 mod credits;
+mod delivery;
 mod ep;
 mod iface;
 pub mod place;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use xrcbtl_fabric::{
-    Access, Context, Cq, DmaBuf, Error, MemCache, Registration, Result, WcOpcode, WcStatus,
-    WorkCompletion, Xrcd, XrcdId,
+    Access, Context, Cq, Error, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
+    Xrcd, XrcdId,
 };
 use xrcbtl_progress::{Batch, WrSlab};
 use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
@@ -27,14 +27,14 @@ use crate::ep::{Endpoints, EpState, Kept, Path};
 use crate::iface::Iface;
 use crate::pools::{sink_start, Pools, Sink, Source};
 use crate::post::{SendQueues, SendView};
-use crate::proto::eager::Arrival;
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner, Rdma};
+use crate::recv::{Arrived, Got, Recv, RecvView};
 use crate::types::{BtlError, BtlStats, MemReg, OpResult, Peer, PeerResolver, Receive, Tag};
-use crate::wire::{self, Header, Kind, HEADER};
+use crate::wire::{self, Kind, HEADER};
 use crate::work::{Item, Msg, Store, Work};
-use crate::wr_id::{RecvSlot, WrId};
+use crate::wr_id::WrId;
 
 /// Give up on a work request after this many failed attempts.
 const MAX_TRIES: u32 = 64;
@@ -46,25 +46,6 @@ const CONTROL_SETTLED: u32 = 8;
 /// How often a rank looks for peers it waits on and has not heard from
 /// ([`Core::probe_silent`]).
 const PROBE_EVERY: Duration = Duration::from_secs(2);
-/// A message arriving in parts ([`Kind::Part`]), joined as they come.
-struct Train {
-    tag: Tag,
-    buf: Vec<u8>,
-    /// The peer broke the rules (too long): the rest of its parts are
-    /// dropped, up to and including the last.
-    bad: bool,
-}
-
-/// A receive buffer a message arrived in, while its delivery reads it.
-struct Received<'a, C: Context> {
-    chunk: &'a Arc<DmaBuf<C>>,
-    /// Where the buffer starts in the chunk.
-    at: usize,
-    slot: RecvSlot,
-    /// The local QP it came on.
-    qpn: u32,
-}
-
 /// A user's registration ([`crate::Btl::register_mem`] or
 /// [`crate::Btl::register_exact`]).
 pub(crate) enum UserReg<C: Context> {
@@ -95,12 +76,6 @@ pub(crate) struct Core<C: Context, H> {
     pools: Pools,
     /// Largest payload `send_bytes` splits into eager parts (0: none).
     pub split_limit: usize,
-    /// Messages being joined from their parts, by endpoint (at most one
-    /// per peer: the parts of a message are consecutive in its sequence).
-    trains: HashMap<u32, Train>,
-    /// The last QP number whose sender was looked up, with the driver's
-    /// [`ConnDriver::qp_gen`] then and the sender.
-    sender_seen: (u64, u32, Rank),
     pub am: Vec<Option<AmFn<H>>>,
     pub err_cbs: HashMap<Rank, ErrFn<H>>,
     pub err_all: Option<ErrFn<H>>,
@@ -121,9 +96,8 @@ pub(crate) struct Core<C: Context, H> {
     probe_at: Duration,
     pub drained: bool,
     send_batch: Option<Batch<WorkCompletion>>,
-    recv_batch: Option<Batch<WorkCompletion>>,
-    /// The last receive poll found the CQ empty before the batch was full.
-    recv_dry: bool,
+    /// The receive side.
+    recv: Recv,
 }
 
 impl<C: Context, H> Core<C, H> {
@@ -253,8 +227,7 @@ impl<C: Context, H> Core<C, H> {
         });
         Ok(Core {
             send_batch: Some(Batch::new(cfg.cq_batch)),
-            recv_batch: Some(Batch::new(cfg.cq_batch)),
-            recv_dry: true,
+            recv: Recv::new(cfg.cq_batch, split_limit.max(2 * iface.max_message())),
             cfg,
             iface,
             drv,
@@ -267,8 +240,6 @@ impl<C: Context, H> Core<C, H> {
             regs: WrSlab::new(),
             pools,
             split_limit,
-            trains: HashMap::new(),
-            sender_seen: (u64::MAX, 0, 0),
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
             err_all: None,
@@ -364,7 +335,7 @@ impl<C: Context, H> Core<C, H> {
             self.sends.cover_unsignalled(&mut self.eps);
         }
         n += self.poll_recv();
-        if self.drv.draining() && self.recv_dry {
+        if self.drv.draining() && self.recv.dry() {
             self.drv.recv_cq_dry(self.cfg.clock.now());
         }
         // Both cost a call when idle: most spins have neither.
@@ -827,9 +798,8 @@ impl<C: Context, H> Core<C, H> {
         }
         ep.state = EpState::Gone(e.clone());
         let rank = ep.rank;
-        if let Some(t) = self.trains.remove(&ei) {
-            self.pools.recycle(t.buf);
-        }
+        let (recv, mut v) = self.recv();
+        recv.forget(&mut v, ei);
         for item in self.eps.drain(ei) {
             self.drop_item(ei, item, e.clone());
         }
@@ -854,19 +824,28 @@ impl<C: Context, H> Core<C, H> {
 
     // ---- receiving ---------------------------------------------------------
 
-    fn poll_recv(&mut self) -> usize {
-        let mut batch = self.recv_batch.take().expect("one poll at a time");
-        let n = match batch.poll(|b| self.iface.recv_cq.poll(b)) {
-            Ok(wcs) => {
-                for wc in wcs {
-                    self.on_recv_completion(wc);
-                }
-                wcs.len()
-            }
-            Err(_) => 0,
+    /// The receive side, with what it works through lent for one call.
+    fn recv(&mut self) -> (&mut Recv, RecvView<'_, C>) {
+        let view = RecvView {
+            cfg: &self.cfg,
+            iface: &mut self.iface,
+            drv: &mut self.drv,
+            eps: &mut self.eps,
+            pools: &mut self.pools,
+            stats: &mut self.stats,
+            fc: self.fc,
         };
-        self.recv_batch = Some(batch);
-        self.recv_dry = n < self.cfg.cq_batch.max(1);
+        (&mut self.recv, view)
+    }
+
+    fn poll_recv(&mut self) -> usize {
+        let (recv, mut v) = self.recv();
+        let n = recv.poll(&mut v);
+        loop {
+            let (recv, mut v) = self.recv();
+            let Some(got) = recv.next(&mut v) else { break };
+            self.on_got(got);
+        }
         // Also with nothing new: buffers come back from deliveries after
         // the poll that found their messages.
         if self.iface.repost_due(self.cfg.srq_refill).is_err() {
@@ -875,216 +854,43 @@ impl<C: Context, H> Core<C, H> {
         n
     }
 
-    fn on_recv_completion(&mut self, wc: &WorkCompletion) {
-        let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
-            return;
-        };
-        let Some((chunk, at)) = self.iface.taken(slot) else {
-            return;
-        };
-        if wc.status != WcStatus::Success
-            || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-        {
-            return self.iface.give_back(slot);
+    /// Acts on what a message brought: credits returned first, then a
+    /// message for the user or rendezvous control.
+    fn on_got(&mut self, got: Got<C>) {
+        if let Some((ei, qpn, n)) = got.returned {
+            self.arrived(ei, qpn, n);
         }
-        if wc.byte_len == 0 {
-            // The iWARP initiator's hello: the responder may speak now.
-            self.iface.give_back(slot);
-            let now = self.cfg.clock.now();
-            self.drv.handle_first_receive(now, wc.qp_num);
-            return;
-        }
-        let class = slot.class as usize;
-        if self.stats.received_by_class.len() <= class {
-            self.stats.received_by_class.resize(class + 1, 0);
-        }
-        self.stats.received_by_class[class] += 1;
-        let rx = Received {
-            chunk: &chunk,
-            at,
-            slot,
-            qpn: wc.qp_num,
-        };
-        let kept = chunk.with_slice(at, wc.byte_len as usize, |bytes| self.on_message(bytes, rx));
-        if !kept {
-            self.iface.give_back(slot);
-        }
-    }
-
-    /// A message arrived in a receive buffer (`bytes`, read in place; the
-    /// buffer is not posted while it is read). Returns whether a delivery
-    /// keeps the buffer: it is then given back when its consumer is done
-    /// ([`Core::consumed`]), else at once by the caller.
-    fn on_message(&mut self, bytes: &[u8], rx: Received<'_, C>) -> bool {
-        let Some(h) = Header::decode(bytes) else {
-            self.stats.malformed += 1;
-            return false;
-        };
-        let Some(ei) = self.eps.find(h.src) else {
-            self.stats.malformed += 1;
-            return false;
-        };
-        if !self.sent_by(h.src, rx.qpn) {
-            // A peer claiming another's rank: nothing of it is believed.
-            self.stats.malformed += 1;
-            return false;
-        }
-        let deliver = h.kind == Kind::Eager && self.eps.get(ei).is_open();
-        if let EpState::Gone(BtlError::Unreachable(..)) = self.eps.get(ei).state {
-            // Failed here, alive there: it must hear of it, or what it
-            // waits on from this rank waits forever.
-            let now = self.cfg.clock.now();
-            self.drv.disown(now, h.src);
-        }
-        let arrival = if h.kind == Kind::Credit || !self.eps.get(ei).is_open() {
-            None
-        } else {
-            Some(self.eps.get_mut(ei).rx.arrive(h.seq))
-        };
-        // A message joined from parts is copied out: no buffer kept.
-        let joining = !self.trains.is_empty() && self.trains.contains_key(&ei);
-        let keep = deliver && arrival == Some(Arrival::Next) && !joining;
-        if self.fc {
-            // Every message took one of our receives (duplicates too): the
-            // credit is owed back once that receive is free again, now or,
-            // for a message delivered in place, when its consumer is done.
-            // Returns to us ride on it.
-            let cap = self.cfg.credits;
-            let cr = self.eps.get_mut(ei).credits.of(rx.qpn, cap);
-            cr.take_returned(h.credits);
-            if !keep && cr.owe(cap) {
-                self.eps.requeue(ei, crate::post::credit_item());
-            }
-            if h.credits > 0 {
-                self.arrived(ei, rx.qpn, h.credits);
-            }
-        }
-        match arrival {
-            None => return false,
-            Some(Arrival::Next) => {}
-            Some(Arrival::Duplicate) => {
-                self.stats.duplicates += 1;
-                return false;
-            }
-            Some(Arrival::Ahead) => {
-                self.stats.out_of_order += 1;
-                self.stats.malformed += 1;
-                return false;
-            }
-        }
-        if h.kind == Kind::Part || joining {
-            self.join(ei, &h, &bytes[HEADER..]);
-            return false;
-        }
-        if keep {
-            self.stats.eager_received += 1;
-            self.stats.bytes_received += u64::from(h.len);
-            self.deliver(Delivery::Message {
-                src: h.src,
-                tag: h.tag,
-                body: Body::Received {
-                    chunk: rx.chunk.clone(),
-                    slot: rx.slot,
-                    credit: self.fc.then_some((h.src, rx.qpn)),
-                },
-                start: rx.at + HEADER,
-                end: rx.at + bytes.len(),
-            });
-            return true;
-        }
-        match Control::decode(h.kind, &bytes[HEADER..]) {
-            Some(Control::Rts(rts)) => self.on_rts(h.src, h.tag, rts),
-            Some(Control::Rtr(rtr)) => {
-                self.rndv.on_rtr(h.src, rtr);
-            }
-            Some(Control::Ats(msg)) => {
-                self.rndv.on_ats(h.src, msg);
-            }
-            Some(Control::Fin(msg)) => {
-                self.rndv.on_fin(h.src, msg);
-            }
-            Some(Control::Nak(msg)) => {
-                self.rndv.on_nak(h.src, msg);
-            }
-            None => self.stats.malformed += 1,
-        }
-        false
-    }
-
-    /// Whether a message claiming to come from `src` may have: the QP it
-    /// arrived on (`qpn`: an RC QP, or an XRC TGT QP) carries that rank's
-    /// messages only. A QP the driver no longer knows (its last messages
-    /// may be polled after it went) cannot tell, and does not refuse.
-    fn sent_by(&mut self, src: Rank, qpn: u32) -> bool {
-        let gen = self.drv.qp_gen();
-        let (seen_gen, seen_qpn, sender) = self.sender_seen;
-        if (seen_gen, seen_qpn) == (gen, qpn) {
-            return sender == src;
-        }
-        match self.drv.sender_of(qpn) {
-            Some(r) => {
-                self.sender_seen = (gen, qpn, r);
-                r == src
-            }
-            None => true,
-        }
-    }
-
-    /// A part of a message arrived from endpoint `ei`, in sequence (`h`:
-    /// a [`Kind::Part`], or, with a train open, whatever came next). The
-    /// last part (an eager message) delivers the whole. A train longer
-    /// than [`crate::MAX_SPLIT`], a part of another tag, or a message of
-    /// another kind in the middle is the peer's error: counted as
-    /// malformed, and the train is dropped.
-    fn join(&mut self, ei: u32, h: &Header, body: &[u8]) {
-        let mut train = match self.trains.remove(&ei) {
-            Some(t) if h.kind != Kind::Part && h.kind != Kind::Eager => {
-                // Control in the middle of a train: the parts are
-                // consecutive, so the peer broke them.
-                self.stats.malformed += 1;
-                self.pools.recycle(t.buf);
-                return;
-            }
-            Some(t) => t,
-            None => {
-                let cap = self.split_limit.max(2 * self.iface.max_message());
-                let buf = self.pools.joined(cap);
-                Train {
-                    tag: h.tag,
-                    buf,
-                    bad: false,
+        match got.what {
+            None => {}
+            Some(Arrived::Message {
+                src,
+                tag,
+                body,
+                start,
+                end,
+            }) => self.deliver(Delivery::Message {
+                src,
+                tag,
+                body,
+                start,
+                end,
+            }),
+            Some(Arrived::Control { src, tag, ctl }) => match ctl {
+                Control::Rts(rts) => self.on_rts(src, tag, rts),
+                Control::Rtr(rtr) => {
+                    self.rndv.on_rtr(src, rtr);
                 }
-            }
-        };
-        if !train.bad
-            && (train.tag != h.tag || train.buf.len() + body.len() > crate::config::MAX_SPLIT)
-        {
-            self.stats.malformed += 1;
-            train.bad = true;
-            train.buf.clear();
+                Control::Ats(msg) => {
+                    self.rndv.on_ats(src, msg);
+                }
+                Control::Fin(msg) => {
+                    self.rndv.on_fin(src, msg);
+                }
+                Control::Nak(msg) => {
+                    self.rndv.on_nak(src, msg);
+                }
+            },
         }
-        if !train.bad {
-            train.buf.extend_from_slice(body);
-        }
-        if h.kind == Kind::Part {
-            self.trains.insert(ei, train);
-            return;
-        }
-        if train.bad {
-            self.pools.recycle(train.buf);
-            return;
-        }
-        let end = train.buf.len();
-        self.stats.joined += 1;
-        self.stats.eager_received += 1;
-        self.stats.bytes_received += end as u64;
-        self.deliver(Delivery::Message {
-            src: h.src,
-            tag: train.tag,
-            body: Body::Heap(train.buf),
-            start: 0,
-            end,
-        });
     }
 
     /// A message delivered with `body` is consumed: its buffer is recycled,

@@ -19,6 +19,7 @@
 //! | `wr_id.rs` | the wr_id space |
 //! | `pools.rs` | buffers kept for reuse: message buffers, joined messages, rendezvous sinks; a rendezvous' source and sink |
 //! | `post.rs` | the one place that turns work into a posted work request |
+//! | `recv.rs` | the receive side: the CQ poll, and each message judged (header, sender, order, credits, trains) before the core acts on it |
 //! | `proto/` | eager order, rendezvous, one-sided, atomics, operations: state machines without I/O |
 //! | [`wire`] | the message header and the rendezvous control payloads |
 //! | [`config`] | settings and their `XRCBTL_*` variables |
@@ -43,6 +44,7 @@ pub mod place;
 mod pools;
 mod post;
 mod proto;
+mod recv;
 pub mod sim;
 pub mod threaded;
 mod types;

@@ -1,0 +1,381 @@
+//! The receive side ([`Recv`]): polls the shared receive CQ and judges
+//! each message before anything believes it: its header, whether its QP
+//! carries its sender's messages, its place in the sender's sequence, the
+//! credits it spends and returns, and, for a message sent in parts, the
+//! train it joins. What passes comes back to the core one at a time
+//! ([`Got`]): a message for the user, rendezvous control, credits the peer
+//! returned. The receive side never names the core.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use xrcbtl_fabric::{Context, Cq, DmaBuf, WcOpcode, WcStatus, WorkCompletion};
+use xrcbtl_xrc_conn::Rank;
+
+use crate::config::BtlConfig;
+use crate::conn::ConnDriver;
+use crate::delivery::Body;
+use crate::ep::{Endpoints, EpState};
+use crate::iface::Iface;
+use crate::pools::Pools;
+use crate::post::credit_item;
+use crate::proto::eager::Arrival;
+use crate::proto::rndv::Control;
+use crate::types::{BtlError, BtlStats, Tag};
+use crate::wire::{Header, Kind, HEADER};
+use crate::wr_id::{RecvSlot, WrId};
+
+/// A message arriving in parts ([`Kind::Part`]), joined as they come.
+struct Train {
+    tag: Tag,
+    buf: Vec<u8>,
+    /// The peer broke the rules (too long): the rest of its parts are
+    /// dropped, up to and including the last.
+    bad: bool,
+}
+
+/// A receive buffer a message arrived in, while it is read.
+struct Received<'a, C: Context> {
+    chunk: &'a Arc<DmaBuf<C>>,
+    /// Where the buffer starts in the chunk.
+    at: usize,
+    slot: RecvSlot,
+    /// The local QP it came on.
+    qpn: u32,
+}
+
+/// What a message brought, for the core to act on.
+pub(crate) enum Arrived<C: Context> {
+    /// A message for the user: bytes `start..end` of `body`.
+    Message {
+        src: Rank,
+        tag: Tag,
+        body: Body<C>,
+        start: usize,
+        end: usize,
+    },
+    /// Rendezvous control from `src`.
+    Control { src: Rank, tag: Tag, ctl: Control },
+}
+
+/// One message judged: the credits it returned, and what it brought.
+pub(crate) struct Got<C: Context> {
+    /// Credits the peer of endpoint `.0` returned on local QP `.1` (any
+    /// message may carry them, a duplicate too): the messages they cover
+    /// have arrived.
+    pub returned: Option<(u32, u32, u16)>,
+    /// What the message brought, if anything is left to do with it.
+    pub what: Option<Arrived<C>>,
+}
+
+/// The receive side of a BTL.
+pub(crate) struct Recv {
+    /// The completions of the last poll, and how far they are read.
+    wcs: Vec<WorkCompletion>,
+    polled: usize,
+    read: usize,
+    /// The last poll found the CQ empty before the batch was full.
+    dry: bool,
+    /// Messages being joined from their parts, by endpoint (at most one
+    /// per peer: the parts of a message are consecutive in its sequence).
+    trains: HashMap<u32, Train>,
+    /// The most bytes a new train's buffer is made for.
+    train_cap: usize,
+    /// The last QP number whose sender was looked up, with the driver's
+    /// [`ConnDriver::qp_gen`] then and the sender.
+    sender_seen: (u64, u32, Rank),
+}
+
+/// What the receive side works through, lent by the core for one call.
+pub(crate) struct RecvView<'a, C: Context> {
+    pub cfg: &'a BtlConfig,
+    pub iface: &'a mut Iface<C>,
+    pub drv: &'a mut ConnDriver<C>,
+    pub eps: &'a mut Endpoints,
+    pub pools: &'a mut Pools,
+    pub stats: &'a mut BtlStats,
+    /// Credit flow control: the device has no RNR (iWARP).
+    pub fc: bool,
+}
+
+impl Recv {
+    /// A receive side polling `batch` completions at a time, joining
+    /// trains in buffers made for `train_cap` bytes.
+    pub fn new(batch: usize, train_cap: usize) -> Self {
+        Recv {
+            wcs: vec![WorkCompletion::default(); batch.max(1)],
+            polled: 0,
+            read: 0,
+            dry: true,
+            trains: HashMap::new(),
+            train_cap,
+            sender_seen: (u64::MAX, 0, 0),
+        }
+    }
+
+    /// Whether the last poll found the CQ empty before its batch was full.
+    pub fn dry(&self) -> bool {
+        self.dry
+    }
+
+    /// Polls the receive CQ once; its completions are then read with
+    /// [`Recv::next`]. Returns how many it took.
+    pub fn poll<C: Context>(&mut self, v: &mut RecvView<'_, C>) -> usize {
+        debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
+        let n = v.iface.recv_cq.poll(&mut self.wcs).unwrap_or(0);
+        assert!(n <= self.wcs.len(), "a poll wrote past its buffer");
+        self.polled = n;
+        self.read = 0;
+        self.dry = n < self.wcs.len();
+        n
+    }
+
+    /// The next message of the last poll that brings the core something
+    /// to do; what brings nothing (a failed receive, the iWARP hello, a
+    /// message refused, a part of a train) is dealt with on the way.
+    pub fn next<C: Context>(&mut self, v: &mut RecvView<'_, C>) -> Option<Got<C>> {
+        while self.read < self.polled {
+            let wc = self.wcs[self.read];
+            self.read += 1;
+            if let Some(got) = self.on_completion(v, &wc) {
+                return Some(got);
+            }
+        }
+        None
+    }
+
+    /// Endpoint `ei` failed: its train, if one was open, is dropped.
+    pub fn forget<C: Context>(&mut self, v: &mut RecvView<'_, C>, ei: u32) {
+        if let Some(t) = self.trains.remove(&ei) {
+            v.pools.recycle(t.buf);
+        }
+    }
+
+    fn on_completion<C: Context>(
+        &mut self,
+        v: &mut RecvView<'_, C>,
+        wc: &WorkCompletion,
+    ) -> Option<Got<C>> {
+        let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
+            return None;
+        };
+        let (chunk, at) = v.iface.taken(slot)?;
+        if wc.status != WcStatus::Success
+            || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+        {
+            v.iface.give_back(slot);
+            return None;
+        }
+        if wc.byte_len == 0 {
+            // The iWARP initiator's hello: the responder may speak now.
+            v.iface.give_back(slot);
+            let now = v.cfg.clock.now();
+            v.drv.handle_first_receive(now, wc.qp_num);
+            return None;
+        }
+        let class = slot.class as usize;
+        if v.stats.received_by_class.len() <= class {
+            v.stats.received_by_class.resize(class + 1, 0);
+        }
+        v.stats.received_by_class[class] += 1;
+        let rx = Received {
+            chunk: &chunk,
+            at,
+            slot,
+            qpn: wc.qp_num,
+        };
+        let (kept, got) = chunk.with_slice(at, wc.byte_len as usize, |bytes| {
+            self.on_message(v, bytes, rx)
+        });
+        if !kept {
+            v.iface.give_back(slot);
+        }
+        got
+    }
+
+    /// A message arrived in a receive buffer (`bytes`, read in place; the
+    /// buffer is not posted while it is read). Returns whether a delivery
+    /// keeps the buffer (it is then given back when its consumer is done,
+    /// else at once by the caller), and what the message brought.
+    fn on_message<C: Context>(
+        &mut self,
+        v: &mut RecvView<'_, C>,
+        bytes: &[u8],
+        rx: Received<'_, C>,
+    ) -> (bool, Option<Got<C>>) {
+        let Some(h) = Header::decode(bytes) else {
+            v.stats.malformed += 1;
+            return (false, None);
+        };
+        let Some(ei) = v.eps.find(h.src) else {
+            v.stats.malformed += 1;
+            return (false, None);
+        };
+        if !self.sent_by(v.drv, h.src, rx.qpn) {
+            // A peer claiming another's rank: nothing of it is believed.
+            v.stats.malformed += 1;
+            return (false, None);
+        }
+        let deliver = h.kind == Kind::Eager && v.eps.get(ei).is_open();
+        if let EpState::Gone(BtlError::Unreachable(..)) = v.eps.get(ei).state {
+            // Failed here, alive there: it must hear of it, or what it
+            // waits on from this rank waits forever.
+            let now = v.cfg.clock.now();
+            v.drv.disown(now, h.src);
+        }
+        let arrival = if h.kind == Kind::Credit || !v.eps.get(ei).is_open() {
+            None
+        } else {
+            Some(v.eps.get_mut(ei).rx.arrive(h.seq))
+        };
+        // A message joined from parts is copied out: no buffer kept.
+        let joining = !self.trains.is_empty() && self.trains.contains_key(&ei);
+        let keep = deliver && arrival == Some(Arrival::Next) && !joining;
+        let mut got = Got {
+            returned: None,
+            what: None,
+        };
+        if v.fc {
+            // Every message took one of our receives (duplicates too): the
+            // credit is owed back once that receive is free again, now or,
+            // for a message delivered in place, when its consumer is done.
+            // Returns to us ride on it.
+            let cap = v.cfg.credits;
+            let cr = v.eps.get_mut(ei).credits.of(rx.qpn, cap);
+            cr.take_returned(h.credits);
+            if !keep && cr.owe(cap) {
+                v.eps.requeue(ei, credit_item());
+            }
+            if h.credits > 0 {
+                got.returned = Some((ei, rx.qpn, h.credits));
+            }
+        }
+        match arrival {
+            None => return (false, nonempty(got)),
+            Some(Arrival::Next) => {}
+            Some(Arrival::Duplicate) => {
+                v.stats.duplicates += 1;
+                return (false, nonempty(got));
+            }
+            Some(Arrival::Ahead) => {
+                v.stats.out_of_order += 1;
+                v.stats.malformed += 1;
+                return (false, nonempty(got));
+            }
+        }
+        if h.kind == Kind::Part || joining {
+            got.what = self.join(v, ei, &h, &bytes[HEADER..]);
+            return (false, nonempty(got));
+        }
+        if keep {
+            v.stats.eager_received += 1;
+            v.stats.bytes_received += u64::from(h.len);
+            got.what = Some(Arrived::Message {
+                src: h.src,
+                tag: h.tag,
+                body: Body::Received {
+                    chunk: rx.chunk.clone(),
+                    slot: rx.slot,
+                    credit: v.fc.then_some((h.src, rx.qpn)),
+                },
+                start: rx.at + HEADER,
+                end: rx.at + bytes.len(),
+            });
+            return (true, Some(got));
+        }
+        match Control::decode(h.kind, &bytes[HEADER..]) {
+            Some(ctl) => {
+                got.what = Some(Arrived::Control {
+                    src: h.src,
+                    tag: h.tag,
+                    ctl,
+                })
+            }
+            None => v.stats.malformed += 1,
+        }
+        (false, nonempty(got))
+    }
+
+    /// Whether a message claiming to come from `src` may have: the QP it
+    /// arrived on (`qpn`: an RC QP, or an XRC TGT QP) carries that rank's
+    /// messages only. A QP the driver no longer knows (its last messages
+    /// may be polled after it went) cannot tell, and does not refuse.
+    fn sent_by<C: Context>(&mut self, drv: &ConnDriver<C>, src: Rank, qpn: u32) -> bool {
+        let gen = drv.qp_gen();
+        let (seen_gen, seen_qpn, sender) = self.sender_seen;
+        if (seen_gen, seen_qpn) == (gen, qpn) {
+            return sender == src;
+        }
+        match drv.sender_of(qpn) {
+            Some(r) => {
+                self.sender_seen = (gen, qpn, r);
+                r == src
+            }
+            None => true,
+        }
+    }
+
+    /// A part of a message arrived from endpoint `ei`, in sequence (`h`:
+    /// a [`Kind::Part`], or, with a train open, whatever came next). The
+    /// last part (an eager message) brings the whole. A train longer
+    /// than [`crate::MAX_SPLIT`], a part of another tag, or a message of
+    /// another kind in the middle is the peer's error: counted as
+    /// malformed, and the train is dropped.
+    fn join<C: Context>(
+        &mut self,
+        v: &mut RecvView<'_, C>,
+        ei: u32,
+        h: &Header,
+        body: &[u8],
+    ) -> Option<Arrived<C>> {
+        let mut train = match self.trains.remove(&ei) {
+            Some(t) if h.kind != Kind::Part && h.kind != Kind::Eager => {
+                // Control in the middle of a train: the parts are
+                // consecutive, so the peer broke them.
+                v.stats.malformed += 1;
+                v.pools.recycle(t.buf);
+                return None;
+            }
+            Some(t) => t,
+            None => Train {
+                tag: h.tag,
+                buf: v.pools.joined(self.train_cap),
+                bad: false,
+            },
+        };
+        if !train.bad
+            && (train.tag != h.tag || train.buf.len() + body.len() > crate::config::MAX_SPLIT)
+        {
+            v.stats.malformed += 1;
+            train.bad = true;
+            train.buf.clear();
+        }
+        if !train.bad {
+            train.buf.extend_from_slice(body);
+        }
+        if h.kind == Kind::Part {
+            self.trains.insert(ei, train);
+            return None;
+        }
+        if train.bad {
+            v.pools.recycle(train.buf);
+            return None;
+        }
+        let end = train.buf.len();
+        v.stats.joined += 1;
+        v.stats.eager_received += 1;
+        v.stats.bytes_received += end as u64;
+        Some(Arrived::Message {
+            src: h.src,
+            tag: train.tag,
+            body: Body::Heap(train.buf),
+            start: 0,
+            end,
+        })
+    }
+}
+
+/// `got`, unless it brings nothing at all.
+fn nonempty<C: Context>(got: Got<C>) -> Option<Got<C>> {
+    (got.returned.is_some() || got.what.is_some()).then_some(got)
+}

@@ -1,10 +1,12 @@
 //! The core of a BTL: its state behind the one lock, and what progress
-//! does with it. It runs the protocol machines ([`crate::proto`]) against
-//! the interface and the connection driver: completions and messages go
-//! in, work comes out and is posted (`post.rs`), and whatever the user must
-//! hear of (messages, finished operations, failed peers) is queued as a
-//! [`Delivery`], which [`crate::Btl`] hands to the user's callbacks after
-//! the lock is released.
+//! does with it. It owns the rooms below it and decides between them: the
+//! receive side (`recv.rs`) judges what arrives and hands it over, the
+//! protocol machines ([`crate::proto`]) turn it into work, the send queues
+//! (`post.rs`) post the work and give back what completed, and the core
+//! judges completions and failures (requeue, drop, fail an endpoint).
+//! Whatever the user must hear of (messages, finished operations, failed
+//! peers) is queued as a [`Delivery`], which [`crate::Btl`] hands to the
+//! user's callbacks after the lock is released.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;

@@ -1,7 +1,9 @@
 //! The xrcbtl byte transfer layer: puts the fabric, the connection manager,
 //! the registration cache and the progress pieces together.
 //!
-//! A newcomer finds each concept in one file:
+//! A newcomer finds each concept in one file. The files stand on floors
+//! (the README's layout lists them): a file imports only from its own
+//! floor or below, never in a circle, and `tests/floors.rs` checks it.
 //!
 //! | file | concept |
 //! |---|---|
@@ -9,7 +11,7 @@
 //! | [`addr`] | the address a rank publishes for its peers, encoded and strictly decoded |
 //! | `types.rs` | the API's vocabulary: operations, registered memory, counters |
 //! | `callbacks.rs` | the user's callbacks, generic over the handle they receive |
-//! | `core.rs` | the state behind the lock, and what progress does with it |
+//! | `core.rs` | the state behind the lock: the progress order, connection events, the failure policy, the rendezvous glue |
 //! | `delivery.rs` | what the user must hear of (messages and where their bytes are, finished operations, failed peers), queued until the lock is released |
 //! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
 //! | [`conn`] | the connection driver: runs the XRC connection manager on the fabric (connections only) |
@@ -18,7 +20,7 @@
 //! | `credits.rs` | credit flow control where the device has no RNR |
 //! | `wr_id.rs` | the wr_id space |
 //! | `pools.rs` | buffers kept for reuse: message buffers, joined messages, rendezvous sinks; a rendezvous' source and sink |
-//! | `post.rs` | the one place that turns work into a posted work request |
+//! | `post.rs` | the send queues: the one place that turns work into a posted work request, and what completed given back |
 //! | `recv.rs` | the receive side: the CQ poll, and each message judged (header, sender, order, credits, trains) before the core acts on it |
 //! | `proto/` | eager order, rendezvous, one-sided, atomics, operations: state machines without I/O |
 //! | [`wire`] | the message header and the rendezvous control payloads |

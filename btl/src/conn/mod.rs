@@ -14,14 +14,14 @@
 //! valid until the driver reports the QP destroyed
 //! ([`ConnEvent::Destroyed`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use xrcbtl_fabric::{
     Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, IbAddr,
-    InitAttr, PortAddr, PortSpace, Qp, QpCaps, QpInit, QpState, QpTransition, QpType, RejectReason,
-    Result, RtrAttr, RtsAttr, SendWr, Transport, DEFAULT_PKEY,
+    PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RejectReason, Result, SendWr, Transport,
+    DEFAULT_PKEY,
 };
 use xrcbtl_xrc_conn::{
     Action, CmFailure, CmRef, ConnManager, Event, Mode, Node, Notice, QpKind, QpRef, Rank,
@@ -31,6 +31,20 @@ use xrcbtl_xrc_conn::{
 use crate::config::BtlConfig;
 use crate::iface::Iface;
 use crate::wr_id;
+
+mod accepting;
+mod drain;
+mod loopback;
+mod placeholders;
+mod slots;
+mod tgts;
+
+use accepting::Accepting;
+use drain::{stop_rc, Draining, LAST_WQE_WAIT};
+use loopback::Loopback;
+use placeholders::Placeholders;
+use slots::{QpSlots, Slot};
+use tgts::Tgts;
 
 /// The CM id type of a context.
 pub type CmIdOf<C> = <<C as Context>::CmChannel as CmChannel>::Id;
@@ -73,46 +87,6 @@ pub enum ConnEvent {
     },
 }
 
-/// Accepted ids waiting for their RTU, found by QP number (the QP heard
-/// the peer first) or by id (the RTU came, or the id went) without a
-/// search: a rank accepting a storm of connections holds many at once.
-#[derive(Default)]
-struct Accepting {
-    by_qpn: HashMap<u32, CmRef>,
-    by_cm: HashMap<CmRef, u32>,
-}
-
-impl Accepting {
-    fn insert(&mut self, qpn: u32, cm: CmRef) {
-        if let Some(old) = self.by_qpn.insert(qpn, cm) {
-            self.by_cm.remove(&old);
-        }
-        if let Some(old) = self.by_cm.insert(cm, qpn) {
-            if old != qpn {
-                self.by_qpn.remove(&old);
-            }
-        }
-    }
-
-    /// The id accepted with QP `qpn`, no longer waiting.
-    fn take_qpn(&mut self, qpn: u32) -> Option<CmRef> {
-        let cm = self.by_qpn.remove(&qpn)?;
-        self.by_cm.remove(&cm);
-        Some(cm)
-    }
-
-    /// `cm` waits no more.
-    fn forget(&mut self, cm: CmRef) {
-        if let Some(qpn) = self.by_cm.remove(&cm) {
-            self.by_qpn.remove(&qpn);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.by_qpn.is_empty()
-    }
-}
-
 /// What the driver counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DriverStats {
@@ -137,112 +111,6 @@ pub struct DriverStats {
     /// RC QPs on the SRQ destroyed when LAST_WQE_REACHED did not come in
     /// time.
     pub drain_timeouts: u64,
-}
-
-/// How often held TGT QPs are asked for their state, and how many at a
-/// time: a rank holding n handles finds a dead one within
-/// n / 64 × 50 ms.
-const TGT_CHECK_EVERY: Duration = Duration::from_millis(50);
-const TGT_CHECK_BATCH: usize = 64;
-
-/// QPs that only lend their numbers to QP-less requests (Reuse, Leave).
-///
-/// The IB CM turns a REQ away as a stale connection while it holds another
-/// with the same (announced QP number, sending HCA), so every QP-less
-/// request in flight from this node to one remote node needs a number of
-/// its own; numbers are unique per HCA, so a QP's is. A placeholder QP stays
-/// in RESET, never connected; one is lent per request in flight to a node,
-/// and the pool only grows to the most requests ever in flight to one node
-/// at once (at most that node's ranks).
-struct Placeholders<C: Context> {
-    qps: Vec<C::Qp>,
-    /// Which placeholders a node's requests are using.
-    busy: HashMap<Node, Vec<usize>>,
-    lent: HashMap<CmRef, (Node, usize)>,
-}
-
-impl<C: Context> Placeholders<C> {
-    fn new() -> Self {
-        Placeholders {
-            qps: Vec::new(),
-            busy: HashMap::new(),
-            lent: HashMap::new(),
-        }
-    }
-
-    /// Lends `cm` a number unused by other requests to `node`, making a
-    /// placeholder with `make` when every one is in use there.
-    fn lend(&mut self, cm: CmRef, node: Node, make: impl FnOnce() -> Result<C::Qp>) -> Option<u32> {
-        let busy = self.busy.entry(node).or_default();
-        let i = match (0..self.qps.len()).find(|i| !busy.contains(i)) {
-            Some(i) => i,
-            None => {
-                self.qps.push(make().ok()?);
-                self.qps.len() - 1
-            }
-        };
-        busy.push(i);
-        self.lent.insert(cm, (node, i));
-        Some(self.qps[i].qp_num())
-    }
-
-    /// The request `cm` is over: its number is free for `node` again.
-    fn give_back(&mut self, cm: CmRef) {
-        if let Some((node, i)) = self.lent.remove(&cm) {
-            if let Some(b) = self.busy.get_mut(&node) {
-                b.retain(|x| *x != i);
-                if b.is_empty() {
-                    self.busy.remove(&node);
-                }
-            }
-        }
-    }
-}
-
-/// A QP the manager made, in its slot.
-struct Slot<C: Context> {
-    qp: C::Qp,
-    r: QpRef,
-    caps: QpCaps,
-    /// The device reported the QP's last receive from the SRQ.
-    last_wqe: bool,
-    /// Handed to the CM (to connect or accept): it may have carried
-    /// messages. One that never was carried nothing, and its end is news
-    /// to nobody (a request that waited its turn and was dropped unsent).
-    wired: bool,
-    /// The rank whose messages arrive on it (an RC QP's peer), learnt when
-    /// it was wired.
-    peer: Option<Rank>,
-}
-
-/// An RC QP on the shared SRQ on its way out: in the error state, kept
-/// until the device reports its last receive (LAST_WQE_REACHED) and the
-/// receive CQ has been polled dry, so that no receive it took from the SRQ
-/// is lost with it (destroying a QP takes its completions out of the CQ).
-struct Draining<C: Context> {
-    /// Held only: dropping it destroys the QP.
-    _qp: C::Qp,
-    last_wqe: bool,
-    /// Destroyed then even without the event.
-    deadline: Duration,
-}
-
-/// How long a draining QP waits for LAST_WQE_REACHED.
-const LAST_WQE_WAIT: Duration = Duration::from_secs(1);
-
-/// A pair of RC QPs joined to each other on this rank's own port: one-sided
-/// operations and atomics on the rank's own memory go through the device
-/// like a peer's, so that its atomics stay atomic with the peers' on the
-/// same memory. Made on first use, outside the manager (no CM, no peer);
-/// not on iWARP, whose connections need the CM.
-struct Loopback<C: Context> {
-    /// Its slot (taken from the slot numbers, never in `slots`).
-    slot: u32,
-    /// Where work is posted.
-    req: C::Qp,
-    /// The responder.
-    _resp: C::Qp,
-    caps: QpCaps,
 }
 
 /// References the driver makes for CM ids of incoming requests start here,
@@ -271,20 +139,13 @@ pub struct ConnDriver<C: Context> {
     /// it, with no ARP.
     listener_ib: Option<CmIdOf<C>>,
     ch: C::CmChannel,
-    slots: Vec<Option<Slot<C>>>,
-    free_slots: Vec<u32>,
-    slot_of_ref: HashMap<QpRef, u32>,
-    slot_of_num: HashMap<u32, u32>,
-    tgts: BTreeMap<TgtRef, C::Qp>,
-    tgt_of_num: HashMap<u32, Vec<TgtRef>>,
-    /// Changes whenever a QP number comes or goes (`slot_of_num`,
-    /// `tgt_of_num`): what was learnt of a number is good while it stays.
+    /// The QPs the manager made, by slot.
+    slots: QpSlots<C>,
+    /// The TGT QPs this rank holds.
+    tgts: Tgts<C>,
+    /// Changes whenever a QP number comes or goes (`slots`, `tgts`): what
+    /// was learnt of a number is good while it stays.
     qp_gen: u64,
-    /// When the next handful of held TGT QPs is asked for its state, and
-    /// where that round-robin sweep stands.
-    tgt_check_at: Duration,
-    tgt_cursor: TgtRef,
-    tgt_batch: Vec<TgtRef>,
     placeholders: Placeholders<C>,
     /// iWARP: the QP each QP-less request (a Leave) connects with, made
     /// for it and destroyed with its CM id. The iWARP CM cannot connect
@@ -322,18 +183,6 @@ pub struct ConnDriver<C: Context> {
 /// Notices kept for [`ConnDriver::take_notices`].
 pub const NOTICES_KEPT: usize = 1024;
 
-/// Moves an RC QP that draws from the SRQ to the error state, so that the
-/// device reports its last receive; false if it could not, or need not. A
-/// QP still in RESET (never handed to the CM, or handed to a connection
-/// that failed before the CM moved it to INIT) took no receive, and the QP
-/// state table refuses RESET to ERR (rxe logs each refusal).
-fn stop_rc<Q: Qp>(qp: &Q, wired: bool) -> bool {
-    if !wired || qp.state().map_or(true, |st| st == QpState::Reset) {
-        return false;
-    }
-    qp.modify(&QpTransition::Error).is_ok()
-}
-
 /// Keeps `n` among the latest [`NOTICES_KEPT`] notices.
 fn keep_notice(notices: &mut VecDeque<Notice>, n: Notice) {
     if notices.len() == NOTICES_KEPT {
@@ -347,7 +196,7 @@ impl<C: Context> Drop for ConnDriver<C> {
     /// with the driver: the device then reports their last receive, and
     /// none is taken while they go.
     fn drop(&mut self) {
-        for s in self.slots.iter().flatten() {
+        for s in self.slots.iter() {
             if s.qp.qp_type() == QpType::Rc {
                 stop_rc(&s.qp, s.wired);
             }
@@ -438,15 +287,8 @@ impl<C: Context> ConnDriver<C> {
             listener,
             listener_ib,
             ch,
-            slots: Vec::new(),
-            free_slots: Vec::new(),
-            slot_of_ref: HashMap::new(),
-            slot_of_num: HashMap::new(),
-            tgts: BTreeMap::new(),
-            tgt_check_at: Duration::ZERO,
-            tgt_cursor: TgtRef(0),
-            tgt_batch: Vec::with_capacity(TGT_CHECK_BATCH),
-            tgt_of_num: HashMap::new(),
+            slots: QpSlots::new(),
+            tgts: Tgts::new(),
             qp_gen: 0,
             placeholders: Placeholders::new(),
             carriers: HashMap::new(),
@@ -568,57 +410,21 @@ impl<C: Context> ConnDriver<C> {
     }
 
     fn make_loopback(&mut self) -> Result<Loopback<C>> {
-        let port = self.ctx.query_port(1)?;
-        let dest = PortAddr {
-            lid: port.lid,
-            gid: port.gid,
-        };
-        let caps = QpCaps {
-            max_send_wr: 64.min(self.ctx.caps().max_qp_wr),
-            // Only RDMA and atomics travel: nothing is ever received.
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline: 0,
-        };
-        let init = QpInit {
-            qp_type: QpType::Rc,
-            send_cq: &self.send_cq,
-            recv_cq: Some(&self.recv_cq),
-            srq: None,
-            caps,
-        };
-        let req = self.ctx.create_qp(&self.pd, &init)?;
-        let resp = self.ctx.create_qp(&self.pd, &init)?;
-        for (q, peer) in [(&req, resp.qp_num()), (&resp, req.qp_num())] {
-            q.modify(&QpTransition::Init(InitAttr {
-                access: self.init_access,
-                ..InitAttr::default()
-            }))?;
-            q.modify(&QpTransition::Rtr(RtrAttr::new(dest, peer)))?;
-            q.modify(&QpTransition::Rts(RtsAttr::default()))?;
-        }
-        let slot = match self.free_slots.pop() {
-            Some(s) => s,
-            None => {
-                self.slots.push(None);
-                (self.slots.len() - 1) as u32
-            }
-        };
-        Ok(Loopback {
-            slot,
-            caps: req.caps(),
-            req,
-            _resp: resp,
-        })
+        let lb = Loopback::make(
+            &self.ctx,
+            &self.pd,
+            [&self.send_cq, &self.recv_cq],
+            self.init_access,
+            || self.slots.take_number(),
+        )?;
+        Ok(lb)
     }
 
     /// Marks `qp`'s slot as handed to the CM ([`Slot::wired`]).
     fn wire(&mut self, qp: Option<QpRef>) {
         let Some(q) = qp else { return };
         let peer = self.mgr.peer_of_qp(q);
-        let slot = self.slot_of_ref.get(&q);
-        if let Some(s) = slot.and_then(|&s| self.slots[s as usize].as_mut()) {
+        if let Some(s) = self.slots.of_ref_mut(q) {
             s.wired = true;
             s.peer = peer;
         }
@@ -628,7 +434,7 @@ impl<C: Context> ConnDriver<C> {
     /// is posted again on a fresh one.
     fn close_loopback(&mut self) {
         if let Some(lb) = self.loopback.take() {
-            self.free_slots.push(lb.slot);
+            self.slots.give_number(lb.slot);
             self.events.push_back(ConnEvent::Destroyed {
                 slot: lb.slot,
                 qpn: lb.req.qp_num(),
@@ -657,7 +463,7 @@ impl<C: Context> ConnDriver<C> {
     /// When the manager next needs [`ConnDriver::progress`] for a timer, or
     /// held TGT QPs are next asked for their state.
     pub fn next_timeout(&self) -> Option<Duration> {
-        let sweep = (!self.tgts.is_empty()).then_some(self.tgt_check_at);
+        let sweep = self.tgts.next_check();
         let drain = self.draining.values().map(|d| d.deadline).min();
         [self.mgr.poll_timeout(), sweep, drain]
             .into_iter()
@@ -708,34 +514,13 @@ impl<C: Context> ConnDriver<C> {
     /// state by hand, which raises no event the verbs promise at the other
     /// openers: without asking, they would hold the dead QP until they exit.
     fn sweep_tgts(&mut self, now: Duration) -> usize {
-        if self.tgts.is_empty() || now < self.tgt_check_at {
-            return 0;
-        }
-        self.tgt_check_at = now + TGT_CHECK_EVERY;
-        let start = self.tgt_cursor;
-        let mut batch = std::mem::take(&mut self.tgt_batch);
-        batch.clear();
-        batch.extend(
-            self.tgts
-                .range(start..)
-                .chain(self.tgts.range(..start))
-                .take(TGT_CHECK_BATCH)
-                .map(|(t, _)| *t),
-        );
-        self.tgt_cursor = batch.last().map_or(TgtRef(0), |t| TgtRef(t.0 + 1));
         let mut dead = 0;
-        for &tgt in &batch {
-            let gone = self
-                .tgts
-                .get(&tgt)
-                .is_some_and(|q| !matches!(q.state(), Ok(QpState::Rtr | QpState::Rts)));
-            if gone {
-                dead += 1;
-                self.stats.tgts_found_dead += 1;
-                self.mgr.handle(now, Event::TgtFailed { tgt });
-            }
-        }
-        self.tgt_batch = batch;
+        let (tgts, mgr, stats) = (&mut self.tgts, &mut self.mgr, &mut self.stats);
+        tgts.sweep(now, |tgt| {
+            dead += 1;
+            stats.tgts_found_dead += 1;
+            mgr.handle(now, Event::TgtFailed { tgt });
+        });
         dead
     }
 
@@ -752,11 +537,10 @@ impl<C: Context> ConnDriver<C> {
     /// `None` when the driver does not know the number (any more: a QP's
     /// last messages may still be in the CQ after it went).
     pub fn sender_of(&self, qpn: u32) -> Option<Rank> {
-        if let Some(&slot) = self.slot_of_num.get(&qpn) {
-            let s = self.slots[slot as usize].as_ref()?;
+        if let Some((_, s)) = self.slots.of_num(qpn) {
             return self.mgr.peer_of_qp(s.r);
         }
-        let tgts = self.tgt_of_num.get(&qpn)?;
+        let tgts = self.tgts.of_num(qpn)?;
         tgts.iter().find_map(|t| self.mgr.tgt_sender(*t))
     }
 
@@ -771,10 +555,7 @@ impl<C: Context> ConnDriver<C> {
         if let Some(lb) = self.loopback.as_ref().filter(|l| l.slot == slot) {
             return Some((&lb.req, lb.caps));
         }
-        self.slots
-            .get(slot as usize)
-            .and_then(|s| s.as_ref())
-            .map(|s| (&s.qp, s.caps))
+        self.slots.get(slot).map(|s| (&s.qp, s.caps))
     }
 
     /// A send on the QP in `slot` completed with an error: the path through
@@ -784,7 +565,7 @@ impl<C: Context> ConnDriver<C> {
         if self.loopback.as_ref().is_some_and(|l| l.slot == slot) {
             return self.close_loopback();
         }
-        if let Some(Some(s)) = self.slots.get(slot as usize) {
+        if let Some(s) = self.slots.get(slot) {
             let qp = s.r;
             self.mgr.handle(now, Event::QpFailed { qp });
             self.look_wanted = true;
@@ -799,7 +580,7 @@ impl<C: Context> ConnDriver<C> {
             let slot = lb.slot;
             return self.handle_send_failure(now, slot);
         }
-        if let Some(&slot) = self.slot_of_num.get(&qpn) {
+        if let Some((slot, _)) = self.slots.of_num(qpn) {
             self.handle_send_failure(now, slot);
         }
     }
@@ -807,11 +588,7 @@ impl<C: Context> ConnDriver<C> {
     /// A zero-length message (the iWARP initiator's hello) arrived on QP
     /// number `qpn`: the responder may speak now.
     pub fn handle_first_receive(&mut self, now: Duration, qpn: u32) {
-        if let Some(s) = self
-            .slot_of_num
-            .get(&qpn)
-            .and_then(|&i| self.slots[i as usize].as_ref())
-        {
+        if let Some((_, s)) = self.slots.of_num(qpn) {
             let qp = s.r;
             self.mgr.handle(now, Event::FirstReceive { qp });
             self.look_wanted = true;
@@ -881,13 +658,9 @@ impl<C: Context> ConnDriver<C> {
 
     fn on_notice(&mut self, n: Notice) {
         let ev = match &n {
-            Notice::Ready { rank, path } => match self.slot_of_ref.get(&path.qp) {
-                Some(&slot) => {
-                    let qpn = self.slots[slot as usize]
-                        .as_ref()
-                        .expect("live")
-                        .qp
-                        .qp_num();
+            Notice::Ready { rank, path } => match self.slots.of_ref(path.qp) {
+                Some((slot, s)) => {
+                    let qpn = s.qp.qp_num();
                     ConnEvent::Ready {
                         rank: *rank,
                         slot,
@@ -934,15 +707,11 @@ impl<C: Context> ConnDriver<C> {
             }
             return;
         }
-        if let Some(tgts) = self.tgt_of_num.get(&qpn).cloned() {
-            for tgt in tgts {
+        if let Some(tgts) = self.tgts.of_num(qpn) {
+            for &tgt in tgts {
                 self.mgr.handle(now, Event::TgtFailed { tgt });
             }
-        } else if let Some(s) = self
-            .slot_of_num
-            .get(&qpn)
-            .and_then(|&i| self.slots[i as usize].as_mut())
-        {
+        } else if let Some(s) = self.slots.of_num_mut(qpn) {
             if matches!(ev, AsyncEvent::QpLastWqeReached { .. }) {
                 s.last_wqe = true;
             } else {
@@ -1028,242 +797,255 @@ impl<C: Context> ConnDriver<C> {
         self.mgr.handle(now, out);
     }
 
+    /// Does one thing the manager asks.
     fn execute(&mut self, now: Duration, a: Action) {
         match a {
-            Action::CreateQp { qp, kind, sq_depth } => {
-                let caps = self.ctx.caps();
-                let qcaps = QpCaps {
-                    max_send_wr: sq_depth.clamp(1, caps.max_qp_wr),
-                    max_recv_wr: 0,
-                    // A header from a bounce slot and a body from the
-                    // sender's memory (zero-copy eager).
-                    max_send_sge: 2.min(caps.max_sge).max(1),
-                    max_recv_sge: 0,
-                    max_inline: self.max_inline,
-                };
-                let (qp_type, srq) = match kind {
-                    QpKind::Ini => (QpType::XrcIni, None),
-                    QpKind::Rc => (QpType::Rc, Some(&self.rc_srq)),
-                };
-                let init = QpInit {
-                    qp_type,
-                    send_cq: &self.send_cq,
-                    recv_cq: Some(&self.recv_cq),
-                    srq,
-                    caps: qcaps,
-                };
-                // Left in RESET: the CM moves it to INIT with the port and
-                // P_Key of the route it resolved, and grants the remote
-                // access the connection's read depths allow.
-                match self.ctx.create_qp(&self.pd, &init) {
-                    Ok(q) => {
-                        let caps = q.caps();
-                        let num = q.qp_num();
-                        let slot = match self.free_slots.pop() {
-                            Some(s) => s,
-                            None => {
-                                self.slots.push(None);
-                                (self.slots.len() - 1) as u32
-                            }
-                        };
-                        self.slots[slot as usize] = Some(Slot {
-                            qp: q,
-                            r: qp,
-                            caps,
-                            last_wqe: false,
-                            wired: false,
-                            peer: None,
-                        });
-                        self.slot_of_ref.insert(qp, slot);
-                        self.slot_of_num.insert(num, slot);
-                        self.qp_gen += 1;
-                    }
-                    Err(_) => self.mgr.handle(now, Event::QpCreateFailed { qp }),
-                }
-            }
-            Action::ResizeQp { qp, sq_depth } => {
-                if let Some(&slot) = self.slot_of_ref.get(&qp) {
-                    let s = self.slots[slot as usize].as_mut().expect("live");
-                    if s.qp.resize_send_queue(sq_depth).is_err() {
-                        self.stats.resize_unsupported += 1;
-                    }
-                    // Only what the device says now is believed.
-                    s.caps = s.qp.caps();
-                }
-            }
-            Action::DestroyQp { qp } => {
-                if let Some(slot) = self.slot_of_ref.remove(&qp) {
-                    let s = self.slots[slot as usize].take().expect("live");
-                    let qpn = s.qp.qp_num();
-                    self.slot_of_num.remove(&qpn);
-                    self.qp_gen += 1;
-                    self.free_slots.push(slot);
-                    // The core clears what its endpoints kept of the QP:
-                    // nothing to clear for one that never carried anything
-                    // (a storm drops thousands).
-                    if s.wired {
-                        self.events.push_back(ConnEvent::Destroyed {
-                            slot,
-                            qpn,
-                            peer: s.peer,
-                        });
-                    }
-                    if s.qp.qp_type() == QpType::Rc {
-                        // Drawing from the SRQ: stop it, and destroy it
-                        // once its last receive is in the CQ and polled.
-                        let stopped = stop_rc(&s.qp, s.wired);
-                        self.draining.insert(
-                            qpn,
-                            Draining {
-                                _qp: s.qp,
-                                last_wqe: s.last_wqe || !stopped,
-                                deadline: now + LAST_WQE_WAIT,
-                            },
-                        );
-                    }
-                }
-            }
-            Action::CreateTgt { tgt } => {
-                let made = self.xrcd.as_ref().map(|x| self.ctx.create_tgt_qp(x));
-                match made {
-                    Some(Ok(q)) => {
-                        let qpn = q.qp_num();
-                        self.tgt_of_num.entry(qpn).or_default().push(tgt);
-                        self.qp_gen += 1;
-                        self.tgts.insert(tgt, q);
-                        self.mgr.handle(now, Event::TgtCreated { tgt, qpn });
-                    }
-                    _ => self.mgr.handle(now, Event::TgtCreateFailed { tgt }),
-                }
-            }
-            Action::OpenTgt { tgt, qpn } => {
-                let opened = self.xrcd.as_ref().map(|x| self.ctx.open_tgt_qp(x, qpn));
-                let ok = match opened {
-                    Some(Ok(q)) => {
-                        self.tgt_of_num.entry(qpn).or_default().push(tgt);
-                        self.qp_gen += 1;
-                        self.tgts.insert(tgt, q);
-                        true
-                    }
-                    _ => false,
-                };
-                self.mgr.handle(now, Event::TgtOpened { tgt, ok });
-            }
-            Action::CloseTgt { tgt } => {
-                if let Some(q) = self.tgts.remove(&tgt) {
-                    let qpn = q.qp_num();
-                    self.qp_gen += 1;
-                    if let Some(v) = self.tgt_of_num.get_mut(&qpn) {
-                        v.retain(|t| *t != tgt);
-                        if v.is_empty() {
-                            self.tgt_of_num.remove(&qpn);
-                        }
-                    }
-                }
-            }
+            Action::CreateQp { qp, kind, sq_depth } => self.create_qp(now, qp, kind, sq_depth),
+            Action::ResizeQp { qp, sq_depth } => self.resize_qp(qp, sq_depth),
+            Action::DestroyQp { qp } => self.destroy_qp(now, qp),
+            Action::SendHello { qp } => self.send_hello(now, qp),
+            Action::CreateTgt { tgt } => self.create_tgt(now, tgt),
+            Action::OpenTgt { tgt, qpn } => self.open_tgt(now, tgt, qpn),
+            Action::CloseTgt { tgt } => self.close_tgt(tgt),
             Action::BreakTgt { tgt } => {
-                if let Some(q) = self.tgts.get(&tgt) {
+                if let Some(q) = self.tgts.get(tgt) {
                     // A TGT QP that cannot be moved to the error state is
                     // already broken or gone: nothing more to do.
                     let _ = q.modify(&QpTransition::Error);
                 }
             }
-            Action::Resolve { cm, rank, route } => {
-                let Some(&addr) = self.directory.get(&rank) else {
-                    return self.mgr.handle(now, Event::ResolveFailed { cm });
-                };
-                let id = match self.ch.create_id(port_space(self.mode)) {
-                    Ok(id) => id,
-                    Err(_) => return self.mgr.handle(now, Event::ResolveFailed { cm }),
-                };
-                let cached = route.and_then(|r| self.routes.get(&r));
-                let by_gid = self
-                    .listener_ib
-                    .is_some()
-                    .then(|| self.ib_directory.get(&rank))
-                    .flatten();
-                let started = match (by_gid, cached) {
-                    // Both ends speak AF_IB: the GID is the address.
-                    (Some(dst), r) => id.resolve_ib(*dst, r, 2_000),
-                    (None, Some(r)) => id.resolve_cached(addr, r, 2_000),
-                    (None, None) => id.resolve_addr(addr, 2_000),
-                };
-                self.cm_of_key.insert(id.key(), cm);
-                self.cms.insert(cm, id);
-                self.cm_rank.insert(cm, rank);
-                if started.is_err() {
-                    self.mgr.handle(now, Event::ResolveFailed { cm });
-                }
-            }
-            Action::Connect { cm, qp, data } => {
-                let mut param = self.conn.param(&data);
-                if qp.is_none() {
-                    param.qp_num = self.lend_number(cm);
-                }
-                self.wire(qp);
-                let q = qp
-                    .and_then(|q| self.slot_of_ref.get(&q))
-                    .and_then(|&s| self.slots[s as usize].as_ref());
-                let r = self
-                    .cms
-                    .get(&cm)
-                    .map(|id| id.connect(q.map(|s| &s.qp), &param));
-                if !matches!(r, Some(Ok(()))) {
-                    self.mgr.handle(
-                        now,
-                        Event::Failed {
-                            cm,
-                            how: CmFailure::Unreachable,
-                            data: Vec::new(),
-                        },
-                    );
-                }
-            }
-            Action::Accept { cm, qp, tgt, data } => {
-                self.wire(qp);
-                let q = qp
-                    .and_then(|q| self.slot_of_ref.get(&q))
-                    .and_then(|&s| self.slots[s as usize].as_ref())
-                    .map(|s| &s.qp)
-                    .or_else(|| tgt.and_then(|t| self.tgts.get(&t)));
-                let param = self.conn.param(&data);
-                if let Some(q) = q {
-                    self.accepting.insert(q.qp_num(), cm);
-                }
-                let r = self.cms.get(&cm).map(|id| id.accept(q, &param));
-                if !matches!(r, Some(Ok(()))) {
-                    self.mgr.handle(now, Event::Disconnected { cm });
-                }
-            }
+            Action::Resolve { cm, rank, route } => self.resolve(now, cm, rank, route),
+            Action::Connect { cm, qp, data } => self.connect_cm(now, cm, qp, &data),
+            Action::Accept { cm, qp, tgt, data } => self.accept(now, cm, qp, tgt, &data),
             Action::Reject { cm, data } => {
                 if let Some(id) = self.cms.get(&cm) {
                     // A request whose id is gone needs no answer.
                     let _ = id.reject(&data);
                 }
             }
-            Action::DestroyCm { cm } => {
-                if let Some(id) = self.cms.remove(&cm) {
-                    self.cm_of_key.remove(&id.key());
-                    self.accepting.forget(cm);
-                }
-                self.cm_rank.remove(&cm);
-                self.placeholders.give_back(cm);
-                // After its id: the CM lets go of the QP first.
-                self.carriers.remove(&cm);
+            Action::DestroyCm { cm } => self.destroy_cm(cm),
+        }
+    }
+
+    // ---- QPs ---------------------------------------------------------------
+
+    /// Makes the QP the manager calls `qp` and puts it in a slot.
+    fn create_qp(&mut self, now: Duration, qp: QpRef, kind: QpKind, sq_depth: u32) {
+        let caps = self.ctx.caps();
+        let qcaps = QpCaps {
+            max_send_wr: sq_depth.clamp(1, caps.max_qp_wr),
+            max_recv_wr: 0,
+            // A header from a bounce slot and a body from the sender's
+            // memory (zero-copy eager).
+            max_send_sge: 2.min(caps.max_sge).max(1),
+            max_recv_sge: 0,
+            max_inline: self.max_inline,
+        };
+        let (qp_type, srq) = match kind {
+            QpKind::Ini => (QpType::XrcIni, None),
+            QpKind::Rc => (QpType::Rc, Some(&self.rc_srq)),
+        };
+        let init = QpInit {
+            qp_type,
+            send_cq: &self.send_cq,
+            recv_cq: Some(&self.recv_cq),
+            srq,
+            caps: qcaps,
+        };
+        // Left in RESET: the CM moves it to INIT with the port and P_Key of
+        // the route it resolved, and grants the remote access the
+        // connection's read depths allow.
+        match self.ctx.create_qp(&self.pd, &init) {
+            Ok(q) => {
+                let num = q.qp_num();
+                let slot = Slot {
+                    caps: q.caps(),
+                    qp: q,
+                    r: qp,
+                    last_wqe: false,
+                    wired: false,
+                    peer: None,
+                };
+                self.slots.insert(num, slot);
+                self.qp_gen += 1;
             }
-            Action::SendHello { qp } => {
-                let q = self
-                    .slot_of_ref
-                    .get(&qp)
-                    .and_then(|&s| self.slots[s as usize].as_ref());
-                if let Some(s) = q {
-                    if s.qp.post_send(&SendWr::send(wr_id::HELLO, &[])).is_err() {
-                        let r = s.r;
-                        self.mgr.handle(now, Event::QpFailed { qp: r });
-                    }
-                }
+            Err(_) => self.mgr.handle(now, Event::QpCreateFailed { qp }),
+        }
+    }
+
+    fn resize_qp(&mut self, qp: QpRef, sq_depth: u32) {
+        if let Some(s) = self.slots.of_ref_mut(qp) {
+            if s.qp.resize_send_queue(sq_depth).is_err() {
+                self.stats.resize_unsupported += 1;
+            }
+            // Only what the device says now is believed.
+            s.caps = s.qp.caps();
+        }
+    }
+
+    fn destroy_qp(&mut self, now: Duration, qp: QpRef) {
+        let Some((slot, qpn, s)) = self.slots.remove(qp) else {
+            return;
+        };
+        self.qp_gen += 1;
+        // The core clears what its endpoints kept of the QP: nothing to
+        // clear for one that never carried anything (a storm drops
+        // thousands).
+        if s.wired {
+            self.events.push_back(ConnEvent::Destroyed {
+                slot,
+                qpn,
+                peer: s.peer,
+            });
+        }
+        if s.qp.qp_type() == QpType::Rc {
+            // Drawing from the SRQ: stop it, and destroy it once its last
+            // receive is in the CQ and polled.
+            let stopped = stop_rc(&s.qp, s.wired);
+            self.draining.insert(
+                qpn,
+                Draining {
+                    _qp: s.qp,
+                    last_wqe: s.last_wqe || !stopped,
+                    deadline: now + LAST_WQE_WAIT,
+                },
+            );
+        }
+    }
+
+    fn send_hello(&mut self, now: Duration, qp: QpRef) {
+        if let Some((_, s)) = self.slots.of_ref(qp) {
+            if s.qp.post_send(&SendWr::send(wr_id::HELLO, &[])).is_err() {
+                let r = s.r;
+                self.mgr.handle(now, Event::QpFailed { qp: r });
             }
         }
+    }
+
+    // ---- TGT QPs -----------------------------------------------------------
+
+    fn create_tgt(&mut self, now: Duration, tgt: TgtRef) {
+        let made = self.xrcd.as_ref().map(|x| self.ctx.create_tgt_qp(x));
+        match made {
+            Some(Ok(q)) => {
+                let qpn = q.qp_num();
+                self.hold_tgt(tgt, q);
+                self.mgr.handle(now, Event::TgtCreated { tgt, qpn });
+            }
+            _ => self.mgr.handle(now, Event::TgtCreateFailed { tgt }),
+        }
+    }
+
+    fn open_tgt(&mut self, now: Duration, tgt: TgtRef, qpn: u32) {
+        let opened = self.xrcd.as_ref().map(|x| self.ctx.open_tgt_qp(x, qpn));
+        let ok = match opened {
+            Some(Ok(q)) => {
+                self.hold_tgt(tgt, q);
+                true
+            }
+            _ => false,
+        };
+        self.mgr.handle(now, Event::TgtOpened { tgt, ok });
+    }
+
+    /// Holds the TGT QP the manager calls `tgt`.
+    fn hold_tgt(&mut self, tgt: TgtRef, q: C::Qp) {
+        self.tgts.insert(tgt, q);
+        self.qp_gen += 1;
+    }
+
+    fn close_tgt(&mut self, tgt: TgtRef) {
+        if self.tgts.remove(tgt).is_some() {
+            self.qp_gen += 1;
+        }
+    }
+
+    // ---- CM ids ------------------------------------------------------------
+
+    /// Makes a CM id for `cm` and resolves `rank`'s address (or its GID),
+    /// through a route already resolved to its node when there is one.
+    fn resolve(&mut self, now: Duration, cm: CmRef, rank: Rank, route: Option<RouteRef>) {
+        let Some(&addr) = self.directory.get(&rank) else {
+            return self.mgr.handle(now, Event::ResolveFailed { cm });
+        };
+        let id = match self.ch.create_id(port_space(self.mode)) {
+            Ok(id) => id,
+            Err(_) => return self.mgr.handle(now, Event::ResolveFailed { cm }),
+        };
+        let cached = route.and_then(|r| self.routes.get(&r));
+        let by_gid = self
+            .listener_ib
+            .is_some()
+            .then(|| self.ib_directory.get(&rank))
+            .flatten();
+        let started = match (by_gid, cached) {
+            // Both ends speak AF_IB: the GID is the address.
+            (Some(dst), r) => id.resolve_ib(*dst, r, 2_000),
+            (None, Some(r)) => id.resolve_cached(addr, r, 2_000),
+            (None, None) => id.resolve_addr(addr, 2_000),
+        };
+        self.cm_of_key.insert(id.key(), cm);
+        self.cms.insert(cm, id);
+        self.cm_rank.insert(cm, rank);
+        if started.is_err() {
+            self.mgr.handle(now, Event::ResolveFailed { cm });
+        }
+    }
+
+    /// Connects `cm` with `qp` (or, QP-less, with a number lent to it).
+    fn connect_cm(&mut self, now: Duration, cm: CmRef, qp: Option<QpRef>, data: &[u8]) {
+        let mut param = self.conn.param(data);
+        if qp.is_none() {
+            param.qp_num = self.lend_number(cm);
+        }
+        self.wire(qp);
+        let q = qp.and_then(|q| self.slots.of_ref(q)).map(|(_, s)| &s.qp);
+        let r = self.cms.get(&cm).map(|id| id.connect(q, &param));
+        if !matches!(r, Some(Ok(()))) {
+            self.mgr.handle(
+                now,
+                Event::Failed {
+                    cm,
+                    how: CmFailure::Unreachable,
+                    data: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Accepts the request `cm` with `qp` or the TGT QP `tgt` (or neither).
+    fn accept(
+        &mut self,
+        now: Duration,
+        cm: CmRef,
+        qp: Option<QpRef>,
+        tgt: Option<TgtRef>,
+        data: &[u8],
+    ) {
+        self.wire(qp);
+        let q = qp
+            .and_then(|q| self.slots.of_ref(q))
+            .map(|(_, s)| &s.qp)
+            .or_else(|| tgt.and_then(|t| self.tgts.get(t)));
+        let param = self.conn.param(data);
+        if let Some(q) = q {
+            self.accepting.insert(q.qp_num(), cm);
+        }
+        let r = self.cms.get(&cm).map(|id| id.accept(q, &param));
+        if !matches!(r, Some(Ok(()))) {
+            self.mgr.handle(now, Event::Disconnected { cm });
+        }
+    }
+
+    fn destroy_cm(&mut self, cm: CmRef) {
+        if let Some(id) = self.cms.remove(&cm) {
+            self.cm_of_key.remove(&id.key());
+            self.accepting.forget(cm);
+        }
+        self.cm_rank.remove(&cm);
+        self.placeholders.give_back(cm);
+        // After its id: the CM lets go of the QP first.
+        self.carriers.remove(&cm);
     }
 }
 
@@ -1284,7 +1066,7 @@ impl<C: Context> ConnDriver<C> {
         let make = || Self::number_qp(ctx, pd, cq, srq, mode);
         let qpn = self.placeholders.lend(cm, *node, make).unwrap_or(0);
         // The pool never shrinks: its size is how many were made.
-        self.stats.placeholder_qps = self.placeholders.qps.len() as u64;
+        self.stats.placeholder_qps = self.placeholders.made() as u64;
         qpn
     }
 

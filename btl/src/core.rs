@@ -32,7 +32,7 @@ use crate::post::{SendQueues, SendView};
 use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner, Rdma};
-use crate::recv::{Arrived, Got, Recv, RecvView};
+use crate::recv::{Got, Recv, RecvView};
 use crate::types::{BtlError, BtlStats, MemReg, OpResult, Peer, PeerResolver, Receive, Tag};
 use crate::wire::{self, Kind, HEADER};
 use crate::work::{Item, Msg, Store, Work};
@@ -827,13 +827,14 @@ impl<C: Context, H> Core<C, H> {
     // ---- receiving ---------------------------------------------------------
 
     /// The receive side, with what it works through lent for one call.
-    fn recv(&mut self) -> (&mut Recv, RecvView<'_, C>) {
+    fn recv(&mut self) -> (&mut Recv, RecvView<'_, C, H>) {
         let view = RecvView {
             cfg: &self.cfg,
             iface: &mut self.iface,
             drv: &mut self.drv,
             eps: &mut self.eps,
             pools: &mut self.pools,
+            deliveries: &mut self.deliveries,
             stats: &mut self.stats,
             fc: self.fc,
         };
@@ -856,42 +857,29 @@ impl<C: Context, H> Core<C, H> {
         n
     }
 
-    /// Acts on what a message brought: credits returned first, then a
-    /// message for the user or rendezvous control.
-    fn on_got(&mut self, got: Got<C>) {
+    /// Acts on what a message brought: credits returned, then rendezvous
+    /// control.
+    fn on_got(&mut self, got: Got) {
         if let Some((ei, qpn, n)) = got.returned {
             self.arrived(ei, qpn, n);
         }
-        match got.what {
-            None => {}
-            Some(Arrived::Message {
-                src,
-                tag,
-                body,
-                start,
-                end,
-            }) => self.deliver(Delivery::Message {
-                src,
-                tag,
-                body,
-                start,
-                end,
-            }),
-            Some(Arrived::Control { src, tag, ctl }) => match ctl {
-                Control::Rts(rts) => self.on_rts(src, tag, rts),
-                Control::Rtr(rtr) => {
-                    self.rndv.on_rtr(src, rtr);
-                }
-                Control::Ats(msg) => {
-                    self.rndv.on_ats(src, msg);
-                }
-                Control::Fin(msg) => {
-                    self.rndv.on_fin(src, msg);
-                }
-                Control::Nak(msg) => {
-                    self.rndv.on_nak(src, msg);
-                }
-            },
+        let Some((src, tag, ctl)) = got.ctl else {
+            return;
+        };
+        match ctl {
+            Control::Rts(rts) => self.on_rts(src, tag, rts),
+            Control::Rtr(rtr) => {
+                self.rndv.on_rtr(src, rtr);
+            }
+            Control::Ats(msg) => {
+                self.rndv.on_ats(src, msg);
+            }
+            Control::Fin(msg) => {
+                self.rndv.on_fin(src, msg);
+            }
+            Control::Nak(msg) => {
+                self.rndv.on_nak(src, msg);
+            }
         }
     }
 

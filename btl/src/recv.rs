@@ -2,9 +2,10 @@
 //! each message before anything believes it: its header, whether its QP
 //! carries its sender's messages, its place in the sender's sequence, the
 //! credits it spends and returns, and, for a message sent in parts, the
-//! train it joins. What passes comes back to the core one at a time
-//! ([`Got`]): a message for the user, rendezvous control, credits the peer
-//! returned. The receive side never names the core.
+//! train it joins. A message for the user goes straight to the queue of
+//! deliveries; what the core must act on comes back to it one message at
+//! a time ([`Got`]): rendezvous control, credits the peer returned. The
+//! receive side never names the core.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use xrcbtl_xrc_conn::Rank;
 
 use crate::config::BtlConfig;
 use crate::conn::ConnDriver;
-use crate::delivery::Body;
+use crate::delivery::{Body, Deliveries, Delivery};
 use crate::ep::{Endpoints, EpState};
 use crate::iface::Iface;
 use crate::pools::Pools;
@@ -44,28 +45,14 @@ struct Received<'a, C: Context> {
     qpn: u32,
 }
 
-/// What a message brought, for the core to act on.
-pub(crate) enum Arrived<C: Context> {
-    /// A message for the user: bytes `start..end` of `body`.
-    Message {
-        src: Rank,
-        tag: Tag,
-        body: Body<C>,
-        start: usize,
-        end: usize,
-    },
-    /// Rendezvous control from `src`.
-    Control { src: Rank, tag: Tag, ctl: Control },
-}
-
-/// One message judged: the credits it returned, and what it brought.
-pub(crate) struct Got<C: Context> {
+/// What a message brought that the core must act on.
+pub(crate) struct Got {
     /// Credits the peer of endpoint `.0` returned on local QP `.1` (any
     /// message may carry them, a duplicate too): the messages they cover
     /// have arrived.
     pub returned: Option<(u32, u32, u16)>,
-    /// What the message brought, if anything is left to do with it.
-    pub what: Option<Arrived<C>>,
+    /// Rendezvous control from `.0`, with tag `.1`.
+    pub ctl: Option<(Rank, Tag, Control)>,
 }
 
 /// The receive side of a BTL.
@@ -87,12 +74,14 @@ pub(crate) struct Recv {
 }
 
 /// What the receive side works through, lent by the core for one call.
-pub(crate) struct RecvView<'a, C: Context> {
+pub(crate) struct RecvView<'a, C: Context, H> {
     pub cfg: &'a BtlConfig,
     pub iface: &'a mut Iface<C>,
     pub drv: &'a mut ConnDriver<C>,
     pub eps: &'a mut Endpoints,
     pub pools: &'a mut Pools,
+    /// Where messages for the user go.
+    pub deliveries: &'a mut Deliveries<C, H>,
     pub stats: &'a mut BtlStats,
     /// Credit flow control: the device has no RNR (iWARP).
     pub fc: bool,
@@ -120,7 +109,7 @@ impl Recv {
 
     /// Polls the receive CQ once; its completions are then read with
     /// [`Recv::next`]. Returns how many it took.
-    pub fn poll<C: Context>(&mut self, v: &mut RecvView<'_, C>) -> usize {
+    pub fn poll<C: Context, H>(&mut self, v: &mut RecvView<'_, C, H>) -> usize {
         debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
         let n = v.iface.recv_cq.poll(&mut self.wcs).unwrap_or(0);
         assert!(n <= self.wcs.len(), "a poll wrote past its buffer");
@@ -133,7 +122,7 @@ impl Recv {
     /// The next message of the last poll that brings the core something
     /// to do; what brings nothing (a failed receive, the iWARP hello, a
     /// message refused, a part of a train) is dealt with on the way.
-    pub fn next<C: Context>(&mut self, v: &mut RecvView<'_, C>) -> Option<Got<C>> {
+    pub fn next<C: Context, H>(&mut self, v: &mut RecvView<'_, C, H>) -> Option<Got> {
         while self.read < self.polled {
             let wc = self.wcs[self.read];
             self.read += 1;
@@ -145,17 +134,17 @@ impl Recv {
     }
 
     /// Endpoint `ei` failed: its train, if one was open, is dropped.
-    pub fn forget<C: Context>(&mut self, v: &mut RecvView<'_, C>, ei: u32) {
+    pub fn forget<C: Context, H>(&mut self, v: &mut RecvView<'_, C, H>, ei: u32) {
         if let Some(t) = self.trains.remove(&ei) {
             v.pools.recycle(t.buf);
         }
     }
 
-    fn on_completion<C: Context>(
+    fn on_completion<C: Context, H>(
         &mut self,
-        v: &mut RecvView<'_, C>,
+        v: &mut RecvView<'_, C, H>,
         wc: &WorkCompletion,
-    ) -> Option<Got<C>> {
+    ) -> Option<Got> {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
             return None;
         };
@@ -197,12 +186,12 @@ impl Recv {
     /// buffer is not posted while it is read). Returns whether a delivery
     /// keeps the buffer (it is then given back when its consumer is done,
     /// else at once by the caller), and what the message brought.
-    fn on_message<C: Context>(
+    fn on_message<C: Context, H>(
         &mut self,
-        v: &mut RecvView<'_, C>,
+        v: &mut RecvView<'_, C, H>,
         bytes: &[u8],
         rx: Received<'_, C>,
-    ) -> (bool, Option<Got<C>>) {
+    ) -> (bool, Option<Got>) {
         let Some(h) = Header::decode(bytes) else {
             v.stats.malformed += 1;
             return (false, None);
@@ -233,7 +222,7 @@ impl Recv {
         let keep = deliver && arrival == Some(Arrival::Next) && !joining;
         let mut got = Got {
             returned: None,
-            what: None,
+            ctl: None,
         };
         if v.fc {
             // Every message took one of our receives (duplicates too): the
@@ -264,13 +253,13 @@ impl Recv {
             }
         }
         if h.kind == Kind::Part || joining {
-            got.what = self.join(v, ei, &h, &bytes[HEADER..]);
+            self.join(v, ei, &h, &bytes[HEADER..]);
             return (false, nonempty(got));
         }
         if keep {
             v.stats.eager_received += 1;
             v.stats.bytes_received += u64::from(h.len);
-            got.what = Some(Arrived::Message {
+            v.deliveries.push(Delivery::Message {
                 src: h.src,
                 tag: h.tag,
                 body: Body::Received {
@@ -281,16 +270,10 @@ impl Recv {
                 start: rx.at + HEADER,
                 end: rx.at + bytes.len(),
             });
-            return (true, Some(got));
+            return (true, nonempty(got));
         }
         match Control::decode(h.kind, &bytes[HEADER..]) {
-            Some(ctl) => {
-                got.what = Some(Arrived::Control {
-                    src: h.src,
-                    tag: h.tag,
-                    ctl,
-                })
-            }
+            Some(ctl) => got.ctl = Some((h.src, h.tag, ctl)),
             None => v.stats.malformed += 1,
         }
         (false, nonempty(got))
@@ -317,24 +300,24 @@ impl Recv {
 
     /// A part of a message arrived from endpoint `ei`, in sequence (`h`:
     /// a [`Kind::Part`], or, with a train open, whatever came next). The
-    /// last part (an eager message) brings the whole. A train longer
+    /// last part (an eager message) delivers the whole. A train longer
     /// than [`crate::MAX_SPLIT`], a part of another tag, or a message of
     /// another kind in the middle is the peer's error: counted as
     /// malformed, and the train is dropped.
-    fn join<C: Context>(
+    fn join<C: Context, H>(
         &mut self,
-        v: &mut RecvView<'_, C>,
+        v: &mut RecvView<'_, C, H>,
         ei: u32,
         h: &Header,
         body: &[u8],
-    ) -> Option<Arrived<C>> {
+    ) {
         let mut train = match self.trains.remove(&ei) {
             Some(t) if h.kind != Kind::Part && h.kind != Kind::Eager => {
                 // Control in the middle of a train: the parts are
                 // consecutive, so the peer broke them.
                 v.stats.malformed += 1;
                 v.pools.recycle(t.buf);
-                return None;
+                return;
             }
             Some(t) => t,
             None => Train {
@@ -355,27 +338,27 @@ impl Recv {
         }
         if h.kind == Kind::Part {
             self.trains.insert(ei, train);
-            return None;
+            return;
         }
         if train.bad {
             v.pools.recycle(train.buf);
-            return None;
+            return;
         }
         let end = train.buf.len();
         v.stats.joined += 1;
         v.stats.eager_received += 1;
         v.stats.bytes_received += end as u64;
-        Some(Arrived::Message {
+        v.deliveries.push(Delivery::Message {
             src: h.src,
             tag: train.tag,
             body: Body::Heap(train.buf),
             start: 0,
             end,
-        })
+        });
     }
 }
 
 /// `got`, unless it brings nothing at all.
-fn nonempty<C: Context>(got: Got<C>) -> Option<Got<C>> {
-    (got.returned.is_some() || got.what.is_some()).then_some(got)
+fn nonempty(got: Got) -> Option<Got> {
+    (got.returned.is_some() || got.ctl.is_some()).then_some(got)
 }

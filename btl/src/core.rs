@@ -615,7 +615,7 @@ impl<C: Context, H> Core<C, H> {
             }
             WrId::Recv(_) => {}
             WrId::Send(id) => {
-                let Some((qp, no, _)) = self.sends.find(id) else {
+                let Some((qp, no)) = self.sends.find(id) else {
                     return;
                 };
                 // A QP's work completes in order: whatever went unsignalled
@@ -800,8 +800,7 @@ impl<C: Context, H> Core<C, H> {
         }
         ep.state = EpState::Gone(e.clone());
         let rank = ep.rank;
-        let (recv, mut v) = self.recv();
-        recv.forget(&mut v, ei);
+        self.recv.forget(&mut self.pools, ei);
         for item in self.eps.drain(ei) {
             self.drop_item(ei, item, e.clone());
         }

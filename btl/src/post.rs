@@ -262,11 +262,10 @@ impl SendQueues {
         taken
     }
 
-    /// Where request `id`, whose completion came, went: its QP slot, its
-    /// number there, and whether it was signalled. `None` if it is no
-    /// longer outstanding.
-    pub fn find(&self, id: u64) -> Option<(u32, u64, bool)> {
-        self.slab.get(id).map(|p| (p.qp, p.no, p.signalled))
+    /// Where request `id`, whose completion came, went: its QP slot and its
+    /// number there. `None` if it is no longer outstanding.
+    pub fn find(&self, id: u64) -> Option<(u32, u64)> {
+        self.slab.get(id).map(|p| (p.qp, p.no))
     }
 
     /// The oldest unsignalled request posted on QP slot `qp` before its

@@ -134,9 +134,9 @@ impl Recv {
     }
 
     /// Endpoint `ei` failed: its train, if one was open, is dropped.
-    pub fn forget<C: Context, H>(&mut self, v: &mut RecvView<'_, C, H>, ei: u32) {
+    pub fn forget(&mut self, pools: &mut Pools, ei: u32) {
         if let Some(t) = self.trains.remove(&ei) {
-            v.pools.recycle(t.buf);
+            pools.recycle(t.buf);
         }
     }
 

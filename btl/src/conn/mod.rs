@@ -387,7 +387,14 @@ impl<C: Context> ConnDriver<C> {
     /// Reports the loopback ready, made first if need be.
     fn open_loopback(&mut self) {
         if self.loopback.is_none() {
-            match self.make_loopback() {
+            let made = Loopback::make(
+                &self.ctx,
+                &self.pd,
+                [&self.send_cq, &self.recv_cq],
+                self.init_access,
+                || self.slots.take_number(),
+            );
+            match made {
                 Ok(lb) => self.loopback = Some(lb),
                 Err(_) => {
                     let n = Notice::Failed {
@@ -407,17 +414,6 @@ impl<C: Context> ConnDriver<C> {
             qpn: lb.req.qp_num(),
             srqns: Vec::new(),
         });
-    }
-
-    fn make_loopback(&mut self) -> Result<Loopback<C>> {
-        let lb = Loopback::make(
-            &self.ctx,
-            &self.pd,
-            [&self.send_cq, &self.recv_cq],
-            self.init_access,
-            || self.slots.take_number(),
-        )?;
-        Ok(lb)
     }
 
     /// Marks `qp`'s slot as handed to the CM ([`Slot::wired`]).

@@ -143,7 +143,7 @@ impl<C: Context> Btl<C> {
             caps: core.iface.caps.clone(),
             listen: core.drv.listen_addr(),
             device: core.iface.ctx.name().to_string(),
-            credits: core.fc,
+            credits: core.iface.credits(),
             max_message: core.iface.max_message(),
             recv_cq: core.iface.recv_cq.clone(),
             placed: core.iface.placed.clone(),
@@ -521,7 +521,7 @@ impl<C: Context> Btl<C> {
             drop(data);
             return Ok(OpId::DONE);
         }
-        if data.len() <= core.split_limit {
+        if data.len() <= self.cfg.split_limit.bytes() {
             core.send_split(ei, tag, data);
             if let Some(cb) = done {
                 core.deliver(Delivery::Done {

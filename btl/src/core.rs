@@ -18,7 +18,7 @@ use xrcbtl_fabric::{
     Access, Context, Cq, Error, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
     Xrcd, XrcdId,
 };
-use xrcbtl_progress::{Batch, WrSlab};
+use xrcbtl_progress::WrSlab;
 use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 
 use crate::callbacks::{AmFn, DoneFn, ErrFn};
@@ -65,10 +65,6 @@ pub(crate) struct Core<C: Context, H> {
     pub eps: Endpoints,
     /// Posted work, and the round robin of endpoints with queued work.
     sends: SendQueues,
-    /// The endpoints whose path an XRC INI QP was, by its slot: what its
-    /// destruction must clear (an RC QP's, and the loopback's, is the one
-    /// the driver names).
-    pub ini_users: HashMap<u32, Vec<u32>>,
     pub rndv: Rndv<Source, Sink>,
     pub ops: Ops<DoneFn<H>>,
     pub cache: MemCache<C>,
@@ -76,8 +72,6 @@ pub(crate) struct Core<C: Context, H> {
     pub regs: WrSlab<UserReg<C>>,
     /// Buffers kept for reuse.
     pools: Pools,
-    /// Largest payload `send_bytes` splits into eager parts (0: none).
-    pub split_limit: usize,
     pub am: Vec<Option<AmFn<H>>>,
     pub err_cbs: HashMap<Rank, ErrFn<H>>,
     pub err_all: Option<ErrFn<H>>,
@@ -89,15 +83,12 @@ pub(crate) struct Core<C: Context, H> {
     /// What the user must hear of, until the lock is released.
     deliveries: Deliveries<C, H>,
     pub stats: BtlStats,
-    /// Credit flow control: the device has no RNR (iWARP).
-    pub fc: bool,
     /// Progress calls left before the next look at connection events.
     control_left: u32,
     control_every: u32,
     /// When to look for silent peers next.
     probe_at: Duration,
     pub drained: bool,
-    send_batch: Option<Batch<WorkCompletion>>,
     /// The receive side.
     recv: Recv,
 }
@@ -187,7 +178,7 @@ impl<C: Context, H> Core<C, H> {
             self.drv.add_peer(p.rank, p.node, p.addr, p.ib);
         }
         self.eps.add(p.rank);
-        if self.fc {
+        if self.iface.credits() {
             let peers = self.eps.len().saturating_sub(1) as u32;
             match self
                 .iface
@@ -206,7 +197,6 @@ impl<C: Context, H> Core<C, H> {
     pub fn new(ctx: C, cfg: BtlConfig, queued: Arc<AtomicUsize>) -> Result<Self> {
         let iface = Iface::new(ctx.clone(), &cfg)?;
         let drv = ConnDriver::new(iface.lend(), &cfg)?;
-        let fc = matches!(iface.mode, xrcbtl_xrc_conn::Mode::Rc { p2p: true });
         let control_every = if ctx.events_cost_syscalls() {
             CONTROL_EVERY
         } else {
@@ -221,27 +211,26 @@ impl<C: Context, H> Core<C, H> {
         } else {
             cfg.rndv_pipeline.min(iface.caps.max_qp_rd_atom.max(1))
         };
-        let split_limit = cfg.split_limit.bytes();
         let rndv = Rndv::new(RndvConfig {
             put,
             frag: cfg.rndv_frag_size as u64,
             pipeline,
         });
         Ok(Core {
-            send_batch: Some(Batch::new(cfg.cq_batch)),
-            recv: Recv::new(cfg.cq_batch, split_limit.max(2 * iface.max_message())),
+            sends: SendQueues::new(cfg.cq_batch),
+            recv: Recv::new(
+                cfg.cq_batch,
+                cfg.split_limit.bytes().max(2 * iface.max_message()),
+            ),
             cfg,
             iface,
             drv,
             eps: Endpoints::default(),
-            sends: SendQueues::default(),
-            ini_users: HashMap::new(),
             rndv,
             ops: Ops::default(),
             cache,
             regs: WrSlab::new(),
             pools,
-            split_limit,
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
             err_all: None,
@@ -249,7 +238,6 @@ impl<C: Context, H> Core<C, H> {
             node_domains: HashMap::new(),
             deliveries: Deliveries::new(queued),
             stats: BtlStats::default(),
-            fc,
             control_left: 0,
             probe_at: Duration::ZERO,
             control_every,
@@ -277,12 +265,12 @@ impl<C: Context, H> Core<C, H> {
     fn sends(&mut self) -> (&mut SendQueues, SendView<'_, C>) {
         let view = SendView {
             cfg: &self.cfg,
-            iface: &mut self.iface,
             drv: &mut self.drv,
             eps: &mut self.eps,
             rndv: &mut self.rndv,
+            fc: self.iface.credits(),
+            iface: &mut self.iface,
             stats: &mut self.stats,
-            fc: self.fc,
         };
         (&mut self.sends, view)
     }
@@ -380,10 +368,7 @@ impl<C: Context, H> Core<C, H> {
                     ep.path = Some(Path { slot, qpn, srqns });
                     self.eps.mark_ready(ei);
                     if self.iface.mode == Mode::Xrc && rank != self.cfg.rank {
-                        let users = self.ini_users.entry(slot).or_default();
-                        if !users.contains(&ei) {
-                            users.push(ei);
-                        }
+                        self.eps.uses_ini(slot, ei);
                     }
                 }
             }
@@ -433,7 +418,7 @@ impl<C: Context, H> Core<C, H> {
                 // its peer's (RC, loopback), or those whose path it was
                 // (XRC INI). Not a look through every endpoint: a million
                 // RC QPs going at exit would make that quadratic.
-                let mut users = self.ini_users.remove(&slot).unwrap_or_default();
+                let mut users = self.eps.take_ini_users(slot);
                 users.extend(peer.and_then(|r| self.eps.find(r)));
                 let mut left = Vec::new();
                 for &ei in &users {
@@ -591,7 +576,7 @@ impl<C: Context, H> Core<C, H> {
     }
 
     fn poll_send(&mut self) -> usize {
-        let mut batch = self.send_batch.take().expect("one poll at a time");
+        let mut batch = self.sends.take_batch();
         let n = match batch.poll(|b| self.iface.send_cq.poll(b)) {
             Ok(wcs) => {
                 for wc in wcs {
@@ -601,7 +586,7 @@ impl<C: Context, H> Core<C, H> {
             }
             Err(_) => 0,
         };
-        self.send_batch = Some(batch);
+        self.sends.put_batch(batch);
         n
     }
 
@@ -653,7 +638,7 @@ impl<C: Context, H> Core<C, H> {
     /// message has only left: it is kept until the peer's credits show it
     /// arrived ([`Kept`]).
     fn sent_ok(&mut self, ei: u32, mut item: Item, wc: &WorkCompletion) {
-        if !self.fc || !matches!(item.work, Work::Msg(_)) {
+        if !self.iface.credits() || !matches!(item.work, Work::Msg(_)) {
             return self.on_sent(item, wc);
         }
         if item.is_credit() {
@@ -829,13 +814,13 @@ impl<C: Context, H> Core<C, H> {
     fn recv(&mut self) -> (&mut Recv, RecvView<'_, C, H>) {
         let view = RecvView {
             cfg: &self.cfg,
+            fc: self.iface.credits(),
             iface: &mut self.iface,
             drv: &mut self.drv,
             eps: &mut self.eps,
             pools: &mut self.pools,
             deliveries: &mut self.deliveries,
             stats: &mut self.stats,
-            fc: self.fc,
         };
         (&mut self.recv, view)
     }
@@ -1110,7 +1095,7 @@ impl<C: Context, H> Core<C, H> {
     }
 
     /// Sends `data` (longer than an eager message, at most
-    /// [`Core::split_limit`]) to endpoint `ei` as eager messages back to
+    /// [`BtlConfig::split_limit`]) to endpoint `ei` as eager messages back to
     /// back: parts of the largest eager size ([`Kind::Part`]), the last
     /// one an ordinary eager message, with consecutive sequence numbers.
     /// The receiver joins them. Parts go from `data` itself where they are

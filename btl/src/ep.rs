@@ -234,9 +234,27 @@ pub(crate) struct Endpoints {
     pub pending_now: u64,
     /// The most that ever waited at once.
     pub pending_max: u64,
+    /// The endpoints whose path an XRC INI QP was, by its slot: what its
+    /// destruction must clear (an RC QP's, and the loopback's, is the one
+    /// the driver names).
+    ini_users: HashMap<u32, Vec<u32>>,
 }
 
 impl Endpoints {
+    /// Endpoint `ei`'s path is the XRC INI QP in `slot`.
+    pub fn uses_ini(&mut self, slot: u32, ei: u32) {
+        let users = self.ini_users.entry(slot).or_default();
+        if !users.contains(&ei) {
+            users.push(ei);
+        }
+    }
+
+    /// The endpoints whose path the XRC INI QP in `slot` was, now that it
+    /// is destroyed.
+    pub fn take_ini_users(&mut self, slot: u32) -> Vec<u32> {
+        self.ini_users.remove(&slot).unwrap_or_default()
+    }
+
     /// The endpoint of `rank`, made if new (a deleted one is made afresh).
     pub fn add(&mut self, rank: Rank) -> u32 {
         if let Some(i) = self.find(rank) {

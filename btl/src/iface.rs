@@ -333,6 +333,13 @@ impl<C: Context> Iface<C> {
             .collect()
     }
 
+    /// Whether credits flow: the device has no RNR (iWARP's RC in
+    /// peer-to-peer mode), so a sender waits for the receiver's word that
+    /// a receive is posted.
+    pub fn credits(&self) -> bool {
+        matches!(self.mode, Mode::Rc { p2p: true })
+    }
+
     /// The largest message a receive buffer holds, header included.
     pub fn max_message(&self) -> usize {
         self.classes.last().expect("a class").size as usize

@@ -24,8 +24,8 @@
 
 use std::collections::VecDeque;
 
-use xrcbtl_fabric::{Context, Error, Payload, Qp, QpCaps, SendOp, SendWr, Sge};
-use xrcbtl_progress::WrSlab;
+use xrcbtl_fabric::{Context, Error, Payload, Qp, QpCaps, SendOp, SendWr, Sge, WorkCompletion};
+use xrcbtl_progress::{Batch, WrSlab};
 
 use crate::config::BtlConfig;
 use crate::conn::ConnDriver;
@@ -167,6 +167,9 @@ pub(crate) struct SendQueues {
     /// reuse their memory).
     ring_blocked: VecDeque<u32>,
     ring_served: VecDeque<u32>,
+    /// Where the send CQ is polled into (lent out while the core judges
+    /// what it found).
+    batch: Option<Batch<WorkCompletion>>,
 }
 
 /// What the send queues work through, lent by the core for one call: the
@@ -183,8 +186,9 @@ pub(crate) struct SendView<'a, C: Context> {
     pub fc: bool,
 }
 
-impl Default for SendQueues {
-    fn default() -> Self {
+impl SendQueues {
+    /// Empty send queues, polling `cq_batch` completions at a time.
+    pub fn new(cq_batch: usize) -> Self {
         SendQueues {
             slab: WrSlab::new(),
             sq: Vec::new(),
@@ -193,11 +197,21 @@ impl Default for SendQueues {
             inline: Box::new([0; INLINE_MAX]),
             ring_blocked: VecDeque::new(),
             ring_served: VecDeque::new(),
+            batch: Some(Batch::new(cq_batch)),
         }
     }
-}
 
-impl SendQueues {
+    /// The batch the send CQ is polled into, lent until
+    /// [`SendQueues::put_batch`].
+    pub fn take_batch(&mut self) -> Batch<WorkCompletion> {
+        self.batch.take().expect("one poll at a time")
+    }
+
+    /// Gives the batch back.
+    pub fn put_batch(&mut self, batch: Batch<WorkCompletion>) {
+        self.batch = Some(batch);
+    }
+
     /// Work requests posted and not known complete.
     pub fn len(&self) -> usize {
         self.slab.len()

@@ -38,9 +38,8 @@ use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 use crate::callbacks::{AmFn, DoneFn, ErrFn};
 use crate::config::BtlConfig;
 use crate::conn::DriverStats;
-use crate::core::{Core, UserReg};
+use crate::core::Core;
 use crate::delivery::{Body, Delivery};
-use crate::pools::Source;
 use crate::proto::atomic::{atomic, Atomic};
 use crate::proto::rma::transfer;
 use crate::proto::Local;
@@ -248,7 +247,7 @@ impl<C: Context> Btl<C> {
 
     /// The registration cache's counters.
     pub fn rcache_stats(&self) -> xrcbtl_fabric::rcache::Stats {
-        self.lock().cache.stats()
+        self.lock().rcache_stats()
     }
 
     /// The connection driver's counters.
@@ -540,23 +539,7 @@ impl<C: Context> Btl<C> {
                 self.cfg.rndv_max
             )));
         }
-        // Peers read a get's source; a put's is only sent from.
-        let reg = if core.rndv.puts() {
-            core.cache.register_local(&data)?
-        } else {
-            core.cache.register(&data)?
-        };
-        let src = Local {
-            addr: data.as_ptr() as u64,
-            lkey: reg.lkey(),
-            rkey: reg.rkey(),
-        };
-        let op = core.ops.start(dst, done);
-        let len = data.len() as u64;
-        core.rndv.send(dst, tag, len, src, op, Source { data, reg });
-        core.stats.rndv_sent += 1;
-        core.run_rndv();
-        core.drain_pending();
+        let op = core.send_rndv(dst, tag, data, done)?;
         Ok(OpId(op))
     }
 
@@ -593,34 +576,16 @@ impl<C: Context> Btl<C> {
     /// never the new ones.
     pub fn register_mem(&self, mem: UserMem, access: Access) -> Result<MemReg> {
         let access = self.user_access(access)?;
-        let mut core = self.lock();
-        let reg = core.cache.register_user(&mem, access)?;
-        let keys = (reg.lkey(), reg.rkey());
-        Ok(core.hold_reg(mem, keys, UserReg::Cached(reg)))
+        self.lock().register_mem(mem, access)
     }
 
     /// Gives a user registration back: operations started with it
     /// afterwards are refused; those already posted finish (the cache may
     /// keep the memory registered until it is unmapped).
     pub fn deregister_mem(&self, reg: MemReg) -> Result<()> {
-        if reg.id == 0 {
-            return Err(Error::invalid(
-                "memory from alloc_mem is deregistered by dropping it",
-            ));
-        }
-        let mut core = self.lock();
-        let r = core
-            .regs
-            .remove(reg.id - 1)
-            .ok_or_else(|| Error::invalid("not a live registration of this BTL"))?;
-        match r {
-            UserReg::Cached(r) => core.cache.release(r),
-            UserReg::Exact(mr) => {
-                // Deregistered outside the lock: a device call.
-                drop(core);
-                drop(mr);
-            }
-        }
+        let exact = self.lock().deregister_mem(reg)?;
+        // An exact region is deregistered outside the lock: a device call.
+        drop(exact);
         Ok(())
     }
 
@@ -655,10 +620,7 @@ impl<C: Context> Btl<C> {
                 self.caps.max_mr_size
             )));
         }
-        let mut core = self.lock();
-        let mr = core.cache.register_exact(&mem, access)?;
-        let keys = (xrcbtl_fabric::Mr::lkey(&mr), xrcbtl_fabric::Mr::rkey(&mr));
-        Ok(core.hold_reg(mem, keys, UserReg::Exact(mr)))
+        self.lock().register_exact(mem, access)
     }
 
     /// Queues (or posts at once) RDMA work for a new operation to `dst`.

@@ -15,10 +15,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use xrcbtl_fabric::{
-    Access, Context, Cq, Error, MemCache, Registration, Result, WcOpcode, WcStatus, WorkCompletion,
+    Access, Context, Cq, Error, MemCache, Result, UserMem, WcOpcode, WcStatus, WorkCompletion,
     Xrcd, XrcdId,
 };
-use xrcbtl_progress::WrSlab;
 use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 
 use crate::callbacks::{AmFn, DoneFn, ErrFn};
@@ -33,6 +32,7 @@ use crate::proto::ops::Ops;
 use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner, Rdma};
 use crate::recv::{Got, Recv, RecvView};
+use crate::regs::Regs;
 use crate::types::{BtlError, BtlStats, MemReg, OpResult, Peer, PeerResolver, Receive, Tag};
 use crate::wire::{self, Kind, HEADER};
 use crate::work::{Item, Msg, Store, Work};
@@ -48,15 +48,6 @@ const CONTROL_SETTLED: u32 = 8;
 /// How often a rank looks for peers it waits on and has not heard from
 /// ([`Core::probe_silent`]).
 const PROBE_EVERY: Duration = Duration::from_secs(2);
-/// A user's registration ([`crate::Btl::register_mem`] or
-/// [`crate::Btl::register_exact`]).
-pub(crate) enum UserReg<C: Context> {
-    /// Whole pages, held from the cache.
-    Cached(Registration),
-    /// Exactly the bytes asked for, a device region of its own.
-    Exact(C::Mr),
-}
-
 /// Everything a BTL keeps, behind its lock.
 pub(crate) struct Core<C: Context, H> {
     pub cfg: BtlConfig,
@@ -67,9 +58,8 @@ pub(crate) struct Core<C: Context, H> {
     sends: SendQueues,
     pub rndv: Rndv<Source, Sink>,
     pub ops: Ops<DoneFn<H>>,
-    pub cache: MemCache<C>,
-    /// User registrations, by id.
-    pub regs: WrSlab<UserReg<C>>,
+    /// The registration cache, and the user's registrations.
+    regs: Regs<C>,
     /// Buffers kept for reuse.
     pools: Pools,
     pub am: Vec<Option<AmFn<H>>>,
@@ -228,8 +218,7 @@ impl<C: Context, H> Core<C, H> {
             eps: Endpoints::default(),
             rndv,
             ops: Ops::default(),
-            cache,
-            regs: WrSlab::new(),
+            regs: Regs::new(cache),
             pools,
             am: (0..256).map(|_| None).collect(),
             err_cbs: HashMap::new(),
@@ -724,7 +713,7 @@ impl<C: Context, H> Core<C, H> {
                 if let Some(s) = slot {
                     self.iface.bounce.give(s);
                 }
-                self.cache.release(reg);
+                self.regs.cache.release(reg);
                 self.deliver(Delivery::Release(data));
             }
         }
@@ -921,6 +910,7 @@ impl<C: Context, H> Core<C, H> {
             };
         let start = sink_start(&buf);
         let reg = match self
+            .regs
             .cache
             .register_mut(&mut buf[start..start + rts.len as usize], access)
         {
@@ -937,9 +927,39 @@ impl<C: Context, H> Core<C, H> {
         };
         if let Err(s) = self.rndv.on_rts(src, tag, rts, sink, Sink { buf, reg }) {
             self.stats.malformed += 1;
-            self.cache.release(s.reg);
+            self.regs.cache.release(s.reg);
             self.pools.recycle(s.buf);
         }
+    }
+
+    /// Starts a rendezvous of `data` to `dst` with `tag` (operation `done`),
+    /// sent from where it is: registered through the cache (for peers to
+    /// read, unless the rendezvous writes), kept until the peer has it.
+    pub fn send_rndv(
+        &mut self,
+        dst: Rank,
+        tag: Tag,
+        data: Bytes,
+        done: Option<DoneFn<H>>,
+    ) -> Result<u64> {
+        // Peers read a get's source; a put's is only sent from.
+        let reg = if self.rndv.puts() {
+            self.regs.cache.register_local(&data)?
+        } else {
+            self.regs.cache.register(&data)?
+        };
+        let src = Local {
+            addr: data.as_ptr() as u64,
+            lkey: reg.lkey(),
+            rkey: reg.rkey(),
+        };
+        let op = self.ops.start(dst, done);
+        let len = data.len() as u64;
+        self.rndv.send(dst, tag, len, src, op, Source { data, reg });
+        self.stats.rndv_sent += 1;
+        self.run_rndv();
+        self.drain_pending();
+        Ok(op)
     }
 
     /// Turns what the rendezvous machine asks into queued work and
@@ -963,7 +983,7 @@ impl<C: Context, H> Core<C, H> {
                     len,
                     sink,
                 } => {
-                    self.cache.release(sink.reg);
+                    self.regs.cache.release(sink.reg);
                     self.stats.rndv_received += 1;
                     self.stats.bytes_received += len;
                     let start = sink_start(&sink.buf);
@@ -976,12 +996,12 @@ impl<C: Context, H> Core<C, H> {
                     });
                 }
                 Act::Finished { op, src, result } => {
-                    self.cache.release(src.reg);
+                    self.regs.cache.release(src.reg);
                     self.finish_op(op, result.map(|()| None));
                     self.deliver(Delivery::Release(src.data));
                 }
                 Act::Release { sink } => {
-                    self.cache.release(sink.reg);
+                    self.regs.cache.release(sink.reg);
                     self.pools.recycle(sink.buf);
                 }
             }
@@ -1077,7 +1097,7 @@ impl<C: Context, H> Core<C, H> {
     fn send_user(&mut self, ei: u32, kind: Kind, tag: Tag, data: Bytes) {
         let len = data.len();
         // Sent from, never read by the peer: no remote rights.
-        match self.cache.register_local(&data) {
+        match self.regs.cache.register_local(&data) {
             Ok(reg) => {
                 self.stats.zcopy_sent += 1;
                 let store = Store::User {
@@ -1187,47 +1207,30 @@ impl<C: Context, H> Core<C, H> {
         self.post(ei, item).map_err(|item| item.work)
     }
 
-    /// Holds a user's registration of `mem` with keys `(lkey, rkey)`; the
-    /// handle the user names it by.
-    pub fn hold_reg(
-        &mut self,
-        mem: xrcbtl_fabric::UserMem,
-        (lkey, rkey): (u32, u32),
-        reg: UserReg<C>,
-    ) -> MemReg {
-        MemReg {
-            id: self.regs.insert(reg) + 1,
-            addr: mem.addr() as u64,
-            len: mem.len() as u64,
-            lkey,
-            rkey,
-        }
+    /// Registers user memory through the cache ([`Regs::register`]).
+    pub fn register_mem(&mut self, mem: UserMem, access: Access) -> Result<MemReg> {
+        self.regs.register(mem, access)
     }
 
-    /// Checks that a user registration named by an operation is a live one
-    /// of this BTL (memory from `alloc_mem`, id 0, is its own proof), and
-    /// that its memory was not unmapped or remapped since: the region would
-    /// move the old pages (or, on the simulator, nothing).
+    /// Registers exactly `mem` ([`Regs::register_exact`]).
+    pub fn register_exact(&mut self, mem: UserMem, access: Access) -> Result<MemReg> {
+        self.regs.register_exact(mem, access)
+    }
+
+    /// Gives a user's registration back ([`Regs::deregister`]): an exact
+    /// one comes back, to be dropped outside the lock.
+    pub fn deregister_mem(&mut self, reg: MemReg) -> Result<Option<C::Mr>> {
+        self.regs.deregister(reg)
+    }
+
+    /// Checks a user registration an operation names ([`Regs::check`]).
     pub fn check_reg(&mut self, reg: &MemReg) -> Result<()> {
-        if reg.id == 0 {
-            return Ok(());
-        }
-        match self.regs.get(reg.id - 1) {
-            Some(UserReg::Exact(mr)) if xrcbtl_fabric::Mr::lkey(mr) == reg.lkey => Ok(()),
-            Some(UserReg::Cached(r)) if r.lkey() == reg.lkey => {
-                if self.cache.is_current(r) {
-                    Ok(())
-                } else {
-                    Err(xrcbtl_fabric::Error::state(
-                        "the registered memory was unmapped or remapped since it was \
-                         registered: deregister it and register it again",
-                    ))
-                }
-            }
-            _ => Err(xrcbtl_fabric::Error::invalid(
-                "not a live registration of this BTL (deregistered, or never handed out)",
-            )),
-        }
+        self.regs.check(reg)
+    }
+
+    /// The registration cache's counters.
+    pub fn rcache_stats(&self) -> xrcbtl_fabric::rcache::Stats {
+        self.regs.cache.stats()
     }
 
     /// Whether nothing is outstanding: no pending or in-flight work, no

@@ -20,6 +20,7 @@
 //! | `credits.rs` | credit flow control where the device has no RNR |
 //! | `wr_id.rs` | the wr_id space |
 //! | `pools.rs` | buffers kept for reuse: message buffers, joined messages, rendezvous sinks; a rendezvous' source and sink |
+//! | `regs.rs` | memory registrations: the registration cache, and the user's registrations by handle, checked when an operation names one |
 //! | `post.rs` | the send queues: the one place that turns work into a posted work request, and what completed given back |
 //! | `recv.rs` | the receive side: the CQ poll, and each message judged (header, sender, order, credits, trains) before the core acts on it |
 //! | `proto/` | eager order, rendezvous, one-sided, atomics, operations: state machines without I/O |
@@ -47,6 +48,7 @@ mod pools;
 mod post;
 mod proto;
 mod recv;
+mod regs;
 pub mod sim;
 pub mod threaded;
 mod types;

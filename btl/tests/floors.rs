@@ -18,10 +18,12 @@ const FLOORS: &[(&str, u8)] = &[
     ("credits", 1),
     ("place", 1),
     ("addr", 1),
-    // 2: the protocols without I/O, the device's resources, deliveries.
+    // 2: the protocols without I/O, the device's resources, deliveries,
+    // registrations.
     ("proto", 2),
     ("iface", 2),
     ("delivery", 2),
+    ("regs", 2),
     // 3: work, pools, connections.
     ("work", 3),
     ("pools", 3),

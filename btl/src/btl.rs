@@ -337,9 +337,7 @@ impl<C: Context> Btl<C> {
     pub fn del_procs(&self, ranks: &[Rank]) {
         let mut core = self.lock();
         for &r in ranks {
-            core.fail_rank(r, BtlError::Closed(r));
-            core.eps.remove(r);
-            core.err_cbs.remove(&r);
+            core.remove_peer(r);
         }
     }
 
@@ -349,13 +347,13 @@ impl<C: Context> Btl<C> {
         tag: Tag,
         cb: impl Fn(&Btl<C>, &Incoming<'_>) + Send + Sync + 'static,
     ) {
-        self.lock().am[tag as usize] = Some(Arc::new(cb));
+        self.lock().set_am(tag, Some(Arc::new(cb)));
     }
 
     /// Removes the callback of `tag`: its messages are then dropped (and
     /// counted in [`BtlStats::unhandled`]).
     pub fn deregister_am(&self, tag: Tag) {
-        self.lock().am[tag as usize] = None;
+        self.lock().set_am(tag, None);
     }
 
     /// Sets the callback run when the endpoint to `rank` fails for good
@@ -366,18 +364,13 @@ impl<C: Context> Btl<C> {
         rank: Rank,
         cb: impl Fn(&Btl<C>, Rank, &BtlError) + Send + Sync + 'static,
     ) -> Result<()> {
-        let mut core = self.lock();
-        if core.eps.find(rank).is_none() {
-            return Err(Error::invalid(format!("rank {rank} is not a known peer")));
-        }
-        core.err_cbs.insert(rank, Arc::new(cb));
-        Ok(())
+        self.lock().set_on_error(rank, Arc::new(cb))
     }
 
     /// Sets the callback run when any endpoint fails for good (after the
     /// endpoint's own).
     pub fn register_error(&self, cb: impl Fn(&Btl<C>, Rank, &BtlError) + Send + Sync + 'static) {
-        self.lock().err_all = Some(Arc::new(cb));
+        self.lock().set_on_any_error(Arc::new(cb));
     }
 
     /// The endpoint of `rank`, if it is usable.
@@ -978,10 +971,7 @@ fn resolve<C: Context>(core: &mut Core<C, Btl<C>>, d: Delivery<C, Btl<C>>) -> Jo
             start,
             end,
         } => {
-            let cb = core.am[tag as usize].clone();
-            if cb.is_none() {
-                core.stats.unhandled += 1;
-            }
+            let cb = core.am(tag);
             Job::Message {
                 src,
                 tag,
@@ -995,7 +985,7 @@ fn resolve<C: Context>(core: &mut Core<C, Btl<C>>, d: Delivery<C, Btl<C>>) -> Jo
         Delivery::Failed { rank, err } => Job::Failed {
             rank,
             err,
-            cbs: [core.err_cbs.get(&rank).cloned(), core.err_all.clone()],
+            cbs: core.on_error(rank),
         },
         Delivery::Release(b) => Job::Release(b),
     }

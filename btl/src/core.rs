@@ -20,7 +20,7 @@ use xrcbtl_fabric::{
 };
 use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
 
-use crate::callbacks::{AmFn, DoneFn, ErrFn};
+use crate::callbacks::{AmFn, DoneFn, ErrFn, Registry};
 use crate::config::{BtlConfig, MAX_RNDV};
 use crate::conn::{ConnDriver, ConnEvent};
 use crate::delivery::{Body, Deliveries, Delivery};
@@ -62,9 +62,8 @@ pub(crate) struct Core<C: Context, H> {
     regs: Regs<C>,
     /// Buffers kept for reuse.
     pools: Pools,
-    pub am: Vec<Option<AmFn<H>>>,
-    pub err_cbs: HashMap<Rank, ErrFn<H>>,
-    pub err_all: Option<ErrFn<H>>,
+    /// The user's callbacks.
+    cbs: Registry<H>,
     pub resolver: Option<PeerResolver>,
     /// The XRC domain each node's peers stated, and the first peer that
     /// stated it: the ranks of a node share one INI QP from this rank, so
@@ -220,9 +219,7 @@ impl<C: Context, H> Core<C, H> {
             ops: Ops::default(),
             regs: Regs::new(cache),
             pools,
-            am: (0..256).map(|_| None).collect(),
-            err_cbs: HashMap::new(),
-            err_all: None,
+            cbs: Registry::new(),
             resolver: None,
             node_domains: HashMap::new(),
             deliveries: Deliveries::new(queued),
@@ -755,6 +752,47 @@ impl<C: Context, H> Core<C, H> {
         if let Some((cb, result)) = self.ops.finish(op, result) {
             self.deliver(Delivery::Done { op, result, cb });
         }
+    }
+
+    /// Sets (or with `None` removes) the callback of messages with `tag`.
+    pub fn set_am(&mut self, tag: Tag, cb: Option<AmFn<H>>) {
+        self.cbs.set_am(tag, cb);
+    }
+
+    /// The callback of a message with `tag` being delivered; one without
+    /// is counted ([`BtlStats::unhandled`]).
+    pub fn am(&mut self, tag: Tag) -> Option<AmFn<H>> {
+        let cb = self.cbs.am(tag);
+        self.stats.unhandled += u64::from(cb.is_none());
+        cb
+    }
+
+    /// Sets the callback run when the endpoint to `rank`, a known peer,
+    /// fails.
+    pub fn set_on_error(&mut self, rank: Rank, cb: ErrFn<H>) -> Result<()> {
+        if self.eps.find(rank).is_none() {
+            return Err(Error::invalid(format!("rank {rank} is not a known peer")));
+        }
+        self.cbs.set_on_error(rank, cb);
+        Ok(())
+    }
+
+    /// Sets the callback run when any endpoint fails.
+    pub fn set_on_any_error(&mut self, cb: ErrFn<H>) {
+        self.cbs.set_on_any_error(cb);
+    }
+
+    /// What runs when the endpoint to `rank` failed ([`Registry::on_error`]).
+    pub fn on_error(&self, rank: Rank) -> [Option<ErrFn<H>>; 2] {
+        self.cbs.on_error(rank)
+    }
+
+    /// Deletes the endpoint to `rank`: its work fails with `Closed`, and
+    /// its own error callback is forgotten.
+    pub fn remove_peer(&mut self, rank: Rank) {
+        self.fail_rank(rank, BtlError::Closed(rank));
+        self.eps.remove(rank);
+        self.cbs.forget(rank);
     }
 
     /// The endpoint to `rank` is gone for good.

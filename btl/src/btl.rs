@@ -32,23 +32,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use xrcbtl_fabric::{Access, Context, Cq, DeviceCaps, DmaBuf, Error, IbAddr, Result, UserMem};
+use xrcbtl_fabric::{Access, Context, Cq, DeviceCaps, Error, IbAddr, Result, UserMem};
 use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
 use crate::callbacks::{AmFn, DoneFn, ErrFn};
 use crate::config::BtlConfig;
 use crate::conn::DriverStats;
-use crate::core::Core;
+use crate::core::{Core, Facts};
 use crate::delivery::{Body, Delivery};
 use crate::proto::atomic::{atomic, Atomic};
 use crate::proto::rma::transfer;
-use crate::proto::Local;
 use crate::types::{
     BtlError, BtlStats, Incoming, LocalPtr, MemReg, OpId, OpResult, OpStatus, Peer, Receive,
     RegMem, RemotePtr, Tag,
 };
 use crate::wire::HEADER;
-use crate::work::Work;
 
 /// What a delivery runs, with its callbacks found.
 enum Job<C: Context> {
@@ -133,20 +131,27 @@ impl<C: Context> Btl<C> {
     pub fn new(ctx: C, cfg: BtlConfig) -> Result<Self> {
         cfg.validate()?;
         let queued = Arc::new(AtomicUsize::new(0));
-        let mut core = Core::new(ctx, cfg.clone(), queued.clone())?;
-        // A rank always knows itself: messages to it are copied, one-sided
-        // work goes through the loopback.
-        core.eps.add(cfg.rank);
+        let core = Core::new(ctx, cfg.clone(), queued.clone())?;
+        let Facts {
+            mode,
+            caps,
+            listen,
+            device,
+            credits,
+            max_message,
+            recv_cq,
+            placed,
+        } = core.facts();
         Ok(Btl {
-            mode: core.iface.mode,
-            caps: core.iface.caps.clone(),
-            listen: core.drv.listen_addr(),
-            device: core.iface.ctx.name().to_string(),
-            credits: core.iface.credits(),
-            max_message: core.iface.max_message(),
-            recv_cq: core.iface.recv_cq.clone(),
-            placed: core.iface.placed.clone(),
-            yield_after: cfg.idle_yield.after(&core.iface.caps),
+            yield_after: cfg.idle_yield.after(&caps),
+            mode,
+            caps,
+            listen,
+            device,
+            credits,
+            max_message,
+            recv_cq,
+            placed,
             empties: AtomicU32::new(0),
             yields: AtomicU64::new(0),
             core: Mutex::new(core),
@@ -221,27 +226,20 @@ impl<C: Context> Btl<C> {
     /// registered buffers (receive, bounce, atomic results), read back
     /// from the kernel's memory policy: shows that [`Btl::placed`] took.
     pub fn buffer_nodes(&self) -> Result<Vec<Option<u32>>> {
-        self.lock().iface.buffer_nodes()
+        self.lock().buffer_nodes()
     }
 
     /// Bytes of receive buffers the rank's SRQs own (every size class, the
     /// buffers added as an SRQ grew included).
     pub fn receive_bytes(&self) -> u64 {
-        self.lock()
-            .iface
-            .classes
-            .iter()
-            .map(|c| u64::from(c.total) * u64::from(c.size))
-            .sum()
+        self.lock().receive_bytes()
     }
 
     /// What the BTL counted.
     pub fn stats(&self) -> BtlStats {
-        let core = self.lock();
         BtlStats {
-            pending_max: core.eps.pending_max,
             idle_yields: self.yields.load(Ordering::Relaxed),
-            ..core.stats.clone()
+            ..self.lock().stats()
         }
     }
 
@@ -252,25 +250,25 @@ impl<C: Context> Btl<C> {
 
     /// The connection driver's counters.
     pub fn driver_stats(&self) -> DriverStats {
-        self.lock().drv.stats().clone()
+        self.lock().driver_stats()
     }
 
     /// Looks at the connection manager (counters, state).
     pub fn with_manager<R>(&self, f: impl FnOnce(&ConnManager) -> R) -> R {
-        f(self.lock().drv.manager())
+        self.lock().with_manager(f)
     }
 
     /// Connection notices seen since the last call (the latest
     /// [`crate::conn::NOTICES_KEPT`]), refused connection requests among
     /// them.
     pub fn take_notices(&self) -> Vec<Notice> {
-        self.lock().drv.take_notices()
+        self.lock().take_notices()
     }
 
     /// When progress is next needed for a connection timer (a retry, a
     /// deadline), if ever.
     pub fn next_timeout(&self) -> Option<Duration> {
-        self.lock().drv.next_timeout()
+        self.lock().next_timeout()
     }
 
     /// Makes endpoints for peers (connected on first use). May be called at
@@ -294,7 +292,7 @@ impl<C: Context> Btl<C> {
     /// where the port is InfiniBand and librdmacm has `AF_IB` (and
     /// [`BtlConfig::af_ib`] allows it); publish it with the IP address.
     pub fn listen_ib_addr(&self) -> Option<IbAddr> {
-        self.lock().drv.listen_ib_addr()
+        self.lock().listen_ib_addr()
     }
 
     /// How this rank receives, to publish with its address so that peers
@@ -315,7 +313,8 @@ impl<C: Context> Btl<C> {
         &self,
         resolve: impl Fn(Rank) -> Option<Peer> + Send + Sync + 'static,
     ) {
-        self.lock().resolver = Some(Arc::new(move |rank, _| resolve(rank)));
+        self.lock()
+            .set_resolver(Arc::new(move |rank, _| resolve(rank)));
     }
 
     /// As [`Btl::set_peer_resolver`], for a library whose address exchange
@@ -326,7 +325,7 @@ impl<C: Context> Btl<C> {
         &self,
         resolve: impl Fn(Rank, Option<SocketAddr>) -> Option<Peer> + Send + Sync + 'static,
     ) {
-        self.lock().resolver = Some(Arc::new(resolve));
+        self.lock().set_resolver(Arc::new(resolve));
     }
 
     /// Drops endpoints: their outstanding operations fail with `Closed`
@@ -373,43 +372,21 @@ impl<C: Context> Btl<C> {
         self.lock().set_on_any_error(Arc::new(cb));
     }
 
-    /// The endpoint of `rank`, if it is usable.
-    fn endpoint(core: &Core<C, Btl<C>>, rank: Rank) -> Result<u32> {
-        let ei = core
-            .eps
-            .find(rank)
-            .ok_or_else(|| Error::invalid(format!("rank {rank} is not a known peer")))?;
-        if let crate::ep::EpState::Gone(e) = &core.eps.get(ei).state {
-            return Err(Error::state(format!(
-                "endpoint to rank {rank} is gone: {e}"
-            )));
-        }
-        Ok(ei)
-    }
-
     /// Starts connecting to `rank` now (connections are otherwise made on
     /// first use).
     pub fn connect(&self, rank: Rank) -> Result<()> {
         let mut core = self.lock();
-        let ei = Self::endpoint(&core, rank)?;
+        let ei = core.endpoint(rank)?;
         if rank == self.cfg.rank {
             return Ok(());
         }
-        let ep = core.eps.get_mut(ei);
-        if ep.path.is_none() && !ep.connecting {
-            ep.connecting = true;
-            let now = self.cfg.clock.now();
-            core.drv.connect(now, rank);
-        }
+        core.connect(ei);
         Ok(())
     }
 
     /// Whether messages to `rank` can be posted now (a connection is up).
     pub fn is_connected(&self, rank: Rank) -> bool {
-        let core = self.lock();
-        core.eps
-            .find(rank)
-            .is_some_and(|ei| core.eps.get(ei).path.is_some())
+        self.lock().is_connected(rank)
     }
 
     fn check_eager(&self, len: usize) -> Result<()> {
@@ -422,23 +399,6 @@ impl<C: Context> Btl<C> {
         Ok(())
     }
 
-    /// A message to this rank itself: delivered by copy.
-    fn to_self(core: &mut Core<C, Btl<C>>, tag: Tag, parts: [&[u8]; 2]) {
-        let mut buf = core.buf();
-        buf.clear();
-        buf.extend_from_slice(parts[0]);
-        buf.extend_from_slice(parts[1]);
-        core.stats.bytes_received += buf.len() as u64;
-        let (src, end) = (core.cfg.rank, buf.len());
-        core.deliver(Delivery::Message {
-            src,
-            tag,
-            body: Body::Heap(buf),
-            start: 0,
-            end,
-        });
-    }
-
     /// Sends `header` then `payload` (gathered: the receiver sees them
     /// contiguous) with `tag` to `dst`, eagerly: copied now into a bounce
     /// buffer and posted, or queued until the connection, the send queue
@@ -447,9 +407,9 @@ impl<C: Context> Btl<C> {
     pub fn send(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<()> {
         self.check_eager(header.len() + payload.len())?;
         let mut core = self.lock();
-        let ei = Self::endpoint(&core, dst)?;
+        let ei = core.endpoint(dst)?;
         if dst == self.cfg.rank {
-            Self::to_self(&mut core, tag, [header, payload]);
+            core.deliver_to_self(tag, [header, payload]);
             return Ok(());
         }
         core.send_eager(ei, tag, [header, payload], false);
@@ -463,9 +423,9 @@ impl<C: Context> Btl<C> {
     pub fn sendi(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<bool> {
         self.check_eager(header.len() + payload.len())?;
         let mut core = self.lock();
-        let ei = Self::endpoint(&core, dst)?;
+        let ei = core.endpoint(dst)?;
         if dst == self.cfg.rank {
-            Self::to_self(&mut core, tag, [header, payload]);
+            core.deliver_to_self(tag, [header, payload]);
             return Ok(true);
         }
         Ok(core.send_eager(ei, tag, [header, payload], true))
@@ -493,10 +453,10 @@ impl<C: Context> Btl<C> {
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
         let mut core = self.lock();
-        let ei = Self::endpoint(&core, dst)?;
+        let ei = core.endpoint(dst)?;
         if data.len() <= self.max_send_size() || dst == self.cfg.rank {
             if dst == self.cfg.rank {
-                Self::to_self(&mut core, tag, [&data, &[]]);
+                core.deliver_to_self(tag, [&data, &[]]);
             } else if data.len() >= self.cfg.zcopy_min {
                 core.send_eager_zcopy(ei, tag, data.clone());
             } else {
@@ -539,17 +499,11 @@ impl<C: Context> Btl<C> {
     /// Allocates and registers `len` bytes for one-sided operations and
     /// atomics.
     pub fn alloc_mem(&self, len: usize) -> Result<RegMem<C>> {
-        let core = self.lock();
         let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         if self.caps.atomics {
             access |= Access::REMOTE_ATOMIC;
         }
-        Ok(RegMem(Arc::new(DmaBuf::new(
-            &core.iface.ctx,
-            &core.iface.pd,
-            len,
-            access,
-        )?)))
+        Ok(RegMem(Arc::new(self.lock().alloc_mem(len, access)?)))
     }
 
     /// Registers user memory for one-sided operations, through the
@@ -625,26 +579,24 @@ impl<C: Context> Btl<C> {
         make: impl FnOnce(&mut Core<C, Btl<C>>, u64) -> Result<crate::proto::Rdma>,
     ) -> Result<OpId> {
         let mut core = self.lock();
-        if dst == self.cfg.rank && !core.drv.has_loopback() {
+        if dst == self.cfg.rank && !core.has_loopback() {
             return Err(Error::Unsupported(
                 "one-sided work on this rank's own memory (an iWARP device has no loopback)",
             ));
         }
-        let ei = Self::endpoint(&core, dst)?;
-        let op = core.ops.start(dst, done);
+        let ei = core.endpoint(dst)?;
+        let op = core.start_op(dst, done);
         let rdma = match make(&mut core, op) {
             Ok(r) => r,
             Err(e) => {
-                // Never started: nobody hears of it.
-                if let Some((cb, _)) = core.ops.finish(op, Ok(None)) {
-                    drop(core);
-                    drop(cb);
-                }
+                // Never started: nobody hears of it. Its callback is
+                // dropped outside the lock (user code).
+                let cb = core.abandon_op(op);
+                drop(core);
+                drop(cb);
                 return Err(e);
             }
         };
-        core.stats.rdma_frags += u64::from(!rdma.is_atomic());
-        core.stats.atomics += u64::from(rdma.is_atomic());
         // An iWARP write completes once it has left: a read behind it says
         // when it has landed, or that the peer refused it.
         let (rdma, fence) = match landed {
@@ -653,9 +605,7 @@ impl<C: Context> Btl<C> {
             }
             _ => (rdma, None),
         };
-        for rdma in std::iter::once(rdma).chain(fence) {
-            core.submit(ei, Work::Rdma(rdma));
-        }
+        core.submit_rdma(ei, rdma, fence);
         Ok(OpId(op))
     }
 
@@ -747,18 +697,8 @@ impl<C: Context> Btl<C> {
             return Err(Error::Unsupported("the device has no atomics"));
         }
         self.start_rdma(dst, None, done, |core, op| {
-            let slot = core
-                .iface
-                .results
-                .take()
-                .ok_or(Error::NoResource("atomics in flight"))?;
-            let sge = core.iface.results.sge(slot, 8);
-            let result = Local {
-                addr: sge.addr,
-                lkey: sge.lkey,
-                rkey: 0,
-            };
-            atomic(op, kind, at, result, slot).inspect_err(|_| core.iface.results.give(slot))
+            let (slot, result) = core.result_slot()?;
+            atomic(op, kind, at, result, slot).inspect_err(|_| core.give_result_slot(slot))
         })
     }
 
@@ -807,7 +747,7 @@ impl<C: Context> Btl<C> {
         if op == OpId::DONE {
             return OpStatus::Done;
         }
-        self.lock().ops.status(op.0)
+        self.lock().op_status(op.0)
     }
 
     /// Whether nothing is outstanding: no pending or in-flight work, no
@@ -944,15 +884,12 @@ impl<C: Context> Btl<C> {
     /// Starts the clean exit (after the caller has flushed); progress until
     /// [`Btl::is_drained`].
     pub fn shutdown(&self) {
-        let mut core = self.lock();
-        let now = self.cfg.clock.now();
-        core.drv.shutdown(now);
-        core.control_now();
+        self.lock().shutdown();
     }
 
     /// Whether the clean exit has completed.
     pub fn is_drained(&self) -> bool {
-        self.lock().drained
+        self.lock().is_drained()
     }
 
     /// The receive CQ (a progress thread blocks on it when idle).

@@ -9,23 +9,25 @@
 //! user's callbacks after the lock is released.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use xrcbtl_fabric::{
-    Access, Context, Cq, Error, MemCache, Result, UserMem, WcOpcode, WcStatus, WorkCompletion,
-    Xrcd, XrcdId,
+    Access, Context, Cq, DeviceCaps, DmaBuf, Error, IbAddr, MemCache, Result, UserMem, WcOpcode,
+    WcStatus, WorkCompletion, Xrcd, XrcdId,
 };
-use xrcbtl_xrc_conn::{Mode, Node, Notice, Rank};
+use xrcbtl_xrc_conn::{ConnManager, Mode, Node, Notice, Rank};
 
 use crate::callbacks::{AmFn, DoneFn, ErrFn, Registry};
 use crate::config::{BtlConfig, MAX_RNDV};
-use crate::conn::{ConnDriver, ConnEvent};
+use crate::conn::{ConnDriver, ConnEvent, DriverStats};
 use crate::delivery::{Body, Deliveries, Delivery};
 use crate::ep::{Endpoints, EpState, Kept, Path};
 use crate::iface::Iface;
+use crate::place::Placed;
 use crate::pools::{sink_start, Pools, Sink, Source};
 use crate::post::{SendQueues, SendView};
 use crate::proto::ops::Ops;
@@ -33,7 +35,9 @@ use crate::proto::rndv::{Act, Control, Rndv, RndvConfig};
 use crate::proto::{Local, Owner, Rdma};
 use crate::recv::{Got, Recv, RecvView};
 use crate::regs::Regs;
-use crate::types::{BtlError, BtlStats, MemReg, OpResult, Peer, PeerResolver, Receive, Tag};
+use crate::types::{
+    BtlError, BtlStats, MemReg, OpResult, OpStatus, Peer, PeerResolver, Receive, Tag,
+};
 use crate::wire::{self, Kind, HEADER};
 use crate::work::{Item, Msg, Store, Work};
 use crate::wr_id::WrId;
@@ -48,36 +52,49 @@ const CONTROL_SETTLED: u32 = 8;
 /// How often a rank looks for peers it waits on and has not heard from
 /// ([`Core::probe_silent`]).
 const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// What the API keeps of the rank's device and connections
+/// ([`Core::facts`]): read without the lock.
+pub(crate) struct Facts<C: Context> {
+    pub mode: Mode,
+    pub caps: DeviceCaps,
+    pub listen: Option<SocketAddr>,
+    pub device: String,
+    pub credits: bool,
+    pub max_message: usize,
+    pub recv_cq: C::Cq,
+    pub placed: Placed,
+}
+
 /// Everything a BTL keeps, behind its lock.
 pub(crate) struct Core<C: Context, H> {
-    pub cfg: BtlConfig,
-    pub iface: Iface<C>,
-    pub drv: ConnDriver<C>,
-    pub eps: Endpoints,
+    cfg: BtlConfig,
+    iface: Iface<C>,
+    drv: ConnDriver<C>,
+    eps: Endpoints,
     /// Posted work, and the round robin of endpoints with queued work.
     sends: SendQueues,
-    pub rndv: Rndv<Source, Sink>,
-    pub ops: Ops<DoneFn<H>>,
+    rndv: Rndv<Source, Sink>,
+    ops: Ops<DoneFn<H>>,
     /// The registration cache, and the user's registrations.
     regs: Regs<C>,
     /// Buffers kept for reuse.
     pools: Pools,
     /// The user's callbacks.
     cbs: Registry<H>,
-    pub resolver: Option<PeerResolver>,
+    resolver: Option<PeerResolver>,
     /// The XRC domain each node's peers stated, and the first peer that
     /// stated it: the ranks of a node share one INI QP from this rank, so
     /// they must share one domain.
-    pub node_domains: HashMap<Node, (XrcdId, Rank)>,
+    node_domains: HashMap<Node, (XrcdId, Rank)>,
     /// What the user must hear of, until the lock is released.
     deliveries: Deliveries<C, H>,
-    pub stats: BtlStats,
+    stats: BtlStats,
     /// Progress calls left before the next look at connection events.
     control_left: u32,
     control_every: u32,
     /// When to look for silent peers next.
     probe_at: Duration,
-    pub drained: bool,
+    drained: bool,
     /// The receive side.
     recv: Recv,
 }
@@ -205,6 +222,10 @@ impl<C: Context, H> Core<C, H> {
             frag: cfg.rndv_frag_size as u64,
             pipeline,
         });
+        // A rank always knows itself: messages to it are copied, one-sided
+        // work goes through the loopback.
+        let mut eps = Endpoints::default();
+        eps.add(cfg.rank);
         Ok(Core {
             sends: SendQueues::new(cfg.cq_batch),
             recv: Recv::new(
@@ -214,7 +235,7 @@ impl<C: Context, H> Core<C, H> {
             cfg,
             iface,
             drv,
-            eps: Endpoints::default(),
+            eps,
             rndv,
             ops: Ops::default(),
             regs: Regs::new(cache),
@@ -231,6 +252,136 @@ impl<C: Context, H> Core<C, H> {
         })
     }
 
+    /// What the API keeps of the rank's device and connections, read once
+    /// at set-up.
+    pub fn facts(&self) -> Facts<C> {
+        Facts {
+            mode: self.iface.mode,
+            caps: self.iface.caps.clone(),
+            listen: self.drv.listen_addr(),
+            device: self.iface.ctx.name().to_string(),
+            credits: self.iface.credits(),
+            max_message: self.iface.max_message(),
+            recv_cq: self.iface.recv_cq.clone(),
+            placed: self.iface.placed.clone(),
+        }
+    }
+
+    /// What the BTL counted so far.
+    pub fn stats(&self) -> BtlStats {
+        BtlStats {
+            pending_max: self.eps.pending_max,
+            ..self.stats.clone()
+        }
+    }
+
+    /// The NUMA node of each of the BTL's own buffers
+    /// ([`Iface::buffer_nodes`]).
+    pub fn buffer_nodes(&self) -> Result<Vec<Option<u32>>> {
+        self.iface.buffer_nodes()
+    }
+
+    /// Bytes of receive buffers the rank's SRQs own.
+    pub fn receive_bytes(&self) -> u64 {
+        self.iface
+            .classes
+            .iter()
+            .map(|c| u64::from(c.total) * u64::from(c.size))
+            .sum()
+    }
+
+    /// The connection driver's counters.
+    pub fn driver_stats(&self) -> DriverStats {
+        self.drv.stats().clone()
+    }
+
+    /// Runs `f` on the connection manager (counters, state).
+    pub fn with_manager<R>(&self, f: impl FnOnce(&ConnManager) -> R) -> R {
+        f(self.drv.manager())
+    }
+
+    /// Connection notices seen since the last call.
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        self.drv.take_notices()
+    }
+
+    /// When progress is next needed for a connection timer, if ever.
+    pub fn next_timeout(&self) -> Option<Duration> {
+        self.drv.next_timeout()
+    }
+
+    /// The native InfiniBand address peers reach this rank by, if any.
+    pub fn listen_ib_addr(&self) -> Option<IbAddr> {
+        self.drv.listen_ib_addr()
+    }
+
+    /// Where operation `op` is.
+    pub fn op_status(&mut self, op: u64) -> OpStatus {
+        self.ops.status(op)
+    }
+
+    /// Sets how requests from unknown ranks are answered.
+    pub fn set_resolver(&mut self, resolver: PeerResolver) {
+        self.resolver = Some(resolver);
+    }
+
+    /// The endpoint of `rank`, if it is usable.
+    pub fn endpoint(&self, rank: Rank) -> Result<u32> {
+        let ei = self
+            .eps
+            .find(rank)
+            .ok_or_else(|| Error::invalid(format!("rank {rank} is not a known peer")))?;
+        if let EpState::Gone(e) = &self.eps.get(ei).state {
+            return Err(Error::state(format!(
+                "endpoint to rank {rank} is gone: {e}"
+            )));
+        }
+        Ok(ei)
+    }
+
+    /// Starts connecting endpoint `ei` unless it has a path or is on its
+    /// way to one.
+    pub fn connect(&mut self, ei: u32) {
+        let ep = self.eps.get_mut(ei);
+        if ep.path.is_none() && !ep.connecting {
+            ep.connecting = true;
+            let rank = ep.rank;
+            let now = self.cfg.clock.now();
+            self.drv.connect(now, rank);
+        }
+    }
+
+    /// Whether messages to `rank` can be posted now (a connection is up).
+    pub fn is_connected(&self, rank: Rank) -> bool {
+        self.eps
+            .find(rank)
+            .is_some_and(|ei| self.eps.get(ei).path.is_some())
+    }
+
+    /// Whether one-sided work can reach this rank's own memory (the
+    /// device has a loopback).
+    pub fn has_loopback(&self) -> bool {
+        self.drv.has_loopback()
+    }
+
+    /// Allocates `len` bytes on the device's NUMA node, registered for
+    /// `access`.
+    pub fn alloc_mem(&self, len: usize, access: Access) -> Result<DmaBuf<C>> {
+        DmaBuf::new(&self.iface.ctx, &self.iface.pd, len, access)
+    }
+
+    /// Starts the clean exit: the driver says goodbye to every peer.
+    pub fn shutdown(&mut self) {
+        let now = self.cfg.clock.now();
+        self.drv.shutdown(now);
+        self.control_now();
+    }
+
+    /// Whether the clean exit has completed.
+    pub fn is_drained(&self) -> bool {
+        self.drained
+    }
+
     /// Queues something for the user.
     pub fn deliver(&mut self, d: Delivery<C, H>) {
         self.deliveries.push(d);
@@ -239,12 +390,6 @@ impl<C: Context, H> Core<C, H> {
     /// Takes the next thing for the user.
     pub fn next_delivery(&mut self) -> Option<Delivery<C, H>> {
         self.deliveries.pop()
-    }
-
-    /// A buffer for a message (reused; sized for the largest eager
-    /// message, so that no message ever grows it).
-    pub fn buf(&mut self) -> Vec<u8> {
-        self.pools.buf()
     }
 
     /// The send queues, with what they work through lent for one call.
@@ -795,6 +940,47 @@ impl<C: Context, H> Core<C, H> {
         self.cbs.forget(rank);
     }
 
+    /// Starts an operation to `dst`, whose `done` runs when it ends.
+    pub fn start_op(&mut self, dst: Rank, done: Option<DoneFn<H>>) -> u64 {
+        self.ops.start(dst, done)
+    }
+
+    /// Forgets an operation that never started (nobody hears of it); its
+    /// callback comes back, to be dropped outside the lock.
+    pub fn abandon_op(&mut self, op: u64) -> Option<DoneFn<H>> {
+        self.ops.finish(op, Ok(None)).map(|(cb, _)| cb)
+    }
+
+    /// A slot for an atomic's result, and where the device writes it.
+    pub fn result_slot(&mut self) -> Result<(u32, Local)> {
+        let slot = self
+            .iface
+            .results
+            .take()
+            .ok_or(Error::NoResource("atomics in flight"))?;
+        let sge = self.iface.results.sge(slot, 8);
+        let result = Local {
+            addr: sge.addr,
+            lkey: sge.lkey,
+            rkey: 0,
+        };
+        Ok((slot, result))
+    }
+
+    /// Gives back a result slot whose atomic never started.
+    pub fn give_result_slot(&mut self, slot: u32) {
+        self.iface.results.give(slot);
+    }
+
+    /// Submits one-sided work (and the fence behind it) to endpoint `ei`.
+    pub fn submit_rdma(&mut self, ei: u32, rdma: Rdma, fence: Option<Rdma>) {
+        self.stats.rdma_frags += u64::from(!rdma.is_atomic());
+        self.stats.atomics += u64::from(rdma.is_atomic());
+        for rdma in std::iter::once(rdma).chain(fence) {
+            self.submit(ei, Work::Rdma(rdma));
+        }
+    }
+
     /// The endpoint to `rank` is gone for good.
     pub fn fail_rank(&mut self, rank: Rank, e: BtlError) {
         if let Some(ei) = self.eps.find(rank) {
@@ -1073,6 +1259,23 @@ impl<C: Context, H> Core<C, H> {
                 store,
             }),
         );
+    }
+
+    /// A message to this rank itself: delivered by copy.
+    pub fn deliver_to_self(&mut self, tag: Tag, parts: [&[u8]; 2]) {
+        let mut buf = self.pools.buf();
+        buf.clear();
+        buf.extend_from_slice(parts[0]);
+        buf.extend_from_slice(parts[1]);
+        self.stats.bytes_received += buf.len() as u64;
+        let (src, end) = (self.cfg.rank, buf.len());
+        self.deliver(Delivery::Message {
+            src,
+            tag,
+            body: Body::Heap(buf),
+            start: 0,
+            end,
+        });
     }
 
     /// Sends an eager message of `parts` (header, then payload) to

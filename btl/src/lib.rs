@@ -11,7 +11,8 @@
 //! | [`addr`] | the address a rank publishes for its peers, encoded and strictly decoded |
 //! | `types.rs` | the API's vocabulary: operations, registered memory, counters |
 //! | `callbacks.rs` | the user's callbacks, generic over the handle they receive |
-//! | `core.rs` | the state behind the lock: the progress order, connection events, the failure policy, the rendezvous glue |
+//! | `core/` | the state behind the lock: the progress order, connection events, the failure policy, the rendezvous glue, sending (one file per part) |
+//! | `domains.rs` | how ranks receive: XRC or RC across the job, one XRC domain per node, checked as peers are added |
 //! | `delivery.rs` | what the user must hear of (messages and where their bytes are, finished operations, failed peers), queued until the lock is released |
 //! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
 //! | [`conn`] | the connection driver: runs the XRC connection manager on the fabric (connections only) |
@@ -41,6 +42,7 @@ pub mod conn;
 mod core;
 mod credits;
 mod delivery;
+mod domains;
 mod ep;
 mod iface;
 pub mod place;

@@ -2,7 +2,7 @@
 //! completion goes in, work comes out. None of them touches a fabric: the
 //! BTL's core registers memory, posts the work they ask for, and feeds
 //! them what arrives, and the unit tests drive two of them against each
-//! other through a fake memory ([`pair`]).
+//! other through a fake memory (`pair.rs`).
 //!
 //! - [`eager`]: sequence numbers, and what an arriving number means;
 //! - [`rndv`]: rendezvous, get (RTS, reads, ATS) and put (RTS, RTR, writes,

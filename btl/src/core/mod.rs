@@ -1,0 +1,322 @@
+//! The core of a BTL: its state behind the one lock, and what progress
+//! does with it. It owns the rooms below it and decides between them: the
+//! receive side (`recv.rs`) judges what arrives and hands it over, the
+//! protocol machines ([`crate::proto`]) turn it into work, the send queues
+//! (`post.rs`) post the work and give back what completed, and the core
+//! judges completions and failures (requeue, drop, fail an endpoint).
+//! Whatever the user must hear of (messages, finished operations, failed
+//! peers) is queued as a [`Delivery`], which [`crate::Btl`] hands to the
+//! user's callbacks after the lock is released.
+//!
+//! This file holds the state, the progress order and the lending of rooms;
+//! the core's other parts are one file each:
+//!
+//! | file | part |
+//! |---|---|
+//! | `peers.rs` | peers checked and added, endpoints connected, connection events acted on |
+//! | `complete.rs` | send completions, and the failure policy (requeue, drop, fail an endpoint) |
+//! | `rndv.rs` | what arrives acted on, and the rendezvous glue |
+//! | `send.rs` | eager messages, one-sided work, and the one `submit` |
+//! | `user.rs` | what the user registers and reads: facts, counters, memory, callbacks |
+
+mod complete;
+mod peers;
+mod rndv;
+mod send;
+mod user;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use xrcbtl_fabric::{Context, DeviceCaps, MemCache, Result, Xrcd};
+use xrcbtl_xrc_conn::Mode;
+
+use crate::callbacks::{DoneFn, Registry};
+use crate::config::BtlConfig;
+use crate::conn::ConnDriver;
+use crate::delivery::{Deliveries, Delivery};
+use crate::domains::Domains;
+use crate::ep::Endpoints;
+use crate::iface::Iface;
+use crate::place::Placed;
+use crate::pools::{Pools, Sink, Source};
+use crate::post::{SendQueues, SendView};
+use crate::proto::ops::Ops;
+use crate::proto::rndv::{Rndv, RndvConfig};
+use crate::recv::{Recv, RecvView};
+use crate::regs::Regs;
+use crate::types::{BtlStats, PeerResolver, Receive};
+use crate::work::Item;
+
+/// Give up on a work request after this many failed attempts.
+const MAX_TRIES: u32 = 64;
+/// Progress calls per look at connection and async events, where those
+/// cost system calls.
+const CONTROL_EVERY: u32 = 16;
+/// How many times rarer the look is while every connection is settled.
+const CONTROL_SETTLED: u32 = 8;
+/// How often a rank looks for peers it waits on and has not heard from
+/// ([`Core::probe_silent`]).
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// What the API keeps of the rank's device and connections
+/// ([`Core::facts`]): read without the lock.
+pub(crate) struct Facts<C: Context> {
+    pub mode: Mode,
+    pub caps: DeviceCaps,
+    pub listen: Option<SocketAddr>,
+    pub device: String,
+    pub credits: bool,
+    pub max_message: usize,
+    pub recv_cq: C::Cq,
+    pub placed: Placed,
+}
+
+/// Everything a BTL keeps, behind its lock.
+pub(crate) struct Core<C: Context, H> {
+    cfg: BtlConfig,
+    iface: Iface<C>,
+    drv: ConnDriver<C>,
+    eps: Endpoints,
+    /// Posted work, and the round robin of endpoints with queued work.
+    sends: SendQueues,
+    rndv: Rndv<Source, Sink>,
+    ops: Ops<DoneFn<H>>,
+    /// The registration cache, and the user's registrations.
+    regs: Regs<C>,
+    /// Buffers kept for reuse.
+    pools: Pools,
+    /// The user's callbacks.
+    cbs: Registry<H>,
+    /// How requests from unknown ranks are answered.
+    resolver: Option<PeerResolver>,
+    /// How this rank receives, and the XRC domains of the peers' nodes.
+    domains: Domains,
+    /// What the user must hear of, until the lock is released.
+    deliveries: Deliveries<C, H>,
+    stats: BtlStats,
+    /// Progress calls left before the next look at connection events.
+    control_left: u32,
+    control_every: u32,
+    /// When to look for silent peers next.
+    probe_at: Duration,
+    drained: bool,
+    /// The receive side.
+    recv: Recv,
+}
+
+impl<C: Context, H> Core<C, H> {
+    /// Sets the rank up on its device.
+    pub fn new(ctx: C, cfg: BtlConfig, queued: Arc<AtomicUsize>) -> Result<Self> {
+        let iface = Iface::new(ctx.clone(), &cfg)?;
+        let drv = ConnDriver::new(iface.lend(), &cfg)?;
+        let control_every = if ctx.events_cost_syscalls() {
+            CONTROL_EVERY
+        } else {
+            1
+        };
+        let cache = MemCache::new(ctx, iface.pd.clone(), cfg.rcache);
+        let pools = Pools::new(iface.max_message(), cache.bytes_max());
+        let put = cfg.rndv_protocol.is_put(iface.caps.transport);
+        // Reads beyond the initiator depth would only queue in the device.
+        let pipeline = if put {
+            cfg.rndv_pipeline
+        } else {
+            cfg.rndv_pipeline.min(iface.caps.max_qp_rd_atom.max(1))
+        };
+        let rndv = Rndv::new(RndvConfig {
+            put,
+            frag: cfg.rndv_frag_size as u64,
+            pipeline,
+        });
+        // A rank always knows itself: messages to it are copied, one-sided
+        // work goes through the loopback.
+        let mut eps = Endpoints::default();
+        eps.add(cfg.rank);
+        let receive = match &iface.xrcd {
+            Some(x) => Receive::Xrc(x.id()),
+            None => Receive::Rc,
+        };
+        let domains = Domains::new(receive, cfg.node, cfg.rank);
+        Ok(Core {
+            sends: SendQueues::new(cfg.cq_batch),
+            recv: Recv::new(
+                cfg.cq_batch,
+                cfg.split_limit.bytes().max(2 * iface.max_message()),
+            ),
+            cfg,
+            iface,
+            drv,
+            eps,
+            rndv,
+            ops: Ops::default(),
+            regs: Regs::new(cache),
+            pools,
+            cbs: Registry::new(),
+            resolver: None,
+            domains,
+            deliveries: Deliveries::new(queued),
+            stats: BtlStats::default(),
+            control_left: 0,
+            probe_at: Duration::ZERO,
+            control_every,
+            drained: false,
+        })
+    }
+
+    /// Queues something for the user.
+    pub fn deliver(&mut self, d: Delivery<C, H>) {
+        self.deliveries.push(d);
+    }
+
+    /// Takes the next thing for the user.
+    pub fn next_delivery(&mut self) -> Option<Delivery<C, H>> {
+        self.deliveries.pop()
+    }
+
+    /// The send queues, with what they work through lent for one call.
+    fn sends(&mut self) -> (&mut SendQueues, SendView<'_, C>) {
+        let view = SendView {
+            cfg: &self.cfg,
+            drv: &mut self.drv,
+            eps: &mut self.eps,
+            rndv: &mut self.rndv,
+            fc: self.iface.credits(),
+            iface: &mut self.iface,
+            stats: &mut self.stats,
+        };
+        (&mut self.sends, view)
+    }
+
+    /// The receive side, with what it works through lent for one call.
+    fn recv(&mut self) -> (&mut Recv, RecvView<'_, C, H>) {
+        let view = RecvView {
+            cfg: &self.cfg,
+            fc: self.iface.credits(),
+            iface: &mut self.iface,
+            drv: &mut self.drv,
+            eps: &mut self.eps,
+            pools: &mut self.pools,
+            deliveries: &mut self.deliveries,
+            stats: &mut self.stats,
+        };
+        (&mut self.recv, view)
+    }
+
+    /// Posts `item` to endpoint `ei` if it can go now ([`SendQueues::post`]);
+    /// gives it back if it must wait.
+    // By value, as `SendQueues::post` takes and returns it.
+    #[allow(clippy::result_large_err)]
+    fn post(&mut self, ei: u32, item: Item) -> std::result::Result<(), Item> {
+        let (sends, mut v) = self.sends();
+        sends.post(&mut v, ei, item)
+    }
+
+    /// Drains the pending queues round robin ([`SendQueues::drain_pending`]);
+    /// returns the posts made.
+    pub fn drain_pending(&mut self) -> usize {
+        let (sends, mut v) = self.sends();
+        sends.drain_pending(&mut v)
+    }
+
+    /// Does what is due: connection events, completions, pending work.
+    /// Returns how much it found.
+    pub fn poll(&mut self) -> usize {
+        // Connection and async events cost system calls (the CM's and the
+        // device's event descriptors); completions do not. A progress loop
+        // spinning on a CQ looks at them every `CONTROL_EVERY` calls only,
+        // and while every connection is settled (no attempt, retry or
+        // departure under way: judged at each look) `CONTROL_SETTLED` times
+        // less often still. Work a command just gave the driver (a connect,
+        // a failed send) is looked at on the next call.
+        let due = self.control_left == 0 || self.drv.wants_look();
+        let mut n = 0;
+        if due {
+            n += self.control_now();
+            let every = if self.control_every > 1 && self.drv.settled() {
+                self.control_every * CONTROL_SETTLED
+            } else {
+                self.control_every
+            };
+            self.control_left = every - 1;
+        } else {
+            self.control_left -= 1;
+        }
+        // The send CQ holds completions of signalled work (and, rarely, of
+        // the driver's hello, seen on the control ticks).
+        if due || self.sends.signalled_out() > 0 {
+            n += self.poll_send();
+        }
+        if self.sends.wants_cover() {
+            self.sends.cover_unsignalled(&mut self.eps);
+        }
+        n += self.poll_recv();
+        if self.drv.draining() && self.recv.dry() {
+            self.drv.recv_cq_dry(self.cfg.clock.now());
+        }
+        // Both cost a call when idle: most spins have neither.
+        if self.rndv.has_acts() {
+            n += self.run_rndv();
+        }
+        if self.eps.any_ready() {
+            n += self.drain_pending();
+        }
+        n
+    }
+
+    /// Looks at connection and async events now.
+    pub fn control_now(&mut self) -> usize {
+        let now = self.cfg.clock.now();
+        if now >= self.probe_at {
+            self.probe_at = now + PROBE_EVERY;
+            self.probe_silent();
+        }
+        let mut work = self.drv.progress(now);
+        while let Some(ev) = self.drv.poll_event() {
+            work += 1;
+            self.on_conn_event(ev);
+        }
+        work
+    }
+
+    /// Starts the clean exit: the driver says goodbye to every peer.
+    pub fn shutdown(&mut self) {
+        let now = self.cfg.clock.now();
+        self.drv.shutdown(now);
+        self.control_now();
+    }
+
+    /// Whether the clean exit has completed.
+    pub fn is_drained(&self) -> bool {
+        self.drained
+    }
+
+    /// Whether nothing is outstanding: no pending or in-flight work, no
+    /// rendezvous in progress, no operation, nothing to deliver. Asking
+    /// covers unsignalled work (see [`SendQueues::ask_cover`]) at once.
+    pub fn is_idle(&mut self) -> bool {
+        if self.sends.ask_cover(&mut self.eps) {
+            self.drain_pending();
+        }
+        self.sends.is_empty()
+            && self.eps.pending_now == 0
+            && self.rndv.is_idle()
+            && self.ops.is_empty()
+            && self.deliveries.is_empty()
+    }
+
+    /// What keeps it from idle, in words (for failure reports).
+    pub fn busy(&self) -> String {
+        let (outs, ins, acts) = self.rndv.counts();
+        format!(
+            "work requests {} ({} signalled), pending {}, rendezvous out {outs} in {ins} \
+             asked {acts}, operations {:?}, deliveries {}",
+            self.sends.len(),
+            self.sends.signalled_out(),
+            self.eps.pending_now,
+            self.ops.live(),
+            self.deliveries.len()
+        )
+    }
+}

@@ -471,3 +471,37 @@ impl<C: Context> Iface<C> {
         Ok((n, short))
     }
 }
+
+/// The rank's resources the driver makes its QPs on: the interface's
+/// ([`Iface::lend`]), or a bare set that receives nothing
+/// ([`crate::sim::Responder`]): the connection driver's
+/// (`crate::conn::ConnDriver::new`).
+pub(crate) struct Lent<'a, C: Context> {
+    pub ctx: &'a C,
+    pub mode: Mode,
+    pub pd: &'a C::Pd,
+    pub send_cq: &'a C::Cq,
+    pub recv_cq: &'a C::Cq,
+    /// The SRQ RC QPs draw from.
+    pub rc_srq: &'a C::Srq,
+    /// The node's XRC domain (XRC).
+    pub xrcd: Option<&'a C::Xrcd>,
+    /// The XRC SRQ numbers peers address, by class (empty with RC).
+    pub srqns: Vec<u32>,
+}
+
+impl<C: Context> Iface<C> {
+    /// What the connection driver makes its QPs on.
+    pub(crate) fn lend(&self) -> Lent<'_, C> {
+        Lent {
+            ctx: &self.ctx,
+            mode: self.mode,
+            pd: &self.pd,
+            send_cq: &self.send_cq,
+            recv_cq: &self.recv_cq,
+            rc_srq: self.rc_srq(),
+            xrcd: self.xrcd.as_ref(),
+            srqns: self.srq_nums(),
+        }
+    }
+}

@@ -20,7 +20,8 @@ use xrcbtl_xrc_conn::{Mode, Notice, Rank};
 
 use crate::btl::Btl;
 use crate::config::{BtlConfig, Clock};
-use crate::conn::{ConnDriver, ConnEvent, Lent};
+use crate::conn::{ConnDriver, ConnEvent};
+use crate::iface::Lent;
 use crate::types::Peer;
 
 /// The job id of simulated jobs.

@@ -13,37 +13,47 @@
 //! ([`ConnDriver::qp`]): an index, found without a search, that stays
 //! valid until the driver reports the QP destroyed
 //! ([`ConnEvent::Destroyed`]).
+//!
+//! This file holds the driver's state and the data path's questions; the
+//! rest is one file each: what the fabric reports (`inputs.rs`) and what
+//! the manager asks (`actions.rs`), and what the driver holds: the QP
+//! slot table (`slots.rs`), TGT handles and their sweep (`tgts.rs`), CM
+//! ids (`cms.rs`), where peers are and the routes to their nodes
+//! (`routes.rs`), ids waiting for their RTU (`accepting.rs`), placeholder
+//! QPs (`placeholders.rs`), RC QPs draining (`drain.rs`) and the loopback
+//! (`loopback.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use xrcbtl_fabric::{
-    Access, AsyncEvent, CmChannel, CmEventKind, CmId, CmRoute, ConnParam, Context, IbAddr,
-    PortSpace, Qp, QpCaps, QpInit, QpTransition, QpType, RejectReason, Result, SendWr, Transport,
-    DEFAULT_PKEY,
+    Access, CmChannel, CmId, ConnParam, Context, IbAddr, PortSpace, Qp, QpCaps, QpType, Result,
+    Transport, DEFAULT_PKEY,
 };
-use xrcbtl_xrc_conn::{
-    Action, CmFailure, CmRef, ConnManager, Event, Mode, Node, Notice, QpKind, QpRef, Rank,
-    RouteRef, TgtRef,
-};
+use xrcbtl_xrc_conn::{ConnManager, Event, Mode, Node, Notice, QpRef, Rank};
 
 use crate::config::BtlConfig;
-use crate::iface::Iface;
-use crate::wr_id;
+use crate::iface::Lent;
 
 mod accepting;
+mod actions;
+mod cms;
 mod drain;
+mod inputs;
 mod loopback;
 mod placeholders;
+mod routes;
 mod slots;
 mod tgts;
 
 use accepting::Accepting;
-use drain::{stop_rc, Draining, LAST_WQE_WAIT};
+use cms::CmIds;
+use drain::{stop_rc, Draining};
 use loopback::Loopback;
 use placeholders::Placeholders;
-use slots::{QpSlots, Slot};
+use routes::Directory;
+use slots::QpSlots;
 use tgts::Tgts;
 
 /// The CM id type of a context.
@@ -124,10 +134,7 @@ pub struct ConnDriver<C: Context> {
     loopback: Option<Loopback<C>>,
     mode: Mode,
     // Connection objects; dropped before the queues they use.
-    cms: HashMap<CmRef, CmIdOf<C>>,
-    cm_of_key: HashMap<u64, CmRef>,
-    /// The rank each outgoing CM id resolves towards.
-    cm_rank: HashMap<CmRef, Rank>,
+    cms: CmIds<C>,
     /// Accepted ids waiting for their RTU, by the number of the QP they
     /// accepted with: the QP's first packet establishes them.
     accepting: Accepting,
@@ -147,10 +154,6 @@ pub struct ConnDriver<C: Context> {
     /// was learnt of a number is good while it stays.
     qp_gen: u64,
     placeholders: Placeholders<C>,
-    /// iWARP: the QP each QP-less request (a Leave) connects with, made
-    /// for it and destroyed with its CM id. The iWARP CM cannot connect
-    /// without a QP, so a request with none would never leave.
-    carriers: HashMap<CmRef, C::Qp>,
     // Lent by the interface.
     ctx: C,
     pd: C::Pd,
@@ -162,12 +165,8 @@ pub struct ConnDriver<C: Context> {
     max_inline: u32,
     /// Timers and read depths every connection is made with.
     conn: ConnSettings,
-    routes: HashMap<RouteRef, CmRoute>,
-    route_of_node: HashMap<Node, RouteRef>,
-    node_of: HashMap<Rank, Node>,
-    directory: HashMap<Rank, SocketAddr>,
-    /// Peers' native InfiniBand listeners, for those that have one.
-    ib_directory: HashMap<Rank, IbAddr>,
+    /// Where peers are, and the routes to their nodes.
+    directory: Directory,
     next_ref: u64,
     /// A command started or changed connection work since the last
     /// [`ConnDriver::progress`]: its events should be looked at soon.
@@ -200,39 +199,6 @@ impl<C: Context> Drop for ConnDriver<C> {
             if s.qp.qp_type() == QpType::Rc {
                 stop_rc(&s.qp, s.wired);
             }
-        }
-    }
-}
-
-/// The rank's resources the driver makes its QPs on: the interface's
-/// ([`Iface::lend`]), or a bare set that receives nothing
-/// ([`crate::sim::Responder`]).
-pub(crate) struct Lent<'a, C: Context> {
-    pub ctx: &'a C,
-    pub mode: Mode,
-    pub pd: &'a C::Pd,
-    pub send_cq: &'a C::Cq,
-    pub recv_cq: &'a C::Cq,
-    /// The SRQ RC QPs draw from.
-    pub rc_srq: &'a C::Srq,
-    /// The node's XRC domain (XRC).
-    pub xrcd: Option<&'a C::Xrcd>,
-    /// The XRC SRQ numbers peers address, by class (empty with RC).
-    pub srqns: Vec<u32>,
-}
-
-impl<C: Context> Iface<C> {
-    /// What the connection driver makes its QPs on.
-    pub(crate) fn lend(&self) -> Lent<'_, C> {
-        Lent {
-            ctx: &self.ctx,
-            mode: self.mode,
-            pd: &self.pd,
-            send_cq: &self.send_cq,
-            recv_cq: &self.recv_cq,
-            rc_srq: self.rc_srq(),
-            xrcd: self.xrcd.as_ref(),
-            srqns: self.srq_nums(),
         }
     }
 }
@@ -279,9 +245,7 @@ impl<C: Context> ConnDriver<C> {
             me: cfg.rank,
             loopback: None,
             mode,
-            cms: HashMap::new(),
-            cm_of_key: HashMap::new(),
-            cm_rank: HashMap::new(),
+            cms: CmIds::new(),
             accepting: Accepting::default(),
             draining: HashMap::new(),
             listener,
@@ -291,7 +255,6 @@ impl<C: Context> ConnDriver<C> {
             tgts: Tgts::new(),
             qp_gen: 0,
             placeholders: Placeholders::new(),
-            carriers: HashMap::new(),
             pd: res.pd.clone(),
             send_cq: res.send_cq.clone(),
             recv_cq: res.recv_cq.clone(),
@@ -305,11 +268,7 @@ impl<C: Context> ConnDriver<C> {
                 rd_atomic: caps.max_qp_rd_atom,
             },
             ctx,
-            routes: HashMap::new(),
-            route_of_node: HashMap::new(),
-            node_of: HashMap::new(),
-            directory: HashMap::new(),
-            ib_directory: HashMap::new(),
+            directory: Directory::new(),
             next_ref: DRIVER_REFS,
             look_wanted: false,
             events: VecDeque::new(),
@@ -336,12 +295,7 @@ impl<C: Context> ConnDriver<C> {
 
     /// Makes a rank known (its node and listener address).
     pub fn add_peer(&mut self, rank: Rank, node: Node, addr: SocketAddr, ib: Option<IbAddr>) {
-        self.node_of.insert(rank, node);
-        self.directory.insert(rank, addr);
-        match ib {
-            Some(a) => self.ib_directory.insert(rank, a),
-            None => self.ib_directory.remove(&rank),
-        };
+        self.directory.add(rank, node, addr, ib);
         self.mgr.add_peer(rank, node);
     }
 
@@ -416,7 +370,7 @@ impl<C: Context> ConnDriver<C> {
         });
     }
 
-    /// Marks `qp`'s slot as handed to the CM ([`Slot::wired`]).
+    /// Marks `qp`'s slot as handed to the CM ([`slots::Slot::wired`]).
     fn wire(&mut self, qp: Option<QpRef>) {
         let Some(q) = qp else { return };
         let peer = self.mgr.peer_of_qp(q);
@@ -670,441 +624,6 @@ impl<C: Context> ConnDriver<C> {
         };
         self.events.push_back(ev);
         keep_notice(&mut self.notices, n);
-    }
-
-    fn on_async(&mut self, now: Duration, ev: AsyncEvent) {
-        if let AsyncEvent::SrqLimitReached { srq } = ev {
-            self.events.push_back(ConnEvent::SrqLimit { srq });
-            return;
-        }
-        if let AsyncEvent::CommEstablished { qpn } = ev {
-            // The RTU may have been lost: the peer is sending already.
-            if let Some(id) = self
-                .accepting
-                .take_qpn(qpn)
-                .and_then(|cm| self.cms.get(&cm))
-            {
-                self.stats.comm_est_notices += 1;
-                // An id the CM no longer thinks is accepting needs nothing.
-                let _ = id.notify_established();
-            }
-            return;
-        }
-        let qpn = match ev {
-            AsyncEvent::QpFatal { qpn }
-            | AsyncEvent::QpRequestError { qpn }
-            | AsyncEvent::QpAccessError { qpn }
-            | AsyncEvent::QpLastWqeReached { qpn } => qpn,
-            _ => return,
-        };
-        if let Some(d) = self.draining.get_mut(&qpn) {
-            if matches!(ev, AsyncEvent::QpLastWqeReached { .. }) {
-                d.last_wqe = true;
-            }
-            return;
-        }
-        if let Some(tgts) = self.tgts.of_num(qpn) {
-            for &tgt in tgts {
-                self.mgr.handle(now, Event::TgtFailed { tgt });
-            }
-        } else if let Some(s) = self.slots.of_num_mut(qpn) {
-            if matches!(ev, AsyncEvent::QpLastWqeReached { .. }) {
-                s.last_wqe = true;
-            } else {
-                let qp = s.r;
-                self.mgr.handle(now, Event::QpFailed { qp });
-            }
-        }
-    }
-
-    fn on_cm_event(&mut self, now: Duration, ev: xrcbtl_fabric::CmEvent<CmIdOf<C>>) {
-        if ev.kind == CmEventKind::ConnectRequest {
-            let Some(id) = ev.new_id else { return };
-            let cm = CmRef(self.fresh());
-            self.cm_of_key.insert(id.key(), cm);
-            self.cms.insert(cm, id);
-            self.mgr.handle(
-                now,
-                Event::Request {
-                    cm,
-                    data: ev.private_data,
-                    from: ev.peer,
-                },
-            );
-            return;
-        }
-        let Some(&cm) = self.cm_of_key.get(&ev.id) else {
-            return;
-        };
-        let fail = |how| Event::Failed {
-            cm,
-            how,
-            data: Vec::new(),
-        };
-        let out = match ev.kind {
-            CmEventKind::AddrResolved => {
-                let r = self.cms.get(&cm).map(|id| id.resolve_route(2_000));
-                match r {
-                    Some(Ok(())) => return,
-                    _ => Event::ResolveFailed { cm },
-                }
-            }
-            CmEventKind::RouteResolved => {
-                let route = self.cms.get(&cm).and_then(|id| id.route());
-                let node = self
-                    .cm_rank
-                    .get(&cm)
-                    .and_then(|r| self.node_of.get(r))
-                    .copied();
-                let rref = match (route, node) {
-                    (Some(route), Some(node)) => {
-                        *self.route_of_node.entry(node).or_insert_with(|| {
-                            self.next_ref += 1;
-                            let r = RouteRef(self.next_ref);
-                            self.routes.insert(r, route);
-                            r
-                        })
-                    }
-                    _ => RouteRef(0),
-                };
-                Event::Resolved { cm, route: rref }
-            }
-            CmEventKind::AddrError | CmEventKind::RouteError => Event::ResolveFailed { cm },
-            CmEventKind::Established => {
-                self.accepting.forget(cm);
-                Event::Established {
-                    cm,
-                    data: ev.private_data,
-                }
-            }
-            CmEventKind::Rejected(RejectReason::Consumer) => Event::Failed {
-                cm,
-                how: CmFailure::Rejected,
-                data: ev.private_data,
-            },
-            CmEventKind::Rejected(RejectReason::NoListener) => fail(CmFailure::NoListener),
-            CmEventKind::Rejected(RejectReason::StaleConnection) => fail(CmFailure::Stale),
-            CmEventKind::Rejected(_) | CmEventKind::Unreachable | CmEventKind::ConnectError => {
-                fail(CmFailure::Unreachable)
-            }
-            CmEventKind::Disconnected => Event::Disconnected { cm },
-            CmEventKind::ConnectRequest => return,
-        };
-        self.mgr.handle(now, out);
-    }
-
-    /// Does one thing the manager asks.
-    fn execute(&mut self, now: Duration, a: Action) {
-        match a {
-            Action::CreateQp { qp, kind, sq_depth } => self.create_qp(now, qp, kind, sq_depth),
-            Action::ResizeQp { qp, sq_depth } => self.resize_qp(qp, sq_depth),
-            Action::DestroyQp { qp } => self.destroy_qp(now, qp),
-            Action::SendHello { qp } => self.send_hello(now, qp),
-            Action::CreateTgt { tgt } => self.create_tgt(now, tgt),
-            Action::OpenTgt { tgt, qpn } => self.open_tgt(now, tgt, qpn),
-            Action::CloseTgt { tgt } => self.close_tgt(tgt),
-            Action::BreakTgt { tgt } => {
-                if let Some(q) = self.tgts.get(tgt) {
-                    // A TGT QP that cannot be moved to the error state is
-                    // already broken or gone: nothing more to do.
-                    let _ = q.modify(&QpTransition::Error);
-                }
-            }
-            Action::Resolve { cm, rank, route } => self.resolve(now, cm, rank, route),
-            Action::Connect { cm, qp, data } => self.connect_cm(now, cm, qp, &data),
-            Action::Accept { cm, qp, tgt, data } => self.accept(now, cm, qp, tgt, &data),
-            Action::Reject { cm, data } => {
-                if let Some(id) = self.cms.get(&cm) {
-                    // A request whose id is gone needs no answer.
-                    let _ = id.reject(&data);
-                }
-            }
-            Action::DestroyCm { cm } => self.destroy_cm(cm),
-        }
-    }
-
-    // ---- QPs ---------------------------------------------------------------
-
-    /// Makes the QP the manager calls `qp` and puts it in a slot.
-    fn create_qp(&mut self, now: Duration, qp: QpRef, kind: QpKind, sq_depth: u32) {
-        let caps = self.ctx.caps();
-        let qcaps = QpCaps {
-            max_send_wr: sq_depth.clamp(1, caps.max_qp_wr),
-            max_recv_wr: 0,
-            // A header from a bounce slot and a body from the sender's
-            // memory (zero-copy eager).
-            max_send_sge: 2.min(caps.max_sge).max(1),
-            max_recv_sge: 0,
-            max_inline: self.max_inline,
-        };
-        let (qp_type, srq) = match kind {
-            QpKind::Ini => (QpType::XrcIni, None),
-            QpKind::Rc => (QpType::Rc, Some(&self.rc_srq)),
-        };
-        let init = QpInit {
-            qp_type,
-            send_cq: &self.send_cq,
-            recv_cq: Some(&self.recv_cq),
-            srq,
-            caps: qcaps,
-        };
-        // Left in RESET: the CM moves it to INIT with the port and P_Key of
-        // the route it resolved, and grants the remote access the
-        // connection's read depths allow.
-        match self.ctx.create_qp(&self.pd, &init) {
-            Ok(q) => {
-                let num = q.qp_num();
-                let slot = Slot {
-                    caps: q.caps(),
-                    qp: q,
-                    r: qp,
-                    last_wqe: false,
-                    wired: false,
-                    peer: None,
-                };
-                self.slots.insert(num, slot);
-                self.qp_gen += 1;
-            }
-            Err(_) => self.mgr.handle(now, Event::QpCreateFailed { qp }),
-        }
-    }
-
-    fn resize_qp(&mut self, qp: QpRef, sq_depth: u32) {
-        if let Some(s) = self.slots.of_ref_mut(qp) {
-            if s.qp.resize_send_queue(sq_depth).is_err() {
-                self.stats.resize_unsupported += 1;
-            }
-            // Only what the device says now is believed.
-            s.caps = s.qp.caps();
-        }
-    }
-
-    fn destroy_qp(&mut self, now: Duration, qp: QpRef) {
-        let Some((slot, qpn, s)) = self.slots.remove(qp) else {
-            return;
-        };
-        self.qp_gen += 1;
-        // The core clears what its endpoints kept of the QP: nothing to
-        // clear for one that never carried anything (a storm drops
-        // thousands).
-        if s.wired {
-            self.events.push_back(ConnEvent::Destroyed {
-                slot,
-                qpn,
-                peer: s.peer,
-            });
-        }
-        if s.qp.qp_type() == QpType::Rc {
-            // Drawing from the SRQ: stop it, and destroy it once its last
-            // receive is in the CQ and polled.
-            let stopped = stop_rc(&s.qp, s.wired);
-            self.draining.insert(
-                qpn,
-                Draining {
-                    _qp: s.qp,
-                    last_wqe: s.last_wqe || !stopped,
-                    deadline: now + LAST_WQE_WAIT,
-                },
-            );
-        }
-    }
-
-    fn send_hello(&mut self, now: Duration, qp: QpRef) {
-        if let Some((_, s)) = self.slots.of_ref(qp) {
-            if s.qp.post_send(&SendWr::send(wr_id::HELLO, &[])).is_err() {
-                let r = s.r;
-                self.mgr.handle(now, Event::QpFailed { qp: r });
-            }
-        }
-    }
-
-    // ---- TGT QPs -----------------------------------------------------------
-
-    fn create_tgt(&mut self, now: Duration, tgt: TgtRef) {
-        let made = self.xrcd.as_ref().map(|x| self.ctx.create_tgt_qp(x));
-        match made {
-            Some(Ok(q)) => {
-                let qpn = q.qp_num();
-                self.hold_tgt(tgt, q);
-                self.mgr.handle(now, Event::TgtCreated { tgt, qpn });
-            }
-            _ => self.mgr.handle(now, Event::TgtCreateFailed { tgt }),
-        }
-    }
-
-    fn open_tgt(&mut self, now: Duration, tgt: TgtRef, qpn: u32) {
-        let opened = self.xrcd.as_ref().map(|x| self.ctx.open_tgt_qp(x, qpn));
-        let ok = match opened {
-            Some(Ok(q)) => {
-                self.hold_tgt(tgt, q);
-                true
-            }
-            _ => false,
-        };
-        self.mgr.handle(now, Event::TgtOpened { tgt, ok });
-    }
-
-    /// Holds the TGT QP the manager calls `tgt`.
-    fn hold_tgt(&mut self, tgt: TgtRef, q: C::Qp) {
-        self.tgts.insert(tgt, q);
-        self.qp_gen += 1;
-    }
-
-    fn close_tgt(&mut self, tgt: TgtRef) {
-        if self.tgts.remove(tgt).is_some() {
-            self.qp_gen += 1;
-        }
-    }
-
-    // ---- CM ids ------------------------------------------------------------
-
-    /// Makes a CM id for `cm` and resolves `rank`'s address (or its GID),
-    /// through a route already resolved to its node when there is one.
-    fn resolve(&mut self, now: Duration, cm: CmRef, rank: Rank, route: Option<RouteRef>) {
-        let Some(&addr) = self.directory.get(&rank) else {
-            return self.mgr.handle(now, Event::ResolveFailed { cm });
-        };
-        let id = match self.ch.create_id(port_space(self.mode)) {
-            Ok(id) => id,
-            Err(_) => return self.mgr.handle(now, Event::ResolveFailed { cm }),
-        };
-        let cached = route.and_then(|r| self.routes.get(&r));
-        let by_gid = self
-            .listener_ib
-            .is_some()
-            .then(|| self.ib_directory.get(&rank))
-            .flatten();
-        let started = match (by_gid, cached) {
-            // Both ends speak AF_IB: the GID is the address.
-            (Some(dst), r) => id.resolve_ib(*dst, r, 2_000),
-            (None, Some(r)) => id.resolve_cached(addr, r, 2_000),
-            (None, None) => id.resolve_addr(addr, 2_000),
-        };
-        self.cm_of_key.insert(id.key(), cm);
-        self.cms.insert(cm, id);
-        self.cm_rank.insert(cm, rank);
-        if started.is_err() {
-            self.mgr.handle(now, Event::ResolveFailed { cm });
-        }
-    }
-
-    /// Connects `cm` with `qp` (or, QP-less, with a number lent to it).
-    fn connect_cm(&mut self, now: Duration, cm: CmRef, qp: Option<QpRef>, data: &[u8]) {
-        let mut param = self.conn.param(data);
-        if qp.is_none() {
-            param.qp_num = self.lend_number(cm);
-        }
-        self.wire(qp);
-        let q = qp.and_then(|q| self.slots.of_ref(q)).map(|(_, s)| &s.qp);
-        let r = self.cms.get(&cm).map(|id| id.connect(q, &param));
-        if !matches!(r, Some(Ok(()))) {
-            self.mgr.handle(
-                now,
-                Event::Failed {
-                    cm,
-                    how: CmFailure::Unreachable,
-                    data: Vec::new(),
-                },
-            );
-        }
-    }
-
-    /// Accepts the request `cm` with `qp` or the TGT QP `tgt` (or neither).
-    fn accept(
-        &mut self,
-        now: Duration,
-        cm: CmRef,
-        qp: Option<QpRef>,
-        tgt: Option<TgtRef>,
-        data: &[u8],
-    ) {
-        self.wire(qp);
-        let q = qp
-            .and_then(|q| self.slots.of_ref(q))
-            .map(|(_, s)| &s.qp)
-            .or_else(|| tgt.and_then(|t| self.tgts.get(t)));
-        let param = self.conn.param(data);
-        if let Some(q) = q {
-            self.accepting.insert(q.qp_num(), cm);
-        }
-        let r = self.cms.get(&cm).map(|id| id.accept(q, &param));
-        if !matches!(r, Some(Ok(()))) {
-            self.mgr.handle(now, Event::Disconnected { cm });
-        }
-    }
-
-    fn destroy_cm(&mut self, cm: CmRef) {
-        if let Some(id) = self.cms.remove(&cm) {
-            self.cm_of_key.remove(&id.key());
-            self.accepting.forget(cm);
-        }
-        self.cm_rank.remove(&cm);
-        self.placeholders.give_back(cm);
-        // After its id: the CM lets go of the QP first.
-        self.carriers.remove(&cm);
-    }
-}
-
-impl<C: Context> ConnDriver<C> {
-    /// A QP number of its own for the QP-less request `cm`: on the IB CM a
-    /// placeholder's (0 if none could be made), on iWARP a QP made for
-    /// this request alone (0 if none could be made: the request then
-    /// fails at once, as it would have without one).
-    fn lend_number(&mut self, cm: CmRef) -> u32 {
-        if !self.ctx.caps().transport.is_ib_family() {
-            return self.carry(cm);
-        }
-        let Some(node) = self.cm_rank.get(&cm).and_then(|r| self.node_of.get(r)) else {
-            return 0;
-        };
-        let (ctx, pd, cq, srq, mode) =
-            (&self.ctx, &self.pd, &self.send_cq, &self.rc_srq, self.mode);
-        let make = || Self::number_qp(ctx, pd, cq, srq, mode);
-        let qpn = self.placeholders.lend(cm, *node, make).unwrap_or(0);
-        // The pool never shrinks: its size is how many were made.
-        self.stats.placeholder_qps = self.placeholders.made() as u64;
-        qpn
-    }
-
-    /// iWARP: a fresh QP for the request `cm` to connect with (the iWARP
-    /// CM binds the connection to a QP; rejected, it leaves the QP unfit
-    /// for another), kept until the request's id is destroyed.
-    fn carry(&mut self, cm: CmRef) -> u32 {
-        match Self::number_qp(&self.ctx, &self.pd, &self.send_cq, &self.rc_srq, self.mode) {
-            Ok(qp) => {
-                let n = qp.qp_num();
-                self.carriers.insert(cm, qp);
-                self.stats.carrier_qps += 1;
-                n
-            }
-            Err(_) => 0,
-        }
-    }
-
-    /// A QP that only lends its number to a QP-less request: never
-    /// connected, never posted to.
-    fn number_qp(ctx: &C, pd: &C::Pd, cq: &C::Cq, srq: &C::Srq, mode: Mode) -> Result<C::Qp> {
-        let caps = QpCaps {
-            max_send_wr: 1,
-            max_recv_wr: 0,
-            max_send_sge: 1,
-            max_recv_sge: 0,
-            max_inline: 0,
-        };
-        let (qp_type, srq) = match mode {
-            Mode::Xrc => (QpType::XrcIni, None),
-            Mode::Rc { .. } => (QpType::Rc, Some(srq)),
-        };
-        ctx.create_qp(
-            pd,
-            &QpInit {
-                qp_type,
-                send_cq: cq,
-                recv_cq: Some(cq),
-                srq,
-                caps,
-            },
-        )
     }
 }
 

@@ -286,7 +286,7 @@ pub fn usage(bench: Bench) -> String {
          -p N                   pairs (osu_mbw_mr on the simulated fabric)\n\
          --stats                print the BTL's and the registration cache's counters (stderr, verbs)\n\
          \n\
-         BTL settings come from the XRCBTL_* environment variables (see btl/src/config.rs).",
+         BTL settings come from the XRCBTL_* environment variables (see btl/src/config/mod.rs).",
         bench.name()
     )
 }

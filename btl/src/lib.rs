@@ -7,7 +7,7 @@
 //!
 //! | file | concept |
 //! |---|---|
-//! | [`btl`] | the API ([`Btl`]), and how it is safe from any thread |
+//! | [`btl`] | the API ([`Btl`]), and how it is safe from any thread; its memory, one-sided work and deliveries in files of their own |
 //! | [`addr`] | the address a rank publishes for its peers, encoded and strictly decoded |
 //! | `types.rs` | the API's vocabulary: operations, registered memory, counters |
 //! | `callbacks.rs` | the user's callbacks, generic over the handle they receive |
@@ -16,7 +16,7 @@
 //! | `delivery.rs` | what the user must hear of (messages and where their bytes are, finished operations, failed peers), queued until the lock is released |
 //! | `iface.rs` | the device resources: PD, CQs, XRC domain, receive classes, bounce and atomic result slots |
 //! | [`conn`] | the connection driver: runs the XRC connection manager on the fabric (connections only) |
-//! | `work.rs` | work for a peer: messages, where their bodies are kept, RDMA operations |
+//! | `work.rs` | work for a peer: messages, where their bodies are kept, RDMA operations, the credit and cover messages |
 //! | `ep.rs` | endpoints, their pending queues and ordering rules |
 //! | `credits.rs` | credit flow control where the device has no RNR |
 //! | `wr_id.rs` | the wr_id space |
@@ -26,7 +26,7 @@
 //! | `recv.rs` | the receive side: the CQ poll, and each message judged (header, sender, order, credits, trains) before the core acts on it |
 //! | `proto/` | eager order, rendezvous, one-sided, atomics, operations: state machines without I/O |
 //! | [`wire`] | the message header and the rendezvous control payloads |
-//! | [`config`] | settings and their `XRCBTL_*` variables |
+//! | [`config`] | settings and their `XRCBTL_*` variables, and the values of settings that are more than a number |
 //! | [`place`] | the device's locality: the nearest device, buffers on its NUMA node, the progress thread on its CPUs |
 //! | [`threaded`] | a BTL progressed by its own thread |
 //! | [`sim`] | a simulated job (N nodes × M ranks) for tests, benches and examples |

@@ -31,13 +31,13 @@ use crate::config::BtlConfig;
 use crate::conn::ConnDriver;
 use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
 use crate::ep::Endpoints;
-use crate::iface::{Iface, Slots};
+use crate::iface::Iface;
 use crate::pools::{Sink, Source};
 use crate::proto::rndv::{Rndv, RESUME};
 use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::types::{BtlStats, Tag};
 use crate::wire::{Header, Kind, HEADER};
-use crate::work::{small_body, Item, Msg, Store, Work, SMALL_BODY};
+use crate::work::{small_body, steal_slot, Item, Msg, Store, Work, SMALL_BODY};
 use crate::wr_id::WrId;
 
 /// The largest message posted inline (the scratch buffer it is gathered
@@ -50,10 +50,6 @@ const _: () = assert!(HEADER + SMALL_BODY <= INLINE_MAX);
 /// Inline messages a QP may carry unsignalled in a row: the next one is
 /// signalled, and its completion completes them all.
 pub(crate) const SIGNAL_EVERY: usize = 16;
-
-/// The tag of a credit-only message that covers unsignalled work: it goes
-/// (signalled) even with no credits to return.
-const COVER: Tag = 1;
 
 /// The send side of one QP slot of the driver.
 ///
@@ -80,49 +76,6 @@ pub(crate) struct SendQueue {
     pub unsignalled: VecDeque<(u64, u64)>,
     /// A cover is queued and not yet posted.
     pub cover_queued: bool,
-}
-
-fn credit_msg(tag: Tag) -> Item {
-    Item {
-        order: 0,
-        tries: 0,
-        work: Work::Msg(Msg {
-            seq: 0,
-            kind: Kind::Credit,
-            tag,
-            len: 0,
-            store: Store::Heap(Vec::new()),
-        }),
-    }
-}
-
-/// A credit-only message, to queue ahead of everything.
-pub(crate) fn credit_item() -> Item {
-    credit_msg(0)
-}
-
-/// A credit-only message that goes signalled even with nothing to return.
-pub(crate) fn cover_item() -> Item {
-    credit_msg(COVER)
-}
-
-/// Takes the bounce slot of the last queued message that holds one, moving
-/// its body to the heap.
-fn steal_slot<C: Context>(
-    pending: &mut std::collections::VecDeque<Item>,
-    bounce: &Slots<C>,
-) -> Option<u32> {
-    for item in pending.iter_mut().rev() {
-        if let Work::Msg(m) = &mut item.work {
-            if let Store::Slot(s) = m.store {
-                let mut body = vec![0u8; m.len as usize];
-                bounce.read_to(s, HEADER, &mut body);
-                m.store = Store::Heap(body);
-                return Some(s);
-            }
-        }
-    }
-    None
 }
 
 /// Work posted and not completed.
@@ -364,7 +317,7 @@ impl SendQueues {
             }
             if let Some(ei) = self.slab.get(id).map(|p| p.ep) {
                 self.sq[slot].cover_queued = true;
-                eps.requeue(ei, cover_item());
+                eps.requeue(ei, Item::cover());
             }
         }
         self.want_cover = any;
@@ -419,7 +372,7 @@ impl SendQueues {
                 let credit = m.kind == Kind::Credit;
                 if v.fc {
                     let cr = ep.credits.of(qpn, v.cfg.credits);
-                    if credit && cr.to_return == 0 && m.tag != COVER {
+                    if credit && cr.to_return == 0 && !m.is_cover() {
                         // A message already carried them: nothing to send.
                         cr.returning = false;
                         if let Store::Slot(s) = m.store {
@@ -539,7 +492,7 @@ impl SendQueues {
             _ => None,
         };
         let credit = item.is_credit();
-        let cover = matches!(&item.work, Work::Msg(m) if m.kind == Kind::Credit && m.tag == COVER);
+        let cover = matches!(&item.work, Work::Msg(m) if m.is_cover());
         let is_msg = matches!(item.work, Work::Msg(_));
         let signalled =
             !(is_msg && inline_len > 0 && !cover && self.may_skip_signal(v.iface, slot, caps));

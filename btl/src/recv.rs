@@ -19,11 +19,11 @@ use crate::delivery::{Body, Deliveries, Delivery};
 use crate::ep::{Endpoints, EpState};
 use crate::iface::Iface;
 use crate::pools::Pools;
-use crate::post::credit_item;
 use crate::proto::eager::Arrival;
 use crate::proto::rndv::Control;
 use crate::types::{BtlError, BtlStats, Tag};
 use crate::wire::{Header, Kind, HEADER};
+use crate::work::Item;
 use crate::wr_id::{RecvSlot, WrId};
 
 /// A message arriving in parts ([`Kind::Part`]), joined as they come.
@@ -233,7 +233,7 @@ impl Recv {
             let cr = v.eps.get_mut(ei).credits.of(rx.qpn, cap);
             cr.take_returned(h.credits);
             if !keep && cr.owe(cap) {
-                v.eps.requeue(ei, credit_item());
+                v.eps.requeue(ei, Item::credit());
             }
             if h.credits > 0 {
                 got.returned = Some((ei, rx.qpn, h.credits));

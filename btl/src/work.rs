@@ -120,11 +120,67 @@ pub(crate) struct Item {
     pub work: Work,
 }
 
+/// The tag of a credit-only message that covers unsignalled work: it goes
+/// (signalled) even with no credits to return.
+const COVER: Tag = 1;
+
+impl Msg {
+    /// Whether this is a cover: a credit-only message that goes even with
+    /// no credits to return.
+    pub fn is_cover(&self) -> bool {
+        self.kind == Kind::Credit && self.tag == COVER
+    }
+}
+
 impl Item {
     /// Whether this is a credit-only message.
     pub fn is_credit(&self) -> bool {
         matches!(&self.work, Work::Msg(m) if m.kind == Kind::Credit)
     }
+
+    fn credit_msg(tag: Tag) -> Item {
+        Item {
+            order: 0,
+            tries: 0,
+            work: Work::Msg(Msg {
+                seq: 0,
+                kind: Kind::Credit,
+                tag,
+                len: 0,
+                store: Store::Heap(Vec::new()),
+            }),
+        }
+    }
+
+    /// A credit-only message, to queue ahead of everything.
+    pub fn credit() -> Item {
+        Item::credit_msg(0)
+    }
+
+    /// A credit-only message that goes signalled even with nothing to
+    /// return (a cover).
+    pub fn cover() -> Item {
+        Item::credit_msg(COVER)
+    }
+}
+
+/// Takes the bounce slot of the last queued message in `pending` that
+/// holds one, moving its body to the heap.
+pub(crate) fn steal_slot<C: Context>(
+    pending: &mut std::collections::VecDeque<Item>,
+    bounce: &Slots<C>,
+) -> Option<u32> {
+    for item in pending.iter_mut().rev() {
+        if let Work::Msg(m) = &mut item.work {
+            if let Store::Slot(s) = m.store {
+                let mut body = vec![0u8; m.len as usize];
+                bounce.read_to(s, HEADER, &mut body);
+                m.store = Store::Heap(body);
+                return Some(s);
+            }
+        }
+    }
+    None
 }
 
 impl Store {

@@ -10,6 +10,7 @@ use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 use crate::conn::{ConnEvent, DriverStats};
 use crate::ep::{EpState, Path};
 use crate::types::{BtlError, Peer, PeerResolver, Receive};
+use crate::work::Item;
 
 use super::Core;
 
@@ -231,7 +232,7 @@ impl<C: Context, H> Core<C, H> {
             let heard = ep.rx.expected();
             if ep.probe_seen.replace(heard) == Some(heard) {
                 self.stats.probes += 1;
-                self.eps.requeue(ei, crate::post::credit_item());
+                self.eps.requeue(ei, Item::credit());
             }
         }
     }

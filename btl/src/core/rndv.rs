@@ -17,7 +17,7 @@ use crate::proto::Local;
 use crate::recv::Got;
 use crate::types::{BtlError, Tag};
 use crate::wire::{self, HEADER};
-use crate::work::{Msg, Store, Work};
+use crate::work::{Item, Msg, Store, Work};
 
 use super::Core;
 
@@ -84,7 +84,7 @@ impl<C: Context, H> Core<C, H> {
                 let cap = self.cfg.credits;
                 let owe = self.eps.get_mut(ei).credits.existing(qpn);
                 if owe.is_some_and(|c| c.owe(cap)) {
-                    self.eps.requeue(ei, crate::post::credit_item());
+                    self.eps.requeue(ei, Item::credit());
                 }
             }
         }

@@ -33,7 +33,7 @@ use crate::credits::{MSG_CREDITS, RETURN_CREDITS};
 use crate::ep::Endpoints;
 use crate::iface::Iface;
 use crate::pools::{Sink, Source};
-use crate::proto::rndv::{Rndv, RESUME};
+use crate::proto::rndv::Rndv;
 use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::types::{BtlStats, Tag};
 use crate::wire::{Header, Kind, HEADER};
@@ -402,13 +402,12 @@ impl SendQueues {
                 }
                 .encode(&mut hdr);
                 if m.kind == Kind::Fin && m.len as usize == 8 {
-                    // Decided as it goes: a put some of whose writes went
-                    // on another connection asks for its RTR again.
-                    let mut id = [0u8; 8];
-                    m.store.copy_to(&v.iface.bounce, &mut id);
-                    let msg = u64::from_le_bytes(id);
-                    if msg & RESUME == 0 && v.rndv.fin_resumes(msg, qpn) {
-                        let marked = (msg | RESUME).to_le_bytes();
+                    // Decided as it goes (Rndv::fin_posted): a put some of
+                    // whose writes went on another connection asks for its
+                    // RTR again.
+                    let mut body = [0u8; 8];
+                    m.store.copy_to(&v.iface.bounce, &mut body);
+                    if let Some(marked) = v.rndv.fin_posted(body, qpn) {
                         match &mut m.store {
                             Store::Slot(s) => v.iface.bounce.write(*s, HEADER, &marked),
                             store => *store = Store::Heap(marked.to_vec()),

@@ -180,11 +180,11 @@ impl Pair {
                     Act::Send { peer, tag, ctl } => {
                         // Posted: a FIN decides then whether it resumes.
                         let ctl = match ctl {
-                            Control::Fin(m)
-                                if m & RESUME == 0 && self.rndv[s].fin_resumes(m, self.conn[s]) =>
-                            {
-                                Control::Fin(m | RESUME)
-                            }
+                            Control::Fin(m) => Control::Fin(
+                                self.rndv[s]
+                                    .fin_posted(m.to_le_bytes(), self.conn[s])
+                                    .map_or(m, u64::from_le_bytes),
+                            ),
                             c => c,
                         };
                         self.msgs.push_back((side_of(peer), rank, tag, ctl))
@@ -409,6 +409,23 @@ mod tests {
     /// may be sent again after its connection broke (it was kept): it asks
     /// for the RTR again, the receiver's transport drops it as a
     /// duplicate, and the ATS completes the sender all the same.
+    /// A FIN already marked to resume (posted again after a break) goes
+    /// as it is, and decides nothing.
+    #[test]
+    fn a_fin_already_marked_goes_as_it_is() {
+        let mut p = Pair::new(cfg(true));
+        p.send(0, 4, pattern(3, 2500), 5);
+        p.step(Order::Fifo); // RTS
+        p.step(Order::Fifo); // RTR
+        p.collect(); // the writes, posted on connection 1
+        assert_eq!(p.rndv[0].fin_posted((1 | RESUME).to_le_bytes(), 2), None);
+        // The rendezvous is still to be resumed by its unmarked FIN.
+        assert_eq!(
+            p.rndv[0].fin_posted(1u64.to_le_bytes(), 2),
+            Some((1 | RESUME).to_le_bytes())
+        );
+    }
+
     #[test]
     fn a_resumed_fin_that_was_a_duplicate_still_completes_on_ats() {
         let mut p = Pair::new(cfg(true));
@@ -417,7 +434,7 @@ mod tests {
         assert_eq!(p.seen[1].delivered.len(), 1);
         assert_eq!(p.seen[0].finished.len(), 1);
         // Unknown by now on both sides: nothing happens.
-        assert!(!p.rndv[0].fin_resumes(1, 9));
+        assert_eq!(p.rndv[0].fin_posted(1u64.to_le_bytes(), 9), None);
         assert!(!p.rndv[1].on_fin(RANKS[0], 1 | RESUME));
         // Before the ATS, a FIN posted on another connection than the
         // writes resumes, once.
@@ -426,8 +443,11 @@ mod tests {
         p.step(Order::Fifo); // RTS
         p.step(Order::Fifo); // RTR
         p.collect(); // the writes, posted on connection 1
-        assert!(p.rndv[0].fin_resumes(1, 2));
-        assert!(!p.rndv[0].fin_resumes(1, 2));
+        assert_eq!(
+            p.rndv[0].fin_posted(1u64.to_le_bytes(), 2),
+            Some((1 | RESUME).to_le_bytes())
+        );
+        assert_eq!(p.rndv[0].fin_posted(1u64.to_le_bytes(), 2), None);
         // The ATS of the first delivery completes it.
         assert!(p.rndv[0].on_ats(RANKS[1], 1));
         assert_eq!(p.seen[0].finished.len(), 0);

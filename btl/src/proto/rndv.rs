@@ -414,11 +414,21 @@ impl<S, K> Rndv<S, K> {
         }
     }
 
+    /// Sender: a FIN whose body is `body` is about to be posted on local
+    /// QP `qpn`. Returns the body to post instead when it must ask for the
+    /// RTR again (marked [`RESUME`]): some write may not have landed. A
+    /// body already marked, or of no rendezvous of this side's, goes as
+    /// it is.
+    pub fn fin_posted(&mut self, body: [u8; 8], qpn: u32) -> Option<[u8; 8]> {
+        let msg = MsgId::from_le_bytes(body);
+        (msg & RESUME == 0 && self.fin_resumes(msg, qpn)).then(|| (msg | RESUME).to_le_bytes())
+    }
+
     /// Sender: the FIN of `msg` is about to be posted on local QP `qpn`.
     /// Returns whether it must ask for the RTR again ([`RESUME`]): some
     /// write may not have landed. The rendezvous then starts over when the
     /// RTR comes.
-    pub fn fin_resumes(&mut self, msg: MsgId, qpn: u32) -> bool {
+    fn fin_resumes(&mut self, msg: MsgId, qpn: u32) -> bool {
         let Some(o) = self.outs.get_mut(&msg) else {
             return false;
         };

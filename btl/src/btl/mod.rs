@@ -69,14 +69,8 @@ pub struct Btl<C: Context> {
     delivering: AtomicBool,
     queued: Arc<AtomicUsize>,
     cfg: BtlConfig,
-    mode: Mode,
-    caps: DeviceCaps,
-    listen: Option<SocketAddr>,
-    device: String,
-    credits: bool,
-    max_message: usize,
-    recv_cq: C::Cq,
-    placed: crate::place::Placed,
+    /// The device and connections, as set up (read without the lock).
+    facts: Facts<C>,
     /// Empty progress calls in a row after which the caller yields (0:
     /// never), and the count so far.
     yield_after: u32,
@@ -86,7 +80,7 @@ pub struct Btl<C: Context> {
 
 impl<C: Context> std::fmt::Debug for Btl<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Btl(rank {}, {:?})", self.cfg.rank, self.mode)
+        write!(f, "Btl(rank {}, {:?})", self.cfg.rank, self.facts.mode)
     }
 }
 
@@ -98,26 +92,10 @@ impl<C: Context> Btl<C> {
         cfg.validate()?;
         let queued = Arc::new(AtomicUsize::new(0));
         let core = Core::new(ctx, cfg.clone(), queued.clone())?;
-        let Facts {
-            mode,
-            caps,
-            listen,
-            device,
-            credits,
-            max_message,
-            recv_cq,
-            placed,
-        } = core.facts();
+        let facts = core.facts();
         Ok(Btl {
-            yield_after: cfg.idle_yield.after(&caps),
-            mode,
-            caps,
-            listen,
-            device,
-            credits,
-            max_message,
-            recv_cq,
-            placed,
+            yield_after: cfg.idle_yield.after(&facts.caps),
+            facts,
             empties: AtomicU32::new(0),
             yields: AtomicU64::new(0),
             core: Mutex::new(core),
@@ -140,34 +118,34 @@ impl<C: Context> Btl<C> {
 
     /// The address peers connect to.
     pub fn listen_addr(&self) -> Option<SocketAddr> {
-        self.listen
+        self.facts.listen
     }
 
     /// Where the device is, and where the BTL put its buffers and (for
     /// [`crate::Threaded`]) its progress thread.
     pub fn placed(&self) -> &crate::place::Placed {
-        &self.placed
+        &self.facts.placed
     }
 
     /// XRC or RC (from the device caps).
     pub fn mode(&self) -> Mode {
-        self.mode
+        self.facts.mode
     }
 
     /// The device's name.
     pub fn device(&self) -> &str {
-        &self.device
+        &self.facts.device
     }
 
     /// Whether messages are flow-controlled by credits (a device without
     /// RNR: iWARP).
     pub fn uses_credits(&self) -> bool {
-        self.credits
+        self.facts.credits
     }
 
     /// The device's capabilities.
     pub fn caps(&self) -> &DeviceCaps {
-        &self.caps
+        &self.facts.caps
     }
 
     /// The configuration in use.
@@ -179,13 +157,13 @@ impl<C: Context> Btl<C> {
     /// memory (put) rather than having the receiver read it (get): its
     /// [`BtlConfig::rndv_protocol`] on this device.
     pub fn rndv_puts(&self) -> bool {
-        self.cfg.rndv_protocol.is_put(self.caps.transport)
+        self.cfg.rndv_protocol.is_put(self.facts.caps.transport)
     }
 
     /// The most bytes (header and payload together) [`Btl::send`] and
     /// [`Btl::sendi`] take.
     pub fn max_send_size(&self) -> usize {
-        self.max_message - HEADER
+        self.facts.max_message - HEADER
     }
 
     /// The NUMA node the kernel prefers for each of the BTL's own
@@ -515,7 +493,7 @@ impl<C: Context> Btl<C> {
                     return Err(Error::Timeout("flush"));
                 }
                 // Nothing to do: the answer is on the wire.
-                let _ = self.recv_cq.wait(Duration::from_micros(100));
+                let _ = self.facts.recv_cq.wait(Duration::from_micros(100));
             }
         }
         Ok(())
@@ -534,6 +512,6 @@ impl<C: Context> Btl<C> {
 
     /// The receive CQ (a progress thread blocks on it when idle).
     pub fn recv_cq(&self) -> C::Cq {
-        self.recv_cq.clone()
+        self.facts.recv_cq.clone()
     }
 }

@@ -18,7 +18,7 @@ impl<C: Context> Btl<C> {
     /// atomics.
     pub fn alloc_mem(&self, len: usize) -> Result<RegMem<C>> {
         let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        if self.caps.atomics {
+        if self.facts.caps.atomics {
             access |= Access::REMOTE_ATOMIC;
         }
         Ok(RegMem(Arc::new(self.lock().alloc_mem(len, access)?)))
@@ -58,11 +58,11 @@ impl<C: Context> Btl<C> {
     /// writes always, and on iWARP remote writes (the sink of an RDMA read
     /// must take them); atomics only where the device has them.
     fn user_access(&self, access: Access) -> Result<Access> {
-        if access.contains(Access::REMOTE_ATOMIC) && !self.caps.atomics {
+        if access.contains(Access::REMOTE_ATOMIC) && !self.facts.caps.atomics {
             return Err(Error::Unsupported("the device has no atomics"));
         }
         let mut access = access | Access::LOCAL_WRITE;
-        if self.caps.transport == xrcbtl_fabric::Transport::Iwarp {
+        if self.facts.caps.transport == xrcbtl_fabric::Transport::Iwarp {
             access |= Access::REMOTE_WRITE;
         }
         Ok(access)
@@ -78,11 +78,11 @@ impl<C: Context> Btl<C> {
     /// [`Btl::register_mem`].
     pub fn register_exact(&self, mem: UserMem, access: Access) -> Result<MemReg> {
         let access = self.user_access(access)?;
-        if mem.len() as u64 > self.caps.max_mr_size {
+        if mem.len() as u64 > self.facts.caps.max_mr_size {
             return Err(Error::invalid(format!(
                 "{} bytes: more than the device registers at once ({})",
                 mem.len(),
-                self.caps.max_mr_size
+                self.facts.caps.max_mr_size
             )));
         }
         self.lock().register_exact(mem, access)
@@ -118,7 +118,7 @@ impl<C: Context> Btl<C> {
         // An iWARP write completes once it has left: a read behind it says
         // when it has landed, or that the peer refused it.
         let (rdma, fence) = match landed {
-            Some(readable) if self.caps.transport == xrcbtl_fabric::Transport::Iwarp => {
+            Some(readable) if self.facts.caps.transport == xrcbtl_fabric::Transport::Iwarp => {
                 rdma.fenced(readable && rdma.len() > 0)
             }
             _ => (rdma, None),
@@ -211,7 +211,7 @@ impl<C: Context> Btl<C> {
         kind: Atomic,
         done: Option<OnDone<C>>,
     ) -> Result<OpId> {
-        if !self.caps.atomics {
+        if !self.facts.caps.atomics {
             return Err(Error::Unsupported("the device has no atomics"));
         }
         self.start_rdma(dst, None, done, |core, op| {

@@ -63,13 +63,21 @@ const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// What the API keeps of the rank's device and connections
 /// ([`Core::facts`]): read without the lock.
 pub(crate) struct Facts<C: Context> {
+    /// XRC, or RC (with or without peer-to-peer mode).
     pub mode: Mode,
+    /// What the device can do.
     pub caps: DeviceCaps,
+    /// The listener peers connect to (IP addressing).
     pub listen: Option<SocketAddr>,
+    /// The device's name.
     pub device: String,
+    /// Whether credits flow ([`Iface::credits`]).
     pub credits: bool,
+    /// The largest message, header included.
     pub max_message: usize,
+    /// The receive CQ, which a progress thread blocks on when idle.
     pub recv_cq: C::Cq,
+    /// Where the device's buffers and progress thread were placed.
     pub placed: Placed,
 }
 

@@ -5,12 +5,21 @@ callgrind call trees (`callgrind_annotate --inclusive=yes --tree=calling`
 output) of runs with N1 and N2 iterations.
 
     python3 cg_calls.py T1.txt T2.txt N1 N2 FUNCTION...
+    python3 cg_calls.py --split T1.txt T2.txt U1.txt U2.txt N1 N2 FUNCTION...
 
 A FUNCTION matches the end of a function's name. The number of calls
 says how much of a progress function's cost is spinning: a waiting client
 calls progress more often the longer the answer takes, and every empty
 call costs, so its inclusive cost per iteration moves with the timing;
 its cost per call at a known number of calls does not.
+
+--split separates a progress function's two kinds of call, from two
+pairs of trees whose runs called it a different number of times per
+iteration (T from one setting, U from another, such as a client that
+yields its CPU after an empty call and one that does not): each
+iteration makes c calls, of which one receives (cost R) and c - 1 find
+nothing (cost E each), so its cost is E (c - 1) + R. Two runs with
+different c give E and R.
 """
 import re
 import sys
@@ -43,20 +52,60 @@ def tree(path):
     return inclusive, calls
 
 
-def main():
-    t1, t2, n1, n2, *names = sys.argv[1:]
+def per_iteration(t1, t2, steps, want):
+    """(inclusive cost, calls) of the function named `want` per
+    iteration, or None when the trees do not have it."""
+    (i1, c1), (i2, c2) = t1, t2
+    found = [k for k in set(i1) | set(i2) if k.endswith(want)]
+    if not found:
+        return None
+    k = max(found, key=lambda k: i2.get(k, 0))
+    return (i2.get(k, 0) - i1.get(k, 0)) / steps, (c2.get(k, 0) - c1.get(k, 0)) / steps
+
+
+def calls(t1, t2, n1, n2, names):
     steps = int(n2) - int(n1)
-    (i1, c1), (i2, c2) = tree(t1), tree(t2)
+    a, b = tree(t1), tree(t2)
     for want in names:
-        found = [k for k in set(i1) | set(i2) if k.endswith(want)]
-        if not found:
+        got = per_iteration(a, b, steps, want)
+        if got is None:
             print(f"{want}: not in the call trees")
             continue
-        k = max(found, key=lambda k: i2.get(k, 0))
-        inc = (i2.get(k, 0) - i1.get(k, 0)) / steps
-        n = (c2.get(k, 0) - c1.get(k, 0)) / steps
+        inc, n = got
         per = f"{inc / n:7.0f} per call" if n > 0 else "        no calls"
         print(f"{want:28s} {inc:7.0f} per round trip, {n:5.2f} calls, {per}")
+
+
+def split(t1, t2, u1, u2, n1, n2, names):
+    steps = int(n2) - int(n1)
+    t, u = (tree(t1), tree(t2)), (tree(u1), tree(u2))
+    status = 0
+    for want in names:
+        a, b = per_iteration(*t, steps, want), per_iteration(*u, steps, want)
+        if a is None or b is None:
+            print(f"{want}: not in the call trees")
+            status = 1
+            continue
+        (inc_a, c_a), (inc_b, c_b) = a, b
+        if abs(c_a - c_b) < 0.5:
+            # Too close to tell the two kinds apart: the difference
+            # would be noise divided by noise.
+            print(f"{want}: both runs made about {c_a:.2f} calls per iteration: no split")
+            status = 1
+            continue
+        empty = (inc_a - inc_b) / (c_a - c_b)
+        receiving = inc_a - empty * (c_a - 1)
+        print(f"{want:28s} receiving call {receiving:7.0f}, empty call {empty:5.0f} "
+              f"(from {c_a:.2f} and {c_b:.2f} calls per round trip: {inc_a:.0f} and {inc_b:.0f})")
+    return status
+
+
+def main():
+    if sys.argv[1:2] == ["--split"]:
+        t1, t2, u1, u2, n1, n2, *names = sys.argv[2:]
+        sys.exit(split(t1, t2, u1, u2, n1, n2, names))
+    t1, t2, n1, n2, *names = sys.argv[1:]
+    calls(t1, t2, n1, n2, names)
 
 
 main()

@@ -1,4 +1,5 @@
-# Sourced by scripts/guest-tests, guest-faults, guest-ompi and guest-mpich:
+# Sourced by scripts/guest-tests, guest-faults, guest-ompi, guest-mpich,
+# guest-osu, guest-ofi and guest-mpi-ofi:
 # one guest boot per device, the boots side by side. Single-threaded TCG
 # keeps a guest on one host core, so two devices' boots on two cores take
 # the time of the longer one. Each line of a boot's output is printed as it

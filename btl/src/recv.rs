@@ -119,6 +119,13 @@ impl Recv {
         n
     }
 
+    /// Whether completions of the last poll are still to be read by
+    /// [`Recv::next`].
+    #[inline]
+    pub fn unread(&self) -> bool {
+        self.read < self.polled
+    }
+
     /// The next message of the last poll that brings the core something
     /// to do; what brings nothing (a failed receive, the iWARP hello, a
     /// message refused, a part of a train) is dealt with on the way.

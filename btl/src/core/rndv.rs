@@ -25,7 +25,9 @@ impl<C: Context, H> Core<C, H> {
     pub(super) fn poll_recv(&mut self) -> usize {
         let (recv, mut v) = self.recv();
         let n = recv.poll(&mut v);
-        loop {
+        // A view is lent only while completions are left to read: an
+        // empty poll, and the message that ends a batch, need no other.
+        while self.recv.unread() {
             let (recv, mut v) = self.recv();
             let Some(got) = recv.next(&mut v) else { break };
             self.on_got(got);

@@ -1,14 +1,18 @@
 //! What a real HCA and the kernel's CM hold the BTL to, on the simulated
 //! fabric that enforces the same rules: one send CQ shared by every QP that
-//! must never overrun, XRC INI QPs that cannot grow once connected, and the
-//! timers the BTL gives the QPs the CM connects.
+//! must never overrun, XRC INI QPs that cannot grow once connected, the
+//! timers the BTL gives the QPs the CM connects, and iWARP listeners whose
+//! port a TCP socket holds.
 
 mod btlsim;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use btlsim::Cluster;
-use xrcbtl_fabric::sim::SimDevice;
+use xrcbtl_btl::sim::SimJob;
+use xrcbtl_fabric::sim::{SimConfig, SimDevice};
 
 const S: Duration = Duration::from_secs(1);
 
@@ -172,4 +176,51 @@ fn a_window_of_64_never_waits_for_the_send_queue_or_the_cq() {
         assert!(s.rndv_sent >= 64, "{what}");
         c.sim.check_invariants().unwrap();
     }
+}
+
+/// A job of two ranks on iWARP whose node 0 has `held` ports taken by TCP
+/// sockets outside the RDMA CM (the simulated CM hands out ephemeral
+/// ports from 20001 in order, and rank 0 listens first).
+fn iwarp_job_with_ports_held(held: std::ops::RangeInclusive<u16>) -> xrcbtl_fabric::Result<SimJob> {
+    let mut cfg = SimConfig::new(11, 2).with_devices(vec![SimDevice::iwarp("iw0")]);
+    for p in held {
+        cfg = cfg.with_tcp_port_held(0, p);
+    }
+    SimJob::with(cfg, 1, |_| {})
+}
+
+/// siw's `rdma_listen` fails with `EADDRINUSE` when the port the RDMA CM
+/// picked is held by a TCP socket it does not see (MPICH's comm/dupic
+/// once failed so on siw: "no module (xrcbtl_create): address in use:
+/// rdma_listen"). A rank listening on an ephemeral port takes the next
+/// one, and its traffic flows.
+#[test]
+fn an_iwarp_listener_takes_another_port_when_tcp_holds_its_own() {
+    let mut job =
+        iwarp_job_with_ports_held(20001..=20003).expect("the rank listens on the next port");
+    job.sim.set_auto_advance(true);
+    assert_eq!(job.btl(0).listen_addr().map(|a| a.port()), Some(20004));
+    let got = Arc::new(AtomicUsize::new(0));
+    for r in 0..2 {
+        let got = got.clone();
+        job.btl(r).register_am(9, move |_, _| {
+            got.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    job.btl(1)
+        .send(0, 9, &[], b"to the moved listener")
+        .unwrap();
+    job.btl(0).send(1, 9, &[], b"and back").unwrap();
+    job.settle(10 * S).unwrap();
+    assert_eq!(got.load(Ordering::Relaxed), 2);
+}
+
+/// The tries are bounded: with every port it would try held, the rank
+/// fails to start and says why.
+#[test]
+fn an_iwarp_listener_gives_up_after_its_tries() {
+    let Err(err) = iwarp_job_with_ports_held(20001..=20008) else {
+        panic!("every port it would try is held, yet the rank started");
+    };
+    assert!(err.to_string().contains("address in use"), "{err}");
 }

@@ -393,3 +393,38 @@ fn an_ephemeral_port_is_never_one_already_bound() {
     let next = again.local_addr().unwrap().port();
     assert_ne!(next, port, "a port bound on this address was handed out");
 }
+
+/// On iWARP a listener is a kernel TCP socket, and the RDMA CM picks an
+/// ephemeral port without seeing the ports other TCP sockets hold: a
+/// listen on such a port fails with `AddrInUse` (siw's `rdma_listen`,
+/// `EADDRINUSE`), and a new id gets the next port. On InfiniBand the
+/// same port is the CM's own and listens.
+#[test]
+fn iwarp_listen_fails_on_a_port_tcp_holds() {
+    use xrcbtl_fabric::sim::SimDevice;
+    for (dev, refused) in [
+        (SimDevice::iwarp("iw0"), true),
+        (SimDevice::ib("ib0"), false),
+    ] {
+        // The CM hands out ephemeral ports from 20001, in order.
+        let cfg = SimConfig::new(3, 1)
+            .with_devices(vec![dev])
+            .with_tcp_port_held(0, 20001);
+        let sim = SimFabric::new(cfg).unwrap();
+        let p = sim.spawn(0).unwrap();
+        let ctx = p.open(&sim.config().devices[0].name).unwrap();
+        let ch = ctx.create_cm_channel().unwrap();
+        let any = std::net::SocketAddr::new(ctx.ip(), 0);
+        let first = ch.create_id(PortSpace::Tcp).unwrap();
+        let r = first.listen(any, 4);
+        if refused {
+            assert!(matches!(r, Err(Error::AddrInUse(_))), "{r:?}");
+            let second = ch.create_id(PortSpace::Tcp).unwrap();
+            second.listen(any, 4).unwrap();
+            assert_eq!(second.local_addr().unwrap().port(), 20002);
+        } else {
+            r.unwrap();
+            assert_eq!(first.local_addr().unwrap().port(), 20001);
+        }
+    }
+}

@@ -212,8 +212,7 @@ impl<C: Context> ConnDriver<C> {
         let caps = ctx.caps().clone();
         let mode = res.mode;
         let ch = ctx.create_cm_channel()?;
-        let listener = ch.create_id(port_space(mode))?;
-        listener.listen(cfg.listen, 1024)?;
+        let listener = listen::<C>(&ch, mode, cfg.listen)?;
         let listener_ib = if cfg.af_ib && caps.transport == Transport::Infiniband {
             // Where AF_IB is missing (an old kernel or librdmacm), IP
             // addressing alone serves.
@@ -652,6 +651,32 @@ fn port_space(mode: Mode) -> PortSpace {
     match mode {
         Mode::Xrc => PortSpace::Ib,
         Mode::Rc { .. } => PortSpace::Tcp,
+    }
+}
+
+/// How many ephemeral ports a rank tries for its listener before it gives
+/// up (see [`listen`]).
+const LISTEN_TRIES: usize = 8;
+
+/// The rank's listener on `at`. On iWARP a listener is a TCP socket, and
+/// the RDMA CM picks an ephemeral port (`at`'s port 0) without seeing the
+/// ports TCP sockets outside it hold (an MPI launcher's, say): siw's
+/// `rdma_listen` then fails with `EADDRINUSE`. So an ephemeral listen that
+/// finds its port taken tries a new id, on the next port the CM picks; a
+/// port the user named is not changed.
+fn listen<C: Context>(ch: &C::CmChannel, mode: Mode, at: SocketAddr) -> Result<CmIdOf<C>> {
+    let mut tries = 0;
+    loop {
+        let id = ch.create_id(port_space(mode))?;
+        match id.listen(at, 1024) {
+            Ok(()) => return Ok(id),
+            Err(xrcbtl_fabric::Error::AddrInUse(_))
+                if at.port() == 0 && tries + 1 < LISTEN_TRIES =>
+            {
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

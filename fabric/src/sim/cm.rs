@@ -446,6 +446,14 @@ impl World {
         if a.port() == 0 {
             a.set_port(self.free_port(|p| SocketAddrV4::new(ip, p))?);
         }
+        let node = self.devs[dev].node;
+        if self.devs[dev].caps.transport == Transport::Iwarp
+            && self.cfg.tcp_ports_held.contains(&(node, a.port()))
+        {
+            // The listener's TCP socket cannot bind: a socket the CM does
+            // not know holds the port.
+            return Err(Error::AddrInUse(format!("{a}: held by a TCP socket")));
+        }
         self.bind_listener(id, a, || a.to_string())
     }
 

@@ -213,6 +213,12 @@ pub struct SimConfig {
     pub devices: Vec<SimDevice>,
     /// Timing model.
     pub timing: SimTiming,
+    /// Ports that TCP sockets outside the RDMA CM hold, by (node, port):
+    /// an MPI launcher's connections, say. An iWARP listener is a kernel
+    /// TCP socket, and the RDMA CM picks its ephemeral port without
+    /// seeing TCP's, so a listen there on an iWARP device fails with
+    /// [`crate::Error::AddrInUse`] (as siw's does, in `rdma_listen`).
+    pub tcp_ports_held: Vec<(usize, u16)>,
 }
 
 impl SimConfig {
@@ -223,7 +229,15 @@ impl SimConfig {
             nodes,
             devices: vec![SimDevice::ib("sim0")],
             timing: SimTiming::default(),
+            tcp_ports_held: Vec::new(),
         }
+    }
+
+    /// Holds `port` on `node` for a TCP socket outside the RDMA CM
+    /// ([`SimConfig::tcp_ports_held`]).
+    pub fn with_tcp_port_held(mut self, node: usize, port: u16) -> Self {
+        self.tcp_ports_held.push((node, port));
+        self
     }
 
     /// Replaces the per-node devices.

@@ -6,6 +6,7 @@
 # comes, prefixed with the device.
 #
 #   on_devices NAME FUNCTION DEVICE...
+#   guest_nodes DEVICE
 #
 # FUNCTION DEVICE runs that device's boot and returns 0 if it passed.
 # on_devices returns 0 if every one did. GUEST_JOBS (default: the host's
@@ -42,4 +43,12 @@ on_devices() {
     done
     trap - INT TERM HUP
     return $status
+}
+
+# How many nodes (network namespaces of the one guest, joined by a veth
+# pair: scripts/softrdma-vm --nodes) a device's boot spreads its ranks
+# over: two for siw, so that traffic crosses a link; one for rxe, which
+# carries no traffic across namespaces.
+guest_nodes() {
+    if [ "$1" = siw ]; then echo 2; else echo 1; fi
 }

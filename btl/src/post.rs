@@ -238,6 +238,7 @@ impl SendQueues {
     /// The oldest unsignalled request posted on QP slot `qp` before its
     /// request number `no`, which a later completion there completed (a
     /// QP completes its work in order).
+    #[inline]
     pub fn pop_unsignalled_before(
         &mut self,
         eps: &mut Endpoints,

@@ -25,12 +25,8 @@ impl<C: Context, H> Core<C, H> {
     pub(super) fn poll_recv(&mut self) -> usize {
         let (recv, mut v) = self.recv();
         let n = recv.poll(&mut v);
-        // A view is lent only while completions are left to read: an
-        // empty poll, and the message that ends a batch, need no other.
-        while self.recv.unread() {
-            let (recv, mut v) = self.recv();
-            let Some(got) = recv.next(&mut v) else { break };
-            self.on_got(got);
+        if self.recv.unread() {
+            self.read_polled();
         }
         // Also with nothing new: buffers come back from deliveries after
         // the poll that found their messages.
@@ -40,15 +36,33 @@ impl<C: Context, H> Core<C, H> {
         n
     }
 
+    /// Reads what the last poll found. Out of line, as is rendezvous
+    /// control: an empty poll, the most frequent, then sets up no frame
+    /// for them.
+    #[inline(never)]
+    fn read_polled(&mut self) {
+        // A view is lent only while completions are left to read: the
+        // message that ends a batch needs no other.
+        while self.recv.unread() {
+            let (recv, mut v) = self.recv();
+            let Some(got) = recv.next(&mut v) else { break };
+            self.on_got(got);
+        }
+    }
+
     /// Acts on what a message brought: credits returned, then rendezvous
     /// control.
     pub(super) fn on_got(&mut self, got: Got) {
         if let Some((ei, qpn, n)) = got.returned {
             self.arrived(ei, qpn, n);
         }
-        let Some((src, tag, ctl)) = got.ctl else {
-            return;
-        };
+        if let Some((src, tag, ctl)) = got.ctl {
+            self.on_control(src, tag, ctl);
+        }
+    }
+
+    #[inline(never)]
+    fn on_control(&mut self, src: Rank, tag: Tag, ctl: Control) {
         match ctl {
             Control::Rts(rts) => self.on_rts(src, tag, rts),
             Control::Rtr(rtr) => {

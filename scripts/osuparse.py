@@ -18,9 +18,18 @@ def osu(path):
     return rows
 
 
+# perftest's bandwidth columns are in MiB/s (its --help: "MiB=2^20 byte"),
+# the OSU benchmarks' in MB/s (10^6 bytes a second): a perftest bandwidth
+# is read in MB/s, so that the two compare.
+MIB_IN_MB = 1048576 / 1e6
+
+
 def perftest(pattern, column):
     """size -> the named column of the perftest result rows in the files
-    matching `pattern` (a run's .err and .server files left aside)."""
+    matching `pattern` (a run's .err and .server files left aside); a
+    bandwidth column (BW_...[MB/sec], which perftest counts in MiB/s)
+    converted to MB/s."""
+    scale = MIB_IN_MB if column.startswith("BW_") else 1.0
     rows = {}
     for path in glob.glob(pattern):
         if path.endswith((".err", ".server")):
@@ -33,5 +42,5 @@ def perftest(pattern, column):
                 head = re.sub(r"(BW|99%|99\.9%) (peak|average|percentile)", r"\1_\2", line).split()
                 vals = lines[i + 1].split()
                 if column in head and len(vals) == len(head):
-                    rows[int(vals[0])] = float(vals[head.index(column)])
+                    rows[int(vals[0])] = float(vals[head.index(column)]) * scale
     return rows

@@ -8,13 +8,18 @@ RAW has one line a measurement, `ROUND BENCH SIZE STACK VALUE...`:
 - `pingpong`: fi_pingpong's usec/xfer and MB/s;
 - `LIB-latency`: osu_mpi latency's microseconds through library LIB;
 - `LIB-bw`: osu_mpi bw's MB/s through LIB;
+- `own-latency`, `own-bw`: without libfabric, xrcbtl's osu_latency and
+  osu_bw (stack `xrcbtl`) and perftest's ib_send_lat (`perftest`: its
+  typical, `perftest-avg`: its average) and ib_write_bw (MB/s);
 
 and `instructions STACK N` lines: user-space instructions per 8-byte
 round trip. Each table gives a stack's median over the rounds and, for
 each xrc row (xrc, and xrc-spin: the same without yielding the CPU when
 idle) against each libfabric stack, the xrc row's value over the stack's:
 the median of the rounds' ratios with their range (time for pingpong and latency, lower is
-better for xrc; bandwidth for bw, higher is better).
+better for xrc; bandwidth for bw, higher is better). Then each MPI
+library's 8-byte latency over xrc against xrcbtl's own osu_latency, and
+against perftest's, the same way.
 """
 import statistics
 import sys
@@ -23,6 +28,10 @@ BENCH_TITLES = {
     "pingpong": "fi_pingpong -e rdm -m tagged: one-way time (us) and MB/s",
     "latency": "osu_mpi latency through {lib}: one-way time (us)",
     "bw": "osu_mpi bw through {lib}: MB/s",
+}
+OWN_TITLES = {
+    "own-latency": "without libfabric: xrcbtl's osu_latency and perftest's ib_send_lat, one-way time (us)",
+    "own-bw": "without libfabric: xrcbtl's osu_bw and perftest's ib_write_bw, MB/s",
 }
 
 
@@ -59,7 +68,7 @@ def main(raw, device):
         lib = bench.rsplit("-", 1)[0]
         stacks = order({s for _, s in cells})
         versus = pairs(stacks)
-        print(f"#### {BENCH_TITLES[kind].format(lib=lib)}\n")
+        print(f"#### {OWN_TITLES.get(bench) or BENCH_TITLES[kind].format(lib=lib)}\n")
         head = ["size"]
         for s in stacks:
             head += [f"{s} us", f"{s} MB/s"] if kind == "pingpong" else [s]
@@ -74,6 +83,22 @@ def main(raw, device):
                 row += [f"{statistics.median(x[i] for x in v):.2f}" if v else "-" for i in range(width)]
             for mine, s in versus:
                 x, o = cells.get((size, mine), {}), cells.get((size, s), {})
+                r = [x[k][0] / o[k][0] for k in x if k in o and o[k][0] > 0]
+                row.append(cell(r) if r else "-")
+            print("| " + " | ".join(row) + " |")
+        print()
+    own = got.get("own-latency", {})
+    mpi = sorted(b for b in got if b.endswith("-latency") and b != "own-latency")
+    if own and mpi:
+        print("#### 8-byte latency through each MPI over xrc, against xrcbtl's own and perftest's\n")
+        refs = [s for s in ("xrcbtl", "perftest", "perftest-avg") if (8, s) in own]
+        print("| MPI | " + " | ".join(f"over xrc / {r}" for r in refs) + " |")
+        print("|" + "---|" * (len(refs) + 1))
+        for bench in mpi:
+            x = got[bench].get((8, "xrc"), {})
+            row = [bench.rsplit("-", 1)[0]]
+            for ref in refs:
+                o = own[(8, ref)]
                 r = [x[k][0] / o[k][0] for k in x if k in o and o[k][0] > 0]
                 row.append(cell(r) if r else "-")
             print("| " + " | ".join(row) + " |")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The tables of scripts/perf-ofi, in Markdown, from one device's raw lines.
 
-    perf-ofi-report.py RAW DEVICE
+    perf-ofi-report.py RAW DEVICE [PNG]
 
 RAW has one line a measurement, `ROUND BENCH SIZE STACK VALUE...`:
 
@@ -20,6 +20,11 @@ the median of the rounds' ratios with their range (time for pingpong and latency
 better for xrc; bandwidth for bw, higher is better). Then each MPI
 library's 8-byte latency over xrc against xrcbtl's own osu_latency, and
 against perftest's, the same way.
+
+With PNG, it also draws the medians (matplotlib, Debian's
+python3-matplotlib): fi_pingpong's one-way time and bandwidth by size
+for each stack, and each MPI library's osu_mpi bandwidth by size over
+each stack, xrcbtl's own osu_bw and perftest's ib_write_bw beside them.
 """
 import statistics
 import sys
@@ -49,7 +54,55 @@ def cell(values):
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
 
-def main(raw, device):
+def medians(cells, stack, col=0):
+    """(sizes, medians over the rounds) of one stack's column."""
+    sizes = sorted(n for n, s in cells if s == stack)
+    return sizes, [statistics.median(v[col] for v in cells[(n, stack)].values()) for n in sizes]
+
+
+# One colour per stack in every panel.
+COLOURS = {"xrc": "tab:blue", "xrc-spin": "tab:cyan", "xrcbtl": "tab:blue", "verbs;ofi_rxm": "tab:red",
+           "tcp;ofi_rxm": "tab:green", "perftest": "tab:purple"}
+
+
+def plot(path, device, got):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("perf-ofi-report: no matplotlib (apt install python3-matplotlib): no plot", file=sys.stderr)
+        return False
+    ping = got.get("pingpong", {})
+    bws = sorted(b for b in got if b.endswith("-bw"))
+    n = 2 + len(bws)
+    rows = (n + 2) // 3
+    fig, grid = plt.subplots(rows, 3, figsize=(18, 4.5 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    panels = [(axes[0], ping, 0, "fi_pingpong one-way time (us)"), (axes[1], ping, 1, "fi_pingpong MB/s")]
+    panels += [(ax, got[b], 0, f"{b.rsplit('-', 1)[0]}: MB/s" if b != "own-bw" else "without libfabric: MB/s")
+               for ax, b in zip(axes[2:], bws)]
+    for ax, cells, col, title in panels:
+        for stack in order({s for _, s in cells}):
+            xs, ys = medians(cells, stack, col)
+            # A bandwidth that rounds to 0 has no place on a log scale.
+            xs, ys = zip(*[(x, y) for x, y in zip(xs, ys) if y > 0]) if any(y > 0 for y in ys) else ((), ())
+            ax.plot(xs, ys, "s-" if stack.startswith("xrc") else "o--", label=stack, markersize=4,
+                    color=COLOURS.get(stack))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_title(f"{device}: {title}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def main(raw, device, png=None):
     got, instr = {}, {}
     for line in open(raw):
         f = line.split()
@@ -112,7 +165,9 @@ def main(raw, device):
         ratios = [f"{instr[o] / instr[s]:.2f}" for o, s in versus]
         print("| " + " | ".join([str(instr[s]) for s in stacks] + ratios) + " |")
         print()
+    if png and plot(png, device, got):
+        print(f"![{device}]({png.rsplit('/', 1)[-1]})\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

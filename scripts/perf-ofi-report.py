@@ -50,6 +50,11 @@ def pairs(stacks):
     return [(o, s) for o in ours for s in stacks if not s.startswith("xrc")]
 
 
+def round_ratios(mine, theirs):
+    """Round by round, mine's first value over theirs', where both ran."""
+    return [mine[k][0] / theirs[k][0] for k in mine if k in theirs and theirs[k][0] > 0]
+
+
 def cell(values):
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
@@ -135,8 +140,7 @@ def main(raw, device, png=None):
                 width = 2 if kind == "pingpong" else 1
                 row += [f"{statistics.median(x[i] for x in v):.2f}" if v else "-" for i in range(width)]
             for mine, s in versus:
-                x, o = cells.get((size, mine), {}), cells.get((size, s), {})
-                r = [x[k][0] / o[k][0] for k in x if k in o and o[k][0] > 0]
+                r = round_ratios(cells.get((size, mine), {}), cells.get((size, s), {}))
                 row.append(cell(r) if r else "-")
             print("| " + " | ".join(row) + " |")
         print()
@@ -151,8 +155,7 @@ def main(raw, device, png=None):
             x = got[bench].get((8, "xrc"), {})
             row = [bench.rsplit("-", 1)[0]]
             for ref in refs:
-                o = own[(8, ref)]
-                r = [x[k][0] / o[k][0] for k in x if k in o and o[k][0] > 0]
+                r = round_ratios(x, own[(8, ref)])
                 row.append(cell(r) if r else "-")
             print("| " + " | ".join(row) + " |")
         print()

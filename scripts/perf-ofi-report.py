@@ -165,9 +165,14 @@ def main(raw, device, png=None):
         versus = pairs(stacks)
         print("| " + " | ".join(stacks + [f"{o}/{s}" for o, s in versus]) + " |")
         print("|" + "---|" * (len(stacks) + len(versus)))
-        ratios = [f"{instr[o] / instr[s]:.2f}" for o, s in versus]
-        print("| " + " | ".join([str(instr[s]) for s in stacks] + ratios) + " |")
+        # A count of 0 or less is a pair of runs whose polling outweighed
+        # the extra round trips (an older perf-ofi recorded it): no count.
+        ok = {s: n for s, n in instr.items() if n > 0}
+        ratios = [f"{ok[o] / ok[s]:.2f}" if o in ok and s in ok else "-" for o, s in versus]
+        print("| " + " | ".join([str(ok[s]) if s in ok else "n/a" for s in stacks] + ratios) + " |")
         print()
+        if len(ok) < len(instr):
+            print("n/a: the run of more iterations counted fewer instructions (its client polled less).\n")
     if png and plot(png, device, got):
         print(f"![{device}]({png.rsplit('/', 1)[-1]})\n")
 

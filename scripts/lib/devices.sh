@@ -7,24 +7,24 @@
 #
 #   on_devices NAME FUNCTION DEVICE...
 #   guest_nodes DEVICE
+#   guest_nodes DEVICE
 #
-# FUNCTION DEVICE runs that device's boot and returns 0 if it passed.
-# on_devices returns 0 if every one did. GUEST_JOBS (default: the host's
-# cores) bounds the boots at once; 1 runs them one after another. A
+# FUNCTION DEVICE runs that device's boot and returns 0 if it passed (a
+# DEVICE may name a part of a device's work, as siw:PART, for a script
+# that spreads one device's runs over two boots). on_devices returns 0 if
+# every one did. GUEST_JOBS (default: the host's cores) bounds the boots
+# at once, in the order given, the next starting as soon as any one ends;
+# 1 runs them one after another. A
 # signal to the script takes its boots down (softrdma-vm takes its guest
 # with it) before the script exits.
 on_devices() {
-    local name=$1 fn=$2 d i rc status=0 jobs=${GUEST_JOBS:-$(nproc)}
+    local name=$1 fn=$2 d status=0 jobs=${GUEST_JOBS:-$(nproc)}
     shift 2
-    local devs=("$@") pids=() rcs=()
+    local pids=()
     trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 130' INT TERM HUP
-    for i in "${!devs[@]}"; do
-        d=${devs[$i]}
-        # At most $jobs at once: wait for the oldest still running.
-        if [ "$i" -ge "$jobs" ]; then
-            wait "${pids[$((i - jobs))]}"
-            rcs[$((i - jobs))]=$?
-        fi
+    for d in "$@"; do
+        # At most $jobs at once: the next starts when any one ends.
+        [ "${#pids[@]}" -lt "$jobs" ] || reap_one || status=1
         (
             t0=$(date +%s)
             "$fn" "$d" 2>&1 | sed -u "s/^/[$d] /"
@@ -34,15 +34,26 @@ on_devices() {
         ) &
         pids+=($!)
     done
-    for i in "${!pids[@]}"; do
-        if [ -z "${rcs[$i]:-}" ]; then
-            wait "${pids[$i]}"
-            rcs[$i]=$?
-        fi
-        [ "${rcs[$i]}" -eq 0 ] || status=1
+    while [ "${#pids[@]}" -gt 0 ]; do
+        reap_one || status=1
     done
     trap - INT TERM HUP
     return $status
+}
+
+# reap_one: waits for any one of on_devices' boots ($pids) to end, takes
+# it off the list and returns its status.
+reap_one() {
+    local done_pid="" rc p left=()
+    wait -n -p done_pid "${pids[@]}"
+    rc=$?
+    for p in "${pids[@]}"; do
+        [ "$p" = "$done_pid" ] || left+=("$p")
+    done
+    pids=("${left[@]}")
+    # No pid: the wait itself failed.
+    [ -n "$done_pid" ] || return 1
+    return $rc
 }
 
 # How many nodes (network namespaces of the one guest, joined by a veth

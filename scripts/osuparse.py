@@ -26,13 +26,13 @@ MIB_IN_MB = 1048576 / 1e6
 
 def perftest(pattern, column):
     """size -> the named column of the perftest result rows in the files
-    matching `pattern` (a run's .err and .server files left aside); a
+    matching `pattern` (a run's .err, .server and .client-err files left aside); a
     bandwidth column (BW_...[MB/sec], which perftest counts in MiB/s)
     converted to MB/s."""
     scale = MIB_IN_MB if column.startswith("BW_") else 1.0
     rows = {}
     for path in glob.glob(pattern):
-        if path.endswith((".err", ".server")):
+        if path.endswith((".err", ".server", ".client-err")):
             continue
         with open(path) as f:
             lines = f.read().splitlines()

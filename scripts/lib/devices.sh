@@ -7,7 +7,6 @@
 #
 #   on_devices NAME FUNCTION DEVICE...
 #   guest_nodes DEVICE
-#   guest_nodes DEVICE
 #
 # FUNCTION DEVICE runs that device's boot and returns 0 if it passed (a
 # DEVICE may name a part of a device's work, as siw:PART, for a script

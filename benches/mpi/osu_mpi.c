@@ -7,7 +7,9 @@
  * carries the messages is mpirun's choice (scripts/guest-osu runs it over
  * ob1 with xrc and with tcp).
  *
- *   osu_mpi latency|bw|bibw [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]
+ *   osu_mpi latency|bw|bibw [-n MIN] [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]
+ *
+ * Sizes double from MIN (default 0 for latency, 1 otherwise) to MAX.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -18,22 +20,23 @@
 int main(int argc, char **argv)
 {
     int rank, size, latency, bibw, opt;
-    long max = 1 << 22, iters = 1000, warmup = 100, window = 64;
+    long min = -1, max = 1 << 22, iters = 1000, warmup = 100, window = 64;
     char *s = NULL, *r = NULL;
 
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc < 2 || (strcmp(argv[1], "latency") && strcmp(argv[1], "bw") && strcmp(argv[1], "bibw")) || 2 != size) {
-        if (0 == rank) fprintf(stderr, "usage: mpirun -np 2 osu_mpi latency|bw|bibw [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]\n");
+        if (0 == rank) fprintf(stderr, "usage: mpirun -np 2 osu_mpi latency|bw|bibw [-n MIN] [-m MAX] [-i ITERS] [-x WARMUP] [-w WINDOW]\n");
         MPI_Finalize();
         return 2;
     }
     latency = !strcmp(argv[1], "latency");
     bibw = !strcmp(argv[1], "bibw");
     optind = 2;
-    while ((opt = getopt(argc, argv, "m:i:x:w:")) != -1) {
+    while ((opt = getopt(argc, argv, "n:m:i:x:w:")) != -1) {
         switch (opt) {
+        case 'n': min = atol(optarg); break;
         case 'm': max = atol(optarg); break;
         case 'i': iters = atol(optarg); break;
         case 'x': warmup = atol(optarg); break;
@@ -52,7 +55,7 @@ int main(int argc, char **argv)
         printf("%-10s%20s\n", "# Size", latency ? "Avg Latency(us)" : "Bandwidth (MB/s)");
         fflush(stdout);
     }
-    for (long n = latency ? 0 : 1; n <= max; n = n ? n * 2 : 1) {
+    for (long n = min >= 0 ? min : latency ? 0 : 1; n <= max; n = n ? n * 2 : 1) {
         double t0 = 0.0, t;
         /* Fewer rounds for large messages, as OSU does. */
         long it = n > 8192 ? (iters / 10 > 0 ? iters / 10 : 1) : iters;

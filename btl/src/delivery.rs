@@ -68,6 +68,8 @@ pub(crate) struct Deliveries<C: Context, H> {
     queue: VecDeque<Delivery<C, H>>,
     /// Deliveries queued, shared with the BTL outside the lock.
     queued: Arc<AtomicUsize>,
+    /// Deliveries ever queued.
+    pushed: u64,
 }
 
 impl<C: Context, H> Deliveries<C, H> {
@@ -76,6 +78,7 @@ impl<C: Context, H> Deliveries<C, H> {
         Deliveries {
             queue: VecDeque::new(),
             queued,
+            pushed: 0,
         }
     }
 
@@ -83,6 +86,12 @@ impl<C: Context, H> Deliveries<C, H> {
     pub fn push(&mut self, d: Delivery<C, H>) {
         self.queue.push_back(d);
         self.queued.fetch_add(1, Ordering::SeqCst);
+        self.pushed += 1;
+    }
+
+    /// Deliveries ever queued.
+    pub fn pushed(&self) -> u64 {
+        self.pushed
     }
 
     /// Takes the next thing for the user.

@@ -123,6 +123,8 @@ pub(crate) struct SendQueues {
     /// Where the send CQ is polled into (lent out while the core judges
     /// what it found).
     batch: Option<Batch<WorkCompletion>>,
+    /// Entries ever put in the slab.
+    records: u64,
 }
 
 /// What the send queues work through, lent by the core for one call: the
@@ -151,6 +153,7 @@ impl SendQueues {
             ring_blocked: VecDeque::new(),
             ring_served: VecDeque::new(),
             batch: Some(Batch::new(cq_batch)),
+            records: 0,
         }
     }
 
@@ -168,6 +171,11 @@ impl SendQueues {
     /// Work requests posted and not known complete.
     pub fn len(&self) -> usize {
         self.slab.len()
+    }
+
+    /// Posted work requests ever recorded in the slab.
+    pub fn records(&self) -> u64 {
+        self.records
     }
 
     /// Whether no work request is outstanding.
@@ -497,6 +505,7 @@ impl SendQueues {
         let signalled =
             !(is_msg && inline_len > 0 && !cover && self.may_skip_signal(v.iface, slot, caps));
         let no = self.sq[slot as usize].posts;
+        self.records += 1;
         let wr_id = WrId::send(self.slab.insert(PostedWr {
             ep: ei,
             qp: slot,
@@ -661,6 +670,7 @@ impl SendQueues {
         let signalled = !self.may_skip_signal(v.iface, slot, caps);
         let no = self.sq[slot as usize].posts;
         let order = v.eps.next_order(ei);
+        self.records += 1;
         let wr_id = WrId::send(self.slab.insert(PostedWr {
             ep: ei,
             qp: slot,

@@ -471,4 +471,12 @@ pub struct BtlStats {
     /// [`crate::BtlConfig::rndv_max`], or no memory for the sink): each
     /// failed its sender's operation.
     pub rndv_refused: u64,
+    /// Times the BTL's lock was taken: API calls (this one's included),
+    /// progress calls, and the hand-over of queued callbacks.
+    pub locks: u64,
+    /// Deliveries queued for the user (messages, finished operations,
+    /// failures, releases), each run later by a thread outside the lock.
+    pub queued_deliveries: u64,
+    /// Posted work requests recorded one entry each until they complete.
+    pub posted_records: u64,
 }

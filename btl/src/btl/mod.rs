@@ -108,7 +108,9 @@ impl<C: Context> Btl<C> {
     fn lock(&self) -> MutexGuard<'_, Core<C, Btl<C>>> {
         // A panic inside the BTL leaves its state as it was at that point;
         // the lock is never held while user code runs.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
+        let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        core.count_lock();
+        core
     }
 
     /// This rank.

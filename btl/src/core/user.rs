@@ -29,8 +29,15 @@ impl<C: Context, H> Core<C, H> {
     pub fn stats(&self) -> BtlStats {
         BtlStats {
             pending_max: self.eps.pending_max,
+            queued_deliveries: self.deliveries.pushed(),
+            posted_records: self.sends.records(),
             ..self.stats.clone()
         }
+    }
+
+    /// Counts a taking of the lock ([`BtlStats::locks`]).
+    pub fn count_lock(&mut self) {
+        self.stats.locks += 1;
     }
 
     /// The NUMA node of each of the BTL's own buffers

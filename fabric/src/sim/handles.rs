@@ -150,6 +150,16 @@ impl SimProcess {
             .map_or(0, |p| p.activity)
     }
 
+    /// The verbs it called so far, counted per call.
+    pub fn verbs(&self) -> super::VerbCounts {
+        self.0
+            .shared
+            .lock()
+            .procs
+            .get(self.0.id)
+            .map_or_else(Default::default, |p| p.verbs)
+    }
+
     /// Whether the process is still running.
     pub fn is_alive(&self) -> bool {
         self.0
@@ -562,6 +572,16 @@ impl Drop for CqInner {
 #[derive(Clone)]
 pub struct SimCq(Arc<CqInner>);
 
+impl SimCq {
+    /// How it was polled so far.
+    pub fn polls(&self) -> super::CqPolls {
+        let w = self.0.ctx.world();
+        w.cqs
+            .get(self.0.id)
+            .map_or_else(Default::default, |c| c.polls)
+    }
+}
+
 impl Cq for SimCq {
     fn id(&self) -> u64 {
         self.0.id.raw()
@@ -574,15 +594,18 @@ impl Cq for SimCq {
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let mut w = self.0.ctx.world();
         let ctx = self.0.ctx.0.id;
-        let n = w.poll_cq(self.0.id, out)?;
-        if n > 0 || out.is_empty() {
-            w.polled(ctx, n > 0);
-            return Ok(n);
-        }
-        w.polled(ctx, false);
-        w.poll_progress();
-        let n = w.poll_cq(self.0.id, out)?;
+        let mut n = w.poll_cq(self.0.id, out)?;
         w.polled(ctx, n > 0);
+        if n == 0 && !out.is_empty() {
+            w.poll_progress();
+            n = w.poll_cq(self.0.id, out)?;
+            w.polled(ctx, n > 0);
+        }
+        if let Some(c) = w.cqs.get_mut(self.0.id) {
+            c.polls.calls += 1;
+            c.polls.hits += u64::from(n > 0);
+            c.polls.completions += n as u64;
+        }
         Ok(n)
     }
 
@@ -642,7 +665,25 @@ impl Srq for SimSrq {
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        self.0.ctx.world().post_srq_recv(self.0.id, wr)
+        let mut w = self.0.ctx.world();
+        if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
+            v.post_recv += 1;
+            v.recvs_posted += 1;
+        }
+        w.post_srq_recv(self.0.id, wr)
+    }
+
+    /// Posts in chains of 16, one call each, as the verbs provider does.
+    fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+        let mut w = self.0.ctx.world();
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
+                v.post_recv += u64::from(i % 16 == 0);
+                v.recvs_posted += 1;
+            }
+            w.post_srq_recv(self.0.id, wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
     }
 
     fn arm_limit(&self, limit: u32) -> Result<()> {
@@ -746,12 +787,20 @@ impl Qp for SimQp {
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let mut w = self.ctx.world();
+        if let Some(v) = w.verbs_of(self.ctx.0.id) {
+            v.post_send += 1;
+            v.signalled += u64::from(wr.signaled);
+        }
         let qp = self.obj(&w)?;
         w.post_send(qp, wr)
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut w = self.ctx.world();
+        if let Some(v) = w.verbs_of(self.ctx.0.id) {
+            v.post_recv += 1;
+            v.recvs_posted += 1;
+        }
         let qp = self.obj(&w)?;
         w.post_recv(qp, wr)
     }

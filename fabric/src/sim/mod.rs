@@ -247,6 +247,34 @@ impl SimConfig {
     }
 }
 
+/// The verbs one process called, counted per call as a real provider
+/// would see them ([`SimProcess::verbs`]): a test reads what a message
+/// costs in posts and polls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerbCounts {
+    /// Calls that post send work (`ibv_post_send`).
+    pub post_send: u64,
+    /// Of which signalled (they ask for a completion on success).
+    pub signalled: u64,
+    /// Calls that post receives (`ibv_post_srq_recv`, `ibv_post_recv`): a
+    /// chain of up to 16 receives, as the verbs provider links them, is
+    /// one call.
+    pub post_recv: u64,
+    /// Receives those calls posted.
+    pub recvs_posted: u64,
+}
+
+/// How one completion queue was polled ([`SimCq::polls`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CqPolls {
+    /// Calls (`ibv_poll_cq`).
+    pub calls: u64,
+    /// Of which found at least one completion.
+    pub hits: u64,
+    /// Completions taken.
+    pub completions: u64,
+}
+
 /// Counters of what happened in the simulation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SimStats {

@@ -64,6 +64,8 @@ pub(crate) struct Proc {
     pub cm_sent: u64,
     /// CM messages that reached its ids and listeners.
     pub cm_received: u64,
+    /// The verbs it called.
+    pub verbs: super::VerbCounts,
 }
 
 pub(crate) struct Ctx {
@@ -108,6 +110,8 @@ pub(crate) struct CqObj {
     pub cap: u32,
     pub entries: VecDeque<Cqe>,
     pub overrun: bool,
+    /// How it was polled.
+    pub polls: super::CqPolls,
 }
 
 pub(crate) struct RecvWqe {
@@ -541,6 +545,12 @@ impl World {
 
     /// The process of `ctx` polled one of its queues and `found` something
     /// (it is reacting until it polls an empty one).
+    /// The verb counters of the process that opened `ctx`.
+    pub(crate) fn verbs_of(&mut self, ctx: Id<Ctx>) -> Option<&mut super::VerbCounts> {
+        let p = self.ctxs.get(ctx)?.proc;
+        self.procs.get_mut(p).map(|p| &mut p.verbs)
+    }
+
     pub(crate) fn polled(&mut self, ctx: Id<Ctx>, found: bool) {
         if let Some(p) = self.ctxs.get(ctx).map(|c| c.proc) {
             if let Some(p) = self.procs.get_mut(p) {
@@ -695,6 +705,7 @@ impl World {
             busy: false,
             cm_sent: 0,
             cm_received: 0,
+            verbs: super::VerbCounts::default(),
         }))
     }
 
@@ -852,6 +863,7 @@ impl World {
             cap: cqe,
             entries: VecDeque::new(),
             overrun: false,
+            polls: super::CqPolls::default(),
         }))
     }
 

@@ -13,6 +13,7 @@ use xrcbtl_xrc_conn::Rank;
 
 use crate::callbacks::DoneFn;
 use crate::types::{BtlError, OpResult, Tag};
+use crate::wire::SMALL_BODY;
 use crate::wr_id::RecvSlot;
 
 /// Where a delivered message's bytes are.
@@ -28,6 +29,12 @@ pub(crate) enum Body<C: Context> {
         slot: RecvSlot,
         credit: Option<(Rank, u32)>,
     },
+    /// Copied out of its receive buffer, which went back at once: a short
+    /// eager message, with nothing to give back once it is consumed.
+    Small {
+        /// The bytes.
+        bytes: [u8; SMALL_BODY],
+    },
 }
 
 impl<C: Context> Body<C> {
@@ -36,6 +43,7 @@ impl<C: Context> Body<C> {
         match self {
             Body::Heap(b) => f(&b[start..end]),
             Body::Received { chunk, .. } => chunk.with_slice(start, end - start, f),
+            Body::Small { bytes } => f(&bytes[start..end]),
         }
     }
 }
@@ -62,13 +70,19 @@ pub(crate) enum Delivery<C: Context, H> {
     Release(Bytes),
 }
 
-/// The queue of deliveries, with its length readable without the lock: a
-/// thread that finds it zero has nothing to run.
+/// The deliveries waiting for the user, first in first out, with their
+/// number readable without the lock: a thread that finds it zero has
+/// nothing to run. The first of a run waits in a slot of its own and is
+/// handed straight to the thread that runs it; only those behind it go
+/// through the queue (a small message in a ping-pong never does).
 pub(crate) struct Deliveries<C: Context, H> {
+    /// The oldest delivery, when there is one.
+    first: Option<Delivery<C, H>>,
+    /// Those behind it, in order.
     queue: VecDeque<Delivery<C, H>>,
-    /// Deliveries queued, shared with the BTL outside the lock.
+    /// Deliveries waiting, shared with the BTL outside the lock.
     queued: Arc<AtomicUsize>,
-    /// Deliveries ever queued.
+    /// Deliveries that ever waited behind another.
     pushed: u64,
 }
 
@@ -76,6 +90,7 @@ impl<C: Context, H> Deliveries<C, H> {
     /// An empty queue counting into `queued`.
     pub fn new(queued: Arc<AtomicUsize>) -> Self {
         Deliveries {
+            first: None,
             queue: VecDeque::new(),
             queued,
             pushed: 0,
@@ -84,30 +99,37 @@ impl<C: Context, H> Deliveries<C, H> {
 
     /// Queues `d` for the user.
     pub fn push(&mut self, d: Delivery<C, H>) {
-        self.queue.push_back(d);
+        if self.first.is_none() {
+            // Nothing waits: the queue is empty too (the first is taken
+            // before the queue is).
+            self.first = Some(d);
+        } else {
+            self.queue.push_back(d);
+            self.pushed += 1;
+        }
         self.queued.fetch_add(1, Ordering::SeqCst);
-        self.pushed += 1;
     }
 
-    /// Deliveries ever queued.
+    /// Deliveries that ever waited behind another.
     pub fn pushed(&self) -> u64 {
         self.pushed
     }
 
     /// Takes the next thing for the user.
     pub fn pop(&mut self) -> Option<Delivery<C, H>> {
-        let d = self.queue.pop_front()?;
+        let d = self.first.take()?;
+        self.first = self.queue.pop_front();
         self.queued.fetch_sub(1, Ordering::SeqCst);
         Some(d)
     }
 
-    /// Deliveries queued.
+    /// Deliveries waiting.
     pub fn len(&self) -> usize {
-        self.queue.len()
+        usize::from(self.first.is_some()) + self.queue.len()
     }
 
-    /// Whether none is queued.
+    /// Whether none waits.
     pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.first.is_none()
     }
 }

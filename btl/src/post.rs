@@ -36,8 +36,8 @@ use crate::pools::{Sink, Source};
 use crate::proto::rndv::Rndv;
 use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::types::{BtlStats, Tag};
-use crate::wire::{Header, Kind, HEADER};
-use crate::work::{small_body, steal_slot, Item, Msg, Store, Work, SMALL_BODY};
+use crate::wire::{Header, Kind, HEADER, SMALL_BODY};
+use crate::work::{small_body, steal_slot, Item, Msg, Store, Work};
 use crate::wr_id::WrId;
 
 /// The largest message posted inline (the scratch buffer it is gathered

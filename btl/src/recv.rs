@@ -22,7 +22,7 @@ use crate::pools::Pools;
 use crate::proto::eager::Arrival;
 use crate::proto::rndv::Control;
 use crate::types::{BtlError, BtlStats, Tag};
-use crate::wire::{Header, Kind, HEADER};
+use crate::wire::{Header, Kind, HEADER, SMALL_BODY};
 use crate::work::Item;
 use crate::wr_id::{RecvSlot, WrId};
 
@@ -226,7 +226,11 @@ impl Recv {
         };
         // A message joined from parts is copied out: no buffer kept.
         let joining = !self.trains.is_empty() && self.trains.contains_key(&ei);
-        let keep = deliver && arrival == Some(Arrival::Next) && !joining;
+        let in_order = deliver && arrival == Some(Arrival::Next) && !joining;
+        // A short body is copied out, and its buffer goes back at once;
+        // a longer one is read in place, and its buffer kept until then.
+        let small = bytes.len() - HEADER <= SMALL_BODY;
+        let keep = in_order && !small;
         let mut got = Got {
             returned: None,
             ctl: None,
@@ -263,21 +267,30 @@ impl Recv {
             self.join(v, ei, &h, &bytes[HEADER..]);
             return (false, nonempty(got));
         }
-        if keep {
+        if in_order {
             v.stats.eager_received += 1;
             v.stats.bytes_received += u64::from(h.len);
-            v.deliveries.push(Delivery::Message {
-                src: h.src,
-                tag: h.tag,
-                body: Body::Received {
+            let body = &bytes[HEADER..];
+            let (body, start, end) = if small {
+                let mut copy = [0u8; SMALL_BODY];
+                copy[..body.len()].copy_from_slice(body);
+                (Body::Small { bytes: copy }, 0, body.len())
+            } else {
+                let received = Body::Received {
                     chunk: rx.chunk.clone(),
                     slot: rx.slot,
                     credit: v.fc.then_some((h.src, rx.qpn)),
-                },
-                start: rx.at + HEADER,
-                end: rx.at + bytes.len(),
+                };
+                (received, rx.at + HEADER, rx.at + bytes.len())
+            };
+            v.deliveries.push(Delivery::Message {
+                src: h.src,
+                tag: h.tag,
+                body,
+                start,
+                end,
             });
-            return (true, nonempty(got));
+            return (keep, nonempty(got));
         }
         match Control::decode(h.kind, &bytes[HEADER..]) {
             Some(ctl) => got.ctl = Some((h.src, h.tag, ctl)),

@@ -474,8 +474,10 @@ pub struct BtlStats {
     /// Times the BTL's lock was taken: API calls (this one's included),
     /// progress calls, and the hand-over of queued callbacks.
     pub locks: u64,
-    /// Deliveries queued for the user (messages, finished operations,
-    /// failures, releases), each run later by a thread outside the lock.
+    /// Deliveries for the user (messages, finished operations, failures,
+    /// releases) that waited in the queue behind another: the oldest one
+    /// waits in a slot of its own and is handed straight to the thread
+    /// that runs it.
     pub queued_deliveries: u64,
     /// Posted work requests recorded one entry each until they complete.
     pub posted_records: u64,

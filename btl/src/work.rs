@@ -8,14 +8,7 @@ use xrcbtl_fabric::{Context, Registration};
 use crate::iface::Slots;
 use crate::proto::Rdma;
 use crate::types::Tag;
-use crate::wire::{Kind, HEADER};
-
-/// The longest body a message keeps in itself ([`Store::Small`]): 64
-/// bytes keep a posted request ([`crate::post::PostedWr`]) within 128
-/// bytes, which the compiler moves with a few vector stores. At 112 bytes
-/// every move of a message (into the queue, the slab, back out) called
-/// `memcpy`: about 200 instructions per 8-byte message (callgrind, siw).
-pub(crate) const SMALL_BODY: usize = 64;
+use crate::wire::{Kind, HEADER, SMALL_BODY};
 
 /// Where a message's body is kept until its completion: a bounce slot, or
 /// (when none was free) a heap copy that takes a slot when it is posted,

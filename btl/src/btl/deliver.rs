@@ -76,6 +76,12 @@ impl<C: Context> Btl<C> {
                 };
                 n += 1;
                 spent = self.run(job);
+                // Nothing to give back and nothing waiting: no need to
+                // take the lock again (what is queued from now on is seen
+                // below, or by the thread that queued it).
+                if spent.is_none() && self.queued.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
             }
             drop(flag);
             // Something queued after the last look, while the flag was
@@ -101,7 +107,8 @@ impl<C: Context> Btl<C> {
                 if let Some(cb) = cb {
                     body.with(start, end, |data| cb(self, &Incoming { src, tag, data }));
                 }
-                Some(body)
+                // A copy has nothing to give back.
+                (!matches!(body, Body::Small { .. })).then_some(body)
             }
             Job::Done { op, result, cb } => {
                 cb(self, OpId(op), result);

@@ -142,7 +142,10 @@ fn a_threaded_btl_delivers_both_ways_and_blocks_when_idle() {
 /// Two ranks, two threads each: every thread sends to the other rank and
 /// progresses its own; a callback answers every tenth message from inside
 /// the callback, and now and then calls progress from inside it. Every
-/// message arrives exactly once, each thread's in the order it sent them.
+/// message arrives exactly once, each thread's in the order it sent them,
+/// short ones (copied out and handed straight over) and longer ones (read
+/// in place, often queued behind others) alike, and no two callbacks of a
+/// rank ever run at once.
 fn stress(dev: SimDevice, seed: u64) {
     const PER_THREAD: u32 = 400;
     const THREADS: u32 = 2;
@@ -154,7 +157,9 @@ fn stress(dev: SimDevice, seed: u64) {
         // Every tenth message is answered from inside the callback.
         let seen = Arc::new(AtomicU64::new(0));
         let g = got[r].clone();
+        let inside = AtomicBool::new(false);
         b.register_am(3, move |btl, m| {
+            assert!(!inside.swap(true, Ordering::SeqCst), "callbacks overlap");
             g.lock().unwrap().push((m.src, m.data.to_vec()));
             let n = seen.fetch_add(1, Ordering::Relaxed);
             if n % 10 == 0 {
@@ -164,6 +169,7 @@ fn stress(dev: SimDevice, seed: u64) {
                 // Re-entrant progress polls but delivers nothing now.
                 btl.progress();
             }
+            inside.store(false, Ordering::SeqCst);
         });
         b.register_am(4, move |_, _| {
             rep.fetch_add(1, Ordering::Relaxed);
@@ -188,7 +194,8 @@ fn stress(dev: SimDevice, seed: u64) {
                                 b.send(1 - r, 3, &msg, &[]).unwrap();
                             }
                         }
-                        _ => b.send(1 - r, 3, &msg, b"-padding-").unwrap(),
+                        // Longer than a body copied out (64 bytes).
+                        _ => b.send(1 - r, 3, &msg, &[b'-'; 100]).unwrap(),
                     }
                     b.progress();
                 }
@@ -252,5 +259,46 @@ fn two_threads_per_rank_send_progress_and_reenter_without_loss_or_reordering() {
     for seed in 1..4 {
         stress(SimDevice::ib("sim0"), seed);
         stress(SimDevice::iwarp("sim0"), seed);
+    }
+}
+
+/// A callback that panics leaves the BTL working: the panic reaches the
+/// caller of progress, and the next messages, short (copied out) and
+/// longer (read in place), still arrive, in order.
+#[test]
+fn a_callback_that_panics_once_does_not_wedge_the_btl() {
+    for len in [8usize, 100] {
+        let job = SimJob::new(1, 2, 1, SimDevice::ib("sim0")).unwrap();
+        job.sim.set_auto_advance(true);
+        let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
+        let got: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let first = AtomicBool::new(true);
+        let g = got.clone();
+        b.register_am(3, move |_, m| {
+            if first.swap(false, Ordering::SeqCst) {
+                panic!("the user's callback panics (expected by this test)");
+            }
+            g.lock().unwrap().push(m.data[0]);
+        });
+        let pad = vec![0u8; len - 1];
+        for i in 0..20u8 {
+            a.send(1, 3, &[i], &pad).unwrap();
+        }
+        let mut panics = 0;
+        for _ in 0..100_000 {
+            if got.lock().unwrap().len() == 19 {
+                break;
+            }
+            a.progress();
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.progress())).is_err() {
+                panics += 1;
+            }
+        }
+        assert_eq!(panics, 1, "{len} bytes");
+        assert_eq!(
+            *got.lock().unwrap(),
+            (1..20).collect::<Vec<u8>>(),
+            "{len} bytes"
+        );
     }
 }

@@ -84,11 +84,13 @@ pub fn verbose(value: Option<&str>) -> Result<bool, String> {
 }
 
 /// The line a domain prints at close under `XRCBTL_OFI_VERBOSE=1`: the
-/// process, and what its BTL rank carried.
-pub fn carried(pid: u32, s: &xrcbtl_btl::BtlStats) -> String {
+/// process, what its BTL rank carried, and what its registration cache
+/// did (`r`: the caller's memory the rank sent from or read into).
+pub fn carried(pid: u32, s: &xrcbtl_btl::BtlStats, r: &xrcbtl_fabric::rcache::Stats) -> String {
     format!(
         "xrc: pid {pid} carried: sends {} (inline {}), received {}, rendezvous sent {} received {}, \
-         reads and writes {}, atomics {}, retransmits {}, lost {}",
+         reads and writes {}, atomics {}, retransmits {}, lost {}; \
+         registrations {} (cache hits {}, for one use {}, invalidated {})",
         s.eager_sent,
         s.inline_sent,
         s.eager_received,
@@ -97,7 +99,11 @@ pub fn carried(pid: u32, s: &xrcbtl_btl::BtlStats) -> String {
         s.rdma_frags,
         s.atomics,
         s.retransmits,
-        s.lost
+        s.lost,
+        r.registrations,
+        r.hits,
+        r.uncached,
+        r.invalidations
     )
 }
 
@@ -336,6 +342,8 @@ pub trait Ops: Send + Sync {
     fn atomics(&self) -> bool;
     /// What the BTL rank under the engine counted.
     fn stats(&self) -> xrcbtl_btl::BtlStats;
+    /// What its registration cache counted.
+    fn rcache_stats(&self) -> xrcbtl_fabric::rcache::Stats;
     /// Registers exactly `mem` for peers' RMA and atomics (`fi_mr_reg`),
     /// outside the BTL's cache: one device region under its key, or, past
     /// the device's largest region, several under a compound key
@@ -867,6 +875,10 @@ impl<C: Context> Ops for Engine<C> {
 
     fn stats(&self) -> xrcbtl_btl::BtlStats {
         self.btl.stats()
+    }
+
+    fn rcache_stats(&self) -> xrcbtl_fabric::rcache::Stats {
+        self.btl.rcache_stats()
     }
 
     fn register_region(&self, mem: UserMem, access: Access) -> xrcbtl_fabric::Result<Region> {

@@ -644,15 +644,27 @@ fn the_verbose_line_counts_what_the_rank_carried() {
     let (sent, got) = (t.sides[0].engine.stats(), t.sides[1].engine.stats());
     assert_eq!(sent.eager_sent, 3);
     assert_eq!(got.eager_received, 3);
-    let line = carried(42, &got);
+    let line = carried(42, &got, &t.sides[1].engine.rcache_stats());
     assert!(line.starts_with("xrc: pid 42 carried: sends "), "{line}");
     assert!(
         line.contains(", received 3, rendezvous sent 0 received 0,"),
         "{line}"
     );
-    let line = carried(7, &sent);
+    let line = carried(7, &sent, &t.sides[0].engine.rcache_stats());
     assert!(
         line.starts_with("xrc: pid 7 carried: sends 3 (inline "),
+        "{line}"
+    );
+    let reg = xrcbtl_fabric::rcache::Stats {
+        registrations: 4,
+        hits: 9,
+        uncached: 1,
+        invalidations: 2,
+        ..Default::default()
+    };
+    let line = carried(7, &sent, &reg);
+    assert!(
+        line.ends_with("; registrations 4 (cache hits 9, for one use 1, invalidated 2)"),
         "{line}"
     );
 }

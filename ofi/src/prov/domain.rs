@@ -325,7 +325,11 @@ unsafe extern "C" fn close(fid: *mut sys::fid) -> c_int {
         if domain.verbose {
             // One write, so that the lines of ranks sharing a stderr do not
             // interleave (eprintln! may write its pieces apart).
-            let line = crate::engine::carried(std::process::id(), &domain.engine.stats()) + "\n";
+            let line = crate::engine::carried(
+                std::process::id(),
+                &domain.engine.stats(),
+                &domain.engine.rcache_stats(),
+            ) + "\n";
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         #[cfg(feature = "verbs")]

@@ -16,7 +16,7 @@
 //!   that is still there.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::hash::Hash;
 
 use crate::addr::{EpAddr, PeerEp};
@@ -51,7 +51,7 @@ pub struct Av<K> {
     /// Map: slots free for reuse.
     free: Vec<u32>,
     /// Each peer's live numbers, oldest first.
-    by_key: HashMap<K, Vec<u64>>,
+    by_key: FxHashMap<K, Vec<u64>>,
     len: usize,
     len_max: usize,
 }
@@ -63,7 +63,7 @@ impl<K: Clone + Eq + Hash> Av<K> {
             kind,
             slots: Vec::new(),
             free: Vec::new(),
-            by_key: HashMap::new(),
+            by_key: FxHashMap::default(),
             len: 0,
             len_max: len_max.min(u32::MAX as usize),
         }
@@ -167,7 +167,7 @@ impl<K: Clone + Eq + Hash> Av<K> {
 pub struct EpAv {
     numbers: Av<PeerEp>,
     /// Each peer's address and how many entries hold it.
-    addrs: HashMap<PeerEp, (EpAddr, usize)>,
+    addrs: FxHashMap<PeerEp, (EpAddr, usize)>,
 }
 
 /// Why an address did not go into an [`EpAv`].
@@ -186,7 +186,7 @@ impl EpAv {
     pub fn new(kind: AvKind, len_max: usize) -> Self {
         EpAv {
             numbers: Av::new(kind, len_max),
-            addrs: HashMap::new(),
+            addrs: FxHashMap::default(),
         }
     }
 

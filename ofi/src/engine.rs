@@ -26,7 +26,7 @@
 //! calls): actions are taken under the lock and done outside it.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use xrcbtl_btl::{Access, Btl, MemReg, Peer, RemoteMem, Tag, UserMem};
@@ -288,16 +288,16 @@ impl Op {
 struct EpCore {
     rdm: Rdm,
     targets: Targets,
-    ops: HashMap<OpRef, Op>,
+    ops: FxHashMap<OpRef, Op>,
     /// The registrations of the places offered to writing senders, by
     /// grant.
-    grants: HashMap<u64, MemReg>,
+    grants: FxHashMap<u64, MemReg>,
     next_op: OpRef,
 }
 
 #[derive(Default)]
 struct State {
-    eps: HashMap<u16, EpCore>,
+    eps: FxHashMap<u16, EpCore>,
 }
 
 /// What the provider's C layer asks of a domain's engine, whichever fabric
@@ -508,8 +508,8 @@ impl<C: Context> Ops for Engine<C> {
             EpCore {
                 rdm: Rdm::new(ep, self.eager_max, self.unexpected_max).with_writes(self.writes),
                 targets,
-                ops: HashMap::new(),
-                grants: HashMap::new(),
+                ops: FxHashMap::default(),
+                grants: FxHashMap::default(),
                 next_op: 1,
             },
         );

@@ -8,7 +8,7 @@
 //! theirs, and the work that waits for an answer.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xrcbtl_btl::{Access, Btl, MemReg, RegMem, RemoteMem, UserMem};
@@ -254,18 +254,18 @@ pub type Waiter<C> = Box<dyn FnOnce(&Btl<C>, Result<Reach, String>) + Send>;
 /// A domain's compound keys and what it learnt of its peers'.
 pub struct Lookups<C: Context> {
     next: u64,
-    mine: HashMap<u64, Arc<Vec<Chunk>>>,
-    theirs: HashMap<(u32, u64), Arc<Vec<Chunk>>>,
-    waiting: HashMap<(u32, u64), Vec<Waiter<C>>>,
+    mine: FxHashMap<u64, Arc<Vec<Chunk>>>,
+    theirs: FxHashMap<(u32, u64), Arc<Vec<Chunk>>>,
+    waiting: FxHashMap<(u32, u64), Vec<Waiter<C>>>,
 }
 
 impl<C: Context> Default for Lookups<C> {
     fn default() -> Self {
         Lookups {
             next: 1,
-            mine: HashMap::new(),
-            theirs: HashMap::new(),
-            waiting: HashMap::new(),
+            mine: FxHashMap::default(),
+            theirs: FxHashMap::default(),
+            waiting: FxHashMap::default(),
         }
     }
 }

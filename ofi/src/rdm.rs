@@ -31,7 +31,9 @@
 //! knows libfabric's structs or the BTL's types.
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 pub use crate::addr::PeerEp;
 use crate::matching::{Arrival, ClaimId, Header, Matcher, Place, Posted, RecvId, Source, Want};
@@ -277,16 +279,16 @@ pub struct Rdm {
     msg: Matcher<Arrived>,
     tagged: Matcher<Arrived>,
     /// Posted receives: the caller's reference by matcher id.
-    recvs: HashMap<RecvId, (OpRef, Space)>,
+    recvs: FxHashMap<RecvId, (OpRef, Space)>,
     next_recv: u32,
     /// Sends waiting for a Fin or an Ack, by message id.
-    sends: HashMap<u64, SendState>,
+    sends: FxHashMap<u64, SendState>,
     /// Eager sends waiting for the BTL's send completion (not delivery).
-    sent_wait: HashSet<OpRef>,
+    sent_wait: FxHashSet<OpRef>,
     next_msg_id: u64,
     /// Reads in flight, or (with `writes`) offers waiting for the
     /// sender's Written, by number: the read's, or the offer's grant.
-    pulls: HashMap<u64, Pull>,
+    pulls: FxHashMap<u64, Pull>,
     next_pull: u64,
     /// Large messages are written by their senders into offered places,
     /// not read.
@@ -304,12 +306,12 @@ impl Rdm {
             eager_max,
             msg: Matcher::new(unexpected_max),
             tagged: Matcher::new(unexpected_max),
-            recvs: HashMap::new(),
+            recvs: FxHashMap::default(),
             next_recv: 0,
-            sends: HashMap::new(),
-            sent_wait: HashSet::new(),
+            sends: FxHashMap::default(),
+            sent_wait: FxHashSet::default(),
             next_msg_id: 1,
-            pulls: HashMap::new(),
+            pulls: FxHashMap::default(),
             next_pull: 1,
             writes: false,
             actions: VecDeque::new(),

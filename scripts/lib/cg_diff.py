@@ -28,7 +28,13 @@ def costs(path):
             if m and ":" in m.group(2):
                 name = m.group(2)
                 name = re.sub(r"\s*\[[^\]]*\]$", "", name)
-                out[name] = out.get(name, 0) + int(m.group(1).replace(",", ""))
+                # A function's self cost is split by the file each part
+                # came from (inlined code), and callgrind does not always
+                # name that file the same way in two runs (`???` where it
+                # lacks the line table): summed by function, so that the
+                # difference of two runs does not move cost between names.
+                func = name.partition(":")[2]
+                out[func] = out.get(func, 0) + int(m.group(1).replace(",", ""))
     return out
 
 
@@ -39,11 +45,8 @@ def main():
     diff = {k: (c2.get(k, 0) - c1.get(k, 0)) / (n2 - n1) for k in set(c1) | set(c2)}
     total = sum(v for v in diff.values())
     print(f"per round trip, by function (self), total {total:.0f}:")
-    for name, v in sorted(diff.items(), key=lambda kv: -kv[1])[:top]:
-        # Inlined code is counted under the file it came from: the file's
-        # base name says which part of a function it is.
-        where, _, func = name.partition(":")
-        print(f"{v:8.1f}  {func[:110]}  ({where.rsplit('/', 1)[-1]})")
+    for func, v in sorted(diff.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{v:8.1f}  {func[:110]}")
 
 
 main()

@@ -8,78 +8,44 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xrcbtl_btl::sim::SimJob;
-use xrcbtl_btl::Btl;
-use xrcbtl_fabric::sim::{CountingAlloc, SimContext, SimDevice};
+use xrcbtl_fabric::sim::{CountingAlloc, SimDevice};
+
+#[path = "util/pingpong.rs"]
+mod pingpong;
+use pingpong::{Back, PingPong};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
 const TAG: u8 = 5;
 
-/// `n` round trips of `payload` (after an 8-byte header, as an
-/// MPI library sends them), by `send` one way and `sendi` (or `send` when
-/// it cannot go at once) back.
-fn round_trips(
-    a: &Btl<SimContext>,
-    b: &Btl<SimContext>,
-    got: [&AtomicU64; 2],
-    n: u64,
-    payload: &[u8],
-) {
-    let header = [0x11u8; 8];
-    for _ in 0..n {
-        let want = got[1].load(Ordering::Relaxed) + 1;
-        a.send(1, TAG, &header, payload).unwrap();
-        while got[1].load(Ordering::Relaxed) < want {
-            a.progress();
-            b.progress();
-        }
-        let want = got[0].load(Ordering::Relaxed) + 1;
-        if !b.sendi(0, TAG, &header, payload).unwrap() {
-            b.send(0, TAG, &header, payload).unwrap();
-        }
-        while got[0].load(Ordering::Relaxed) < want {
-            a.progress();
-            b.progress();
-        }
-    }
-}
-
+/// Round trips of `payload` after an 8-byte header, as an MPI library
+/// sends them, by `send` one way and `sendi` (or `send` when it cannot
+/// go at once) back.
 fn steady_state_allocates_nothing(device: SimDevice) {
     let label = format!("{} ({})", device.name, device.caps.transport);
-    let job = SimJob::new(1, 2, 1, device).unwrap();
-    // Two ranks polled in turn: the clock moves on empty polls.
-    job.sim.set_auto_advance(true);
-    let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
-    let got = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
-    for (btl, g) in [(&a, &got[0]), (&b, &got[1])] {
-        let g = g.clone();
-        btl.register_am(TAG, move |_, m| {
-            assert!(m.data.len() >= 8);
-            g.fetch_add(1, Ordering::Relaxed);
-        });
-    }
+    let pp = PingPong::new(device, TAG);
+    let header = [0x11u8; 8];
     for len in [0usize, 8, 100, 4000] {
         let payload = vec![0x22u8; len];
         // Connect and fill the pools.
-        round_trips(&a, &b, [&got[0], &got[1]], 300, &payload);
-        let ((), n) =
-            CountingAlloc::count(|| round_trips(&a, &b, [&got[0], &got[1]], 2000, &payload));
+        pp.round_trips(TAG, 300, &header, &payload, Back::Sendi);
+        let (_, n) =
+            CountingAlloc::count(|| pp.round_trips(TAG, 2000, &header, &payload, Back::Sendi));
         assert_eq!(
             n, 0,
             "{label}: {n} allocations in 2000 round trips of {len} bytes"
         );
     }
+    let [a, b] = &pp.btls;
     let s = a.stats();
     assert!(s.inline_sent > 0 && s.eager_sent >= 4 * 2300, "{s:?}");
     assert_eq!(s.spilled, 0, "{s:?}");
-    let (ra, rb) = (a.clone(), b.clone());
-    drop((a, b));
-    ra.shutdown();
-    rb.shutdown();
-    while !(ra.is_drained() && rb.is_drained()) {
-        ra.progress();
-        rb.progress();
+    a.shutdown();
+    b.shutdown();
+    while !(a.is_drained() && b.is_drained()) {
+        a.progress();
+        b.progress();
     }
 }
 

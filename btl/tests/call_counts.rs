@@ -13,18 +13,20 @@
 //! - no posted-work record (a send log per QP instead of a slab entry);
 //! - no allocation.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
 use xrcbtl_btl::sim::SimJob;
-use xrcbtl_btl::{Btl, BtlStats};
-use xrcbtl_fabric::sim::{CountingAlloc, CqPolls, SimContext, SimDevice, VerbCounts};
+use xrcbtl_btl::BtlStats;
+use xrcbtl_fabric::sim::{CountingAlloc, CqPolls, SimDevice, VerbCounts};
+
+#[path = "util/pingpong.rs"]
+mod pingpong;
+use pingpong::{Back, PingPong};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
 const TAG: u8 = 7;
 const ROUND_TRIPS: u64 = 2000;
+const BODY: [u8; 8] = [0x5a; 8];
 
 /// One rank's counters at a moment.
 struct Snapshot {
@@ -42,45 +44,16 @@ fn snapshot(job: &SimJob, r: u32) -> Snapshot {
     }
 }
 
-/// `n` round trips of 8 bytes from rank 0; returns each rank's progress
-/// calls.
-fn round_trips(a: &Btl<SimContext>, b: &Btl<SimContext>, got: [&AtomicU64; 2], n: u64) -> [u64; 2] {
-    let body = [0x5au8; 8];
-    let mut calls = [0u64; 2];
-    for _ in 0..n {
-        for (from, to, dst) in [(a, 1usize, 1u32), (b, 0, 0)] {
-            let want = got[to].load(Ordering::Relaxed) + 1;
-            from.send(dst, TAG, &[], &body).unwrap();
-            while got[to].load(Ordering::Relaxed) < want {
-                a.progress();
-                b.progress();
-                calls[0] += 1;
-                calls[1] += 1;
-            }
-        }
-    }
-    calls
-}
-
 fn small_message_costs(device: SimDevice) {
     let label = format!("{} ({})", device.name, device.caps.transport);
-    let job = SimJob::new(1, 2, 1, device).unwrap();
-    job.sim.set_auto_advance(true);
-    let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
-    let got = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
-    for (btl, g) in [(&a, &got[0]), (&b, &got[1])] {
-        let g = g.clone();
-        btl.register_am(TAG, move |_, m| {
-            assert_eq!(m.data.len(), 8);
-            g.fetch_add(1, Ordering::Relaxed);
-        });
-    }
+    let pp = PingPong::new(device, TAG);
     // Connect, and fill the pools and the logs.
-    round_trips(&a, &b, [&got[0], &got[1]], 300);
-    let before = [snapshot(&job, 0), snapshot(&job, 1)];
+    pp.round_trips(TAG, 300, &[], &BODY, Back::Send);
+    let job = &pp.job;
+    let before = [snapshot(job, 0), snapshot(job, 1)];
     let (calls, allocations) =
-        CountingAlloc::count(|| round_trips(&a, &b, [&got[0], &got[1]], ROUND_TRIPS));
-    let after = [snapshot(&job, 0), snapshot(&job, 1)];
+        CountingAlloc::count(|| pp.round_trips(TAG, ROUND_TRIPS, &[], &BODY, Back::Send));
+    let after = [snapshot(job, 0), snapshot(job, 1)];
     let n = ROUND_TRIPS;
     let mut faults = Vec::new();
     for r in 0..2 {
@@ -159,19 +132,11 @@ fn a_small_message_costs_one_post_one_poll_and_one_lock_over_iwarp() {
 /// them that the budget above reads.
 #[test]
 fn the_counters_count_a_round_trip() {
-    let job = SimJob::new(1, 2, 1, SimDevice::ib("sim0")).unwrap();
-    job.sim.set_auto_advance(true);
-    let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
-    let got = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
-    for (btl, g) in [(&a, &got[0]), (&b, &got[1])] {
-        let g = g.clone();
-        btl.register_am(TAG, move |_, _| {
-            g.fetch_add(1, Ordering::Relaxed);
-        });
-    }
-    let before = [snapshot(&job, 0), snapshot(&job, 1)];
-    let calls = round_trips(&a, &b, [&got[0], &got[1]], 20);
-    let after = [snapshot(&job, 0), snapshot(&job, 1)];
+    let pp = PingPong::new(SimDevice::ib("sim0"), TAG);
+    let job = &pp.job;
+    let before = [snapshot(job, 0), snapshot(job, 1)];
+    let calls = pp.round_trips(TAG, 20, &[], &BODY, Back::Send);
+    let after = [snapshot(job, 0), snapshot(job, 1)];
     for r in 0..2 {
         let (x, y) = (&before[r], &after[r]);
         assert!(

@@ -404,6 +404,11 @@ impl RtrAttr {
 /// 0.64 ms (the CM's own choice, 0, means 655.36 ms).
 pub const DEFAULT_MIN_RNR_TIMER: u8 = 12;
 
+/// Receives [`Srq::post_recvs`](crate::Srq::post_recvs) links into one
+/// call into the device (`ibv_post_srq_recv`); the simulator counts its
+/// calls the same way.
+pub(crate) const RECV_CHAIN: usize = 16;
+
 /// The local ACK timeout xrcbtl's requesters use unless configured: 14,
 /// 4.096 µs × 2^14 = 67 ms per try, so that with 7 retries a dead peer is
 /// found in about half a second (the CM's derived value on RoCE, about

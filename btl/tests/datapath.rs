@@ -362,6 +362,7 @@ fn one_sided_put_and_get_move_registered_memory() {
 
     let data = pattern(42, 40_000);
     mine.write(0, &data);
+    let records = c.btl(0).stats().posted_records;
     let put = c
         .btl(0)
         .put(3, mine.reg().at(0), remote.at(1000), data.len(), None)
@@ -374,6 +375,13 @@ fn one_sided_put_and_get_move_registered_memory() {
         .unwrap();
     c.run_until(LIMIT, |c| c.btl(0).test(get) != OpStatus::Pending);
     assert_eq!(back.read(5, data.len()), data);
+    // Messages wait in their QP's send log; reads and writes are recorded
+    // one by one.
+    assert!(
+        c.btl(0).stats().posted_records >= records + 2,
+        "{:?}",
+        c.btl(0).stats()
+    );
 
     // Bad ranges are refused before anything is posted.
     let b = c.btl(0);
@@ -458,6 +466,60 @@ fn messages_in_flight_when_a_tgt_qp_fails_arrive_once_and_in_order() {
         assert!((0..2).all(|r| c.btl(r).stats().unsignalled > 0));
         c.shutdown(LIMIT);
     }
+}
+
+/// Fifteen small messages go unsignalled and wait in their QP's send log;
+/// the QP fails before any signalled completion retires them. They are
+/// posted again on the rebuilt connection, in order, and each arrives
+/// exactly once (the receiver drops any copy that had arrived already).
+fn unsignalled_messages_on_a_failed_qp(device: SimDevice) {
+    let name = device.name.clone();
+    // Credits for them all on iWARP (the default lets 13 go).
+    let mut c = Cluster::with(41, 2, 1, device, |cfg: &mut BtlConfig| cfg.credits = 64);
+    // The connection comes up, and a cover retires the first message.
+    c.btl(0).send(1, TAG + 1, b"hello", &[]).unwrap();
+    c.run_until(LIMIT, |c| c.got_count(1) == 1);
+    c.settle(LIMIT);
+    const N: u32 = 15;
+    let before = c.btl(0).stats();
+    for i in 0..N {
+        let data = Bytes::from(numbered(i, 16));
+        c.btl(0).send_bytes(1, TAG, data, None).unwrap();
+    }
+    let after = c.btl(0).stats();
+    assert_eq!(
+        after.unsignalled - before.unsignalled,
+        u64::from(N),
+        "{name}"
+    );
+    assert!(!c.btl(0).is_idle(), "{name}: the messages are not retired");
+    let senders = c.sim.node_view(0).senders;
+    assert_eq!(senders.len(), 1, "{name}: one QP from node 0");
+    c.sim.force_qp_error(0, senders[0]).unwrap();
+    // Every rank idle does not mean every message received: wait for them.
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= N as usize);
+    c.settle(LIMIT);
+    assert_eq!(stream(&c, 1, 0), (0..N).collect::<Vec<_>>(), "{name}");
+    let s = c.btl(0).stats();
+    assert!(s.retransmits >= u64::from(N), "{name}: {s:?}");
+    assert_eq!(s.lost, 0, "{name}");
+    assert_eq!(c.btl(1).stats().out_of_order, 0, "{name}");
+    c.shutdown(LIMIT);
+}
+
+#[test]
+fn fifteen_unsignalled_messages_on_a_failed_xrc_qp_arrive_once_and_in_order() {
+    unsignalled_messages_on_a_failed_qp(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn fifteen_unsignalled_messages_on_a_failed_rc_qp_arrive_once_and_in_order() {
+    unsignalled_messages_on_a_failed_qp(SimDevice::roce("sim0"));
+}
+
+#[test]
+fn fifteen_unsignalled_messages_on_a_failed_iwarp_qp_arrive_once_and_in_order() {
+    unsignalled_messages_on_a_failed_qp(SimDevice::iwarp("sim0"));
 }
 
 #[test]

@@ -9,6 +9,7 @@ use xrcbtl_xrc_conn::Rank;
 
 use crate::delivery::Delivery;
 use crate::ep::{EpState, Kept};
+use crate::post::PostedWr;
 use crate::proto::rndv::Control;
 use crate::proto::{Owner, Rdma};
 use crate::types::{BtlError, OpResult};
@@ -43,13 +44,23 @@ impl<C: Context, H> Core<C, H> {
                 }
             }
             WrId::Recv(_) => {}
+            WrId::Log { slot, gen, no } => {
+                // A QP's work completes in order: the log's front up to
+                // this message is done (an error is this message's alone).
+                while let Some(p) = self.sends.pop_logged_until(&mut self.eps, slot, gen, no) {
+                    if p.no as u32 == no && wc.status != WcStatus::Success {
+                        self.send_failed(p, wc);
+                    } else {
+                        self.sent_ok(p.ep, p.item, wc);
+                    }
+                }
+            }
             WrId::Send(id) => {
                 let Some((qp, no)) = self.sends.find(id) else {
                     return;
                 };
-                // A QP's work completes in order: whatever went unsignalled
-                // before this request is done.
-                while let Some(p) = self.sends.pop_unsignalled_before(&mut self.eps, qp, no) {
+                // Whatever was posted before this request on its QP is done.
+                while let Some(p) = self.sends.pop_logged_before(&mut self.eps, qp, no) {
                     self.sent_ok(p.ep, p.item, wc);
                 }
                 let Some(p) = self.sends.complete(&mut self.eps, id) else {
@@ -58,23 +69,29 @@ impl<C: Context, H> Core<C, H> {
                 if wc.status == WcStatus::Success {
                     return self.sent_ok(p.ep, p.item, wc);
                 }
-                self.stats.send_errors += 1;
-                let now = self.cfg.clock.now();
-                self.drv.handle_send_failure(now, p.qp);
-                let fatal = matches!(
-                    wc.status,
-                    WcStatus::RemoteAccess
-                        | WcStatus::RemoteInvalidRequest
-                        | WcStatus::LocalProtection
-                        | WcStatus::LocalLength
-                        | WcStatus::LocalAccess
-                );
-                if fatal {
-                    self.drop_item(p.ep, p.item, BtlError::Transfer(wc.status));
-                } else {
-                    self.requeue(p.ep, p.item);
-                }
+                self.send_failed(p, wc);
             }
+        }
+    }
+
+    /// Posted work failed with `wc`'s status: its QP is rebuilt, and the
+    /// work goes again, or, when trying again cannot help, is dropped.
+    fn send_failed(&mut self, p: PostedWr, wc: &WorkCompletion) {
+        self.stats.send_errors += 1;
+        let now = self.cfg.clock.now();
+        self.drv.handle_send_failure(now, p.qp);
+        let fatal = matches!(
+            wc.status,
+            WcStatus::RemoteAccess
+                | WcStatus::RemoteInvalidRequest
+                | WcStatus::LocalProtection
+                | WcStatus::LocalLength
+                | WcStatus::LocalAccess
+        );
+        if fatal {
+            self.drop_item(p.ep, p.item, BtlError::Transfer(wc.status));
+        } else {
+            self.requeue(p.ep, p.item);
         }
     }
 
@@ -323,7 +340,8 @@ impl<C: Context, H> Core<C, H> {
                 self.let_go_kept(item);
             }
         }
-        for p in self.sends.take(&mut self.eps, |p| p.ep == ei) {
+        let at = self.eps.get(ei).flight_slot;
+        for p in self.sends.take(&mut self.eps, at, |p| p.ep == ei) {
             self.drop_item(ei, p.item, e.clone());
         }
         self.rndv.fail_peer(rank, &e);

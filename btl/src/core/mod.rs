@@ -279,6 +279,9 @@ impl<C: Context, H> Core<C, H> {
         if now >= self.probe_at {
             self.probe_at = now + PROBE_EVERY;
             self.probe_silent();
+            // A QP's send log idle since the last look gives its memory
+            // back (a busy one keeps it: no allocation per message).
+            self.sends.trim_logs();
         }
         let mut work = self.drv.progress(now);
         while let Some(ev) = self.drv.poll_event() {

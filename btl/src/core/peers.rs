@@ -197,7 +197,7 @@ impl<C: Context, H> Core<C, H> {
                     }
                 }
                 // Work on a destroyed QP never completes: post it again.
-                for p in self.sends.take(&mut self.eps, |p| p.qp == slot) {
+                for p in self.sends.take(&mut self.eps, Some(slot), |p| p.qp == slot) {
                     self.requeue(p.ep, p.item);
                 }
             }

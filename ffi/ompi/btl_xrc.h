@@ -53,9 +53,13 @@ typedef struct mca_btl_xrc_frag_t {
 OBJ_CLASS_DECLARATION(mca_btl_xrc_frag_t);
 
 /** Counters: which BTL carried the traffic (printed at finalize with
- * btl_xrc_verbose >= 1). */
+ * btl_xrc_verbose >= 1). `sends` is counted under done_lock, which a send
+ * takes anyway, and `received` by the receive callback, which xrcbtl never
+ * runs twice at once: plain increments. The others are atomic where
+ * threads are in use. */
 typedef struct mca_btl_xrc_counters_t {
-    volatile int64_t sends, sendi, received, puts, gets, atomics, registrations, add_procs;
+    int64_t sends, received;
+    volatile int64_t sendi, puts, gets, atomics, registrations, add_procs;
 } mca_btl_xrc_counters_t;
 
 /** The module: one rank of xrcbtl on one device. */
@@ -76,6 +80,11 @@ typedef struct mca_btl_xrc_module_t {
     volatile int32_t done_count;
     mca_btl_base_module_error_cb_fn_t error_cb;
     mca_btl_xrc_counters_t counters;
+    /** The descriptor every received message is handed in, built once:
+     * xrcbtl runs receive callbacks one at a time, so one is enough, and
+     * a message sets only its segment. */
+    mca_btl_base_descriptor_t recv_des;
+    mca_btl_base_segment_t recv_seg;
 } mca_btl_xrc_module_t;
 
 /** The component: its parameters and its (at most one) module. */

@@ -101,9 +101,9 @@ int mca_btl_xrc_send(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, mc
         /* Nothing kept: the caller still owns the descriptor. */
         return mca_btl_xrc_rc(rc);
     }
-    (void) OPAL_THREAD_ADD_FETCH64(&m->counters.sends, 1);
     frag->endpoint = ep;
     OPAL_THREAD_LOCK(&m->done_lock);
+    m->counters.sends++;
     opal_list_append(&m->done, &des->super.super);
     (void) OPAL_THREAD_ADD_FETCH32(&m->done_count, 1);
     OPAL_THREAD_UNLOCK(&m->done_lock);
@@ -187,21 +187,19 @@ int mca_btl_xrc_sendi(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *ep, o
 }
 
 /* Every message, whatever its tag: the callback the BML registered for the
- * tag gets a descriptor on the stack, valid during the call. It may send,
- * add procs and progress. */
+ * tag gets the module's receive descriptor, valid during the call. It may
+ * send, add procs and progress; xrcbtl runs no other receive callback
+ * until it returns, so the descriptor and the count are this call's. */
 void mca_btl_xrc_receive(xrcbtl_t *xrc, uint32_t src, uint8_t tag, const void *data, size_t len, void *arg)
 {
     mca_btl_xrc_module_t *m = arg;
     mca_btl_active_message_callback_t *reg = mca_btl_base_active_message_trigger + tag;
-    mca_btl_base_segment_t seg = {.seg_addr.pval = (void *) data, .seg_len = len};
-    mca_btl_base_descriptor_t des;
     (void) xrc; (void) src;
 
-    memset(&des, 0, sizeof des);
-    des.des_segments = &seg;
-    des.des_segment_count = 1;
-    (void) OPAL_THREAD_ADD_FETCH64(&m->counters.received, 1);
+    m->recv_seg.seg_addr.pval = (void *) data;
+    m->recv_seg.seg_len = len;
+    m->counters.received++;
     if (NULL != reg->cbfunc) {
-        reg->cbfunc(&m->super, tag, &des, reg->cbdata);
+        reg->cbfunc(&m->super, tag, &m->recv_des, reg->cbdata);
     }
 }

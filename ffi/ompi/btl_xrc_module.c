@@ -89,6 +89,10 @@ int mca_btl_xrc_module_init(mca_btl_xrc_module_t *m)
     m->done_count = 0;
     m->error_cb = NULL;
     memset((void *) &m->counters, 0, sizeof m->counters);
+    memset(&m->recv_des, 0, sizeof m->recv_des);
+    memset(&m->recv_seg, 0, sizeof m->recv_seg);
+    m->recv_des.des_segments = &m->recv_seg;
+    m->recv_des.des_segment_count = 1;
     rc = opal_free_list_init(&m->frags, sizeof(mca_btl_xrc_frag_t) + m->super.btl_max_send_size, opal_cache_line_size,
                              OBJ_CLASS(mca_btl_xrc_frag_t), 0, 0, 64, -1, 64, NULL, 0, NULL, NULL, NULL);
     if (OPAL_SUCCESS != rc) {

@@ -651,7 +651,7 @@ impl SendQueues {
     }
 
     /// The QP in `slot` refused request `wr_id` with `e`: its record is
-    /// taken back out of the slab and its work returned; a QP that refused
+    /// taken back (from its log or the slab) and its work returned; a QP that refused
     /// for any reason but a full queue is unusable, and the manager
     /// rebuilds the path.
     #[cold]

@@ -479,6 +479,8 @@ pub struct BtlStats {
     /// waits in a slot of its own and is handed straight to the thread
     /// that runs it.
     pub queued_deliveries: u64,
-    /// Posted work requests recorded one entry each until they complete.
+    /// Posted work requests recorded one slab entry each until they
+    /// complete: reads, writes and atomics (messages wait in their QP's
+    /// send log instead).
     pub posted_records: u64,
 }

@@ -1,5 +1,5 @@
-//! Work for a peer, as it waits in an endpoint's queue and in the slab of
-//! posted requests: messages (eager, rendezvous control, credit-only) with
+//! Work for a peer, as it waits in an endpoint's queue and, once posted,
+//! in its QP's send log or the slab of posted work: messages (eager, rendezvous control, credit-only) with
 //! wherever their body is kept, and RDMA operations.
 
 use bytes::Bytes;

@@ -11,6 +11,7 @@
 //! measured here.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use xrcbtl_btl::sim::SimJob;
 use xrcbtl_btl::Peer;
@@ -75,6 +76,51 @@ fn a_known_peer_costs_a_rank_less_than_the_budget() {
             "{what}: {large:.0} bytes per peer, budget {BUDGET}"
         );
     }
+}
+
+/// Bytes the send logs of `peers` RC QPs keep after 15 small messages
+/// went on each and everything completed: with `trimmed`, after the
+/// logs were idle for two probe intervals.
+fn log_bytes_after_a_burst(peers: usize, trimmed: bool) -> i64 {
+    let mut job = SimJob::new(3, 1 + peers, 1, SimDevice::roce("sim0")).unwrap();
+    const LIMIT: Duration = Duration::from_secs(30);
+    // Connections first, and their own memory settled.
+    for dst in 1..=peers as Rank {
+        job.btl(0).send(dst, 9, b"up", &[]).unwrap();
+    }
+    job.settle(LIMIT).unwrap();
+    job.advance(Duration::from_secs(5));
+    let ((), bytes) = CountingAlloc::bytes(|| {
+        for _ in 0..15 {
+            for dst in 1..=peers as Rank {
+                job.btl(0).send(dst, 9, &[7; 16], &[]).unwrap();
+            }
+        }
+        job.settle(LIMIT).unwrap();
+        if trimmed {
+            // Two probe intervals, with the sender progressing after each
+            // second of them (the first look finds the logs just used).
+            for _ in 0..5 {
+                job.advance(Duration::from_secs(1));
+                job.btl(0).progress();
+            }
+        }
+    });
+    job.shutdown(LIMIT).unwrap();
+    bytes
+}
+
+/// One QP per peer (RC) multiplies per-QP state: a send log holds its
+/// messages until they complete, then, idle, gives its memory back.
+#[test]
+fn an_idle_send_log_gives_its_memory_back() {
+    const PEERS: usize = 16;
+    let busy = log_bytes_after_a_burst(PEERS, false);
+    let idle = log_bytes_after_a_burst(PEERS, true);
+    println!("send logs of {PEERS} RC QPs: {busy} bytes kept after a burst, {idle} once idle");
+    // 15 messages each: a log sized for them is at least 15 entries.
+    assert!(busy >= (PEERS * 15 * 64) as i64, "{busy} bytes kept");
+    assert!(idle <= 0, "{idle} bytes kept once the logs were idle");
 }
 
 #[test]

@@ -150,6 +150,17 @@ pub(crate) struct SendQueues {
     records: u64,
 }
 
+/// `n` requests of endpoint `ei` are over: with none left in flight, it
+/// may take another path, and its queue is served.
+fn landed(eps: &mut Endpoints, ei: u32, n: u32) {
+    let ep = eps.get_mut(ei);
+    ep.in_flight = ep.in_flight.saturating_sub(n);
+    if ep.in_flight == 0 {
+        ep.flight_slot = None;
+        eps.mark_ready(ei);
+    }
+}
+
 /// What the send queues work through, lent by the core for one call: the
 /// endpoints and their queues, the device's bounce slots and QPs, the
 /// rendezvous (a write posted, a FIN that must resume), and the counters.
@@ -314,6 +325,60 @@ impl SendQueues {
         self.pop_logged(eps, slot)
     }
 
+    /// Retires at once, from the front of QP slot `slot`'s log, the
+    /// messages that a successful completion of its post `no` (modulo
+    /// 2^32) in generation `gen` completes and that need nothing done once
+    /// they have left: their body kept in memory (short, or on the heap),
+    /// where credits do not keep sent messages (the caller's to know).
+    /// The log's front moves by their number, and their endpoints' flight
+    /// by theirs; the first one that needs more stops it, for
+    /// [`SendQueues::pop_logged_until`]. Returns how many it retired.
+    pub fn retire_left(&mut self, eps: &mut Endpoints, slot: u32, gen: u8, no: u32) -> usize {
+        let Some(q) = self.sq.get_mut(slot as usize) else {
+            return 0;
+        };
+        if q.gen != gen {
+            return 0;
+        }
+        let (mut k, mut signalled) = (0, 0);
+        // Consecutive messages of one endpoint land together.
+        let mut run: Option<(u32, u32)> = None;
+        for p in &q.log {
+            let left = matches!(
+                &p.item.work,
+                Work::Msg(Msg {
+                    store: Store::Small { .. } | Store::Heap(_),
+                    ..
+                })
+            );
+            if !left || (no.wrapping_sub(p.no as u32) as i32) < 0 {
+                break;
+            }
+            k += 1;
+            signalled += usize::from(p.signalled);
+            match &mut run {
+                Some((ep, n)) if *ep == p.ep => *n += 1,
+                _ => {
+                    if let Some((ep, n)) = run {
+                        landed(eps, ep, n);
+                    }
+                    run = Some((p.ep, 1));
+                }
+            }
+        }
+        if let Some((ep, n)) = run {
+            landed(eps, ep, n);
+        }
+        if k > 0 {
+            q.log.drain(..k);
+            q.used = q.used.saturating_sub(k as u32);
+            q.unsignalled -= (k - signalled) as u32;
+            self.signalled_out -= signalled;
+            self.logged -= k;
+        }
+        k
+    }
+
     /// Retires the oldest message of QP slot `slot`'s log.
     fn pop_logged(&mut self, eps: &mut Endpoints, slot: u32) -> Option<PostedWr> {
         let q = &mut self.sq[slot as usize];
@@ -393,12 +458,7 @@ impl SendQueues {
         if let Some(q) = self.sq.get_mut(p.qp as usize) {
             q.used = q.used.saturating_sub(1);
         }
-        let ep = eps.get_mut(p.ep);
-        ep.in_flight = ep.in_flight.saturating_sub(1);
-        if ep.in_flight == 0 {
-            ep.flight_slot = None;
-            eps.mark_ready(p.ep);
-        }
+        landed(eps, p.ep, 1);
     }
 
     /// Asks that all unsignalled work complete: covers are queued now,

@@ -47,6 +47,11 @@ impl<C: Context, H> Core<C, H> {
             WrId::Log { slot, gen, no } => {
                 // A QP's work completes in order: the log's front up to
                 // this message is done (an error is this message's alone).
+                // Messages kept in memory need nothing more unless credits
+                // keep them until they arrive.
+                if wc.status == WcStatus::Success && !self.iface.credits() {
+                    self.sends.retire_left(&mut self.eps, slot, gen, no);
+                }
                 while let Some(p) = self.sends.pop_logged_until(&mut self.eps, slot, gen, no) {
                     if p.no as u32 == no && wc.status != WcStatus::Success {
                         self.send_failed(p, wc);

@@ -798,7 +798,7 @@ impl SendQueues {
         if !ep.pending.is_empty() || (ep.in_flight > 0 && ep.flight_slot != Some(slot)) {
             return None;
         }
-        let (_, caps) = v.drv.qp(slot)?;
+        let (qp, caps) = v.drv.qp(slot)?;
         if total > caps.max_inline as usize
             || self.sq[slot as usize].used >= caps.max_send_wr
             || self.len() >= v.iface.send_budget as usize
@@ -850,13 +850,7 @@ impl SendQueues {
                 }),
             },
         });
-        let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Inline(&self.inline[..total]));
-        wr.remote_srqn = srqn;
-        if !signalled {
-            wr = wr.unsignaled();
-        }
-        let (qp, _) = v.drv.qp(slot).expect("looked up above");
-        match qp.post_send(&wr) {
+        match qp.post_inline(wr_id, &self.inline[..total], srqn, signalled) {
             Ok(()) => {
                 self.posted(v, ei, slot, no, signalled);
                 v.stats.inline_sent += 1;

@@ -301,6 +301,23 @@ pub trait Qp: Send + Sync {
     fn modify(&self, t: &QpTransition) -> Result<()>;
     /// Posts to the send queue. `NoResource` when the queue is full.
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
+    /// Posts a two-sided send of `data` inline (the latency path's short
+    /// message), to SRQ `remote_srqn` at the target of an XRC INI QP,
+    /// generating a completion on success if `signaled`. The same as
+    /// [`Qp::post_send`] of that request, with the same errors; a provider
+    /// may build it with less work.
+    fn post_inline(
+        &self,
+        wr_id: u64,
+        data: &[u8],
+        remote_srqn: Option<u32>,
+        signaled: bool,
+    ) -> Result<()> {
+        let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Inline(data));
+        wr.remote_srqn = remote_srqn;
+        wr.signaled = signaled;
+        self.post_send(&wr)
+    }
     /// Posts to the receive queue (RC QPs without an SRQ).
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
 

@@ -1293,6 +1293,53 @@ impl Qp for VerbsQp {
         }
     }
 
+    fn post_inline(
+        &self,
+        wr_id: u64,
+        data: &[u8],
+        remote_srqn: Option<u32>,
+        signaled: bool,
+    ) -> Result<()> {
+        let ok = match self.0.ty {
+            QpType::XrcIni => remote_srqn.is_some(),
+            QpType::Rc => true,
+            QpType::XrcTgt => false,
+        };
+        if !ok || data.len() > self.0.caps.max_inline as usize {
+            // The general path says what is wrong.
+            let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Inline(data));
+            wr.remote_srqn = remote_srqn;
+            wr.signaled = signaled;
+            return self.post_send(&wr);
+        }
+        let mut sge = sys::ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        let mut raw = sys::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: sys::IBV_WR_SEND,
+            send_flags: sys::IBV_SEND_INLINE | if signaled { sys::IBV_SEND_SIGNALED } else { 0 },
+            ..Default::default()
+        };
+        if let Some(srqn) = remote_srqn {
+            raw.qp_type.xrc.remote_srqn = srqn;
+        }
+        let mut bad = null_mut();
+        // SAFETY: the QP is live; the work request, its one SGE and the
+        // inline bytes it names are valid for the call (the provider copies
+        // them before it returns).
+        let rc = unsafe { sys::ibv_post_send(self.0.qp, &mut raw, &mut bad) };
+        match rc {
+            0 => Ok(()),
+            libc::ENOMEM => Err(Error::NoResource("send queue full")),
+            r => check("ibv_post_send", r),
+        }
+    }
+
     fn resize_send_queue(&self, depth: u32) -> Result<u32> {
         let unsupported = Error::Unsupported("resizing a QP's send queue");
         let mut a = sys::ibv_qp_attr::default();

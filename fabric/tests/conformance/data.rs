@@ -649,13 +649,31 @@ fn limits_max_inline<H: Harness>(h: &H) -> Outcome {
     let wc = wait_cq(h, &eb.cq, 1)?[0];
     ensure_eq!(wc.byte_len as usize, granted);
     ensure_eq!(eb.rbuf.read(0, granted), data);
+    // The latency path's post: the same message, unsignalled, then
+    // signalled (its completion is the first the send CQ reports).
+    let data = pattern(10, granted);
+    ea.qp.post_inline(3, &data[..8], None, false)?;
+    ea.qp.post_inline(4, &data, None, true)?;
+    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 4, WcStatus::Success)?;
+    let wcs = wait_cq(h, &eb.cq, 2)?;
+    for (wc, len) in wcs.iter().zip([8, granted]) {
+        ensure_eq!(wc.status, WcStatus::Success);
+        ensure_eq!(wc.byte_len as usize, len);
+        // Receive wr_ids are 1000 + the slot.
+        let at = (wc.wr_id - 1000) as usize * eb.slot as usize;
+        ensure_eq!(eb.rbuf.read(at, len), data[..len].to_vec());
+    }
     let too_long = pattern(9, granted + 1);
     match ea
         .qp
         .post_send(&SendWr::new(2, SendOp::Send, Payload::Inline(&too_long)))
     {
+        Err(Error::InvalidArgument(_)) => {}
+        other => return Err(Failure(format!("inline beyond max_inline: {other:?}"))),
+    }
+    match ea.qp.post_inline(5, &too_long, None, true) {
         Err(Error::InvalidArgument(_)) => Ok(()),
-        other => Err(Failure(format!("inline beyond max_inline: {other:?}"))),
+        other => Err(Failure(format!("post_inline beyond max_inline: {other:?}"))),
     }
 }
 

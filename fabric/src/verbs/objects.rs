@@ -437,35 +437,62 @@ impl VerbsCq {
         // Left uninitialised: this runs on every spin of a progress loop,
         // and the provider writes each entry it returns.
         let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; 32];
+        let want = out.len().min(raw.len());
+        if want == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the CQ is live; `raw` has room for `want` entries
+        // (MaybeUninit<ibv_wc> has ibv_wc's layout).
+        let n = unsafe {
+            sys::ibv_poll_cq(
+                self.0.cq,
+                want as i32,
+                raw.as_mut_ptr().cast::<sys::ibv_wc>(),
+            )
+        };
+        if n == 0 {
+            // Empty, the usual answer of a spinning poll: nothing more to
+            // do, and the rest (conversion, polling on) kept out of line.
+            return Ok(0);
+        }
+        self.poll_found(out, &mut raw, n)
+    }
+
+    /// The rest of [`VerbsCq::poll_raw`] when its first `ibv_poll_cq`
+    /// answered `n` (an error when negative): converts the entries the
+    /// provider wrote into `raw`, and polls on while `out` has room and
+    /// each poll filled what it asked for.
+    #[inline(never)]
+    fn poll_found(
+        &self,
+        out: &mut [WorkCompletion],
+        raw: &mut [std::mem::MaybeUninit<sys::ibv_wc>; 32],
+        mut n: i32,
+    ) -> Result<usize> {
         let mut done = 0;
         loop {
+            if n < 0 {
+                return Err(self.poll_error(n));
+            }
             let want = (out.len() - done).min(raw.len());
-            if want == 0 {
-                return Ok(done);
-            }
-            // SAFETY: the CQ is live; `raw` has room for `want` entries
-            // (MaybeUninit<ibv_wc> has ibv_wc's layout).
-            let n = unsafe {
-                sys::ibv_poll_cq(
-                    self.0.cq,
-                    want as i32,
-                    raw.as_mut_ptr().cast::<sys::ibv_wc>(),
-                )
-            };
-            if n <= 0 {
-                // Empty, the usual answer of a spinning poll: nothing more.
-                return if n == 0 {
-                    Ok(done)
-                } else {
-                    Err(self.poll_error(n))
-                };
-            }
             for (slot, w) in out[done..].iter_mut().zip(&raw[..n as usize]) {
                 // SAFETY: ibv_poll_cq wrote the first `n` entries.
                 *slot = convert_wc(unsafe { w.assume_init_ref() });
             }
             done += n as usize;
-            if (n as usize) < want {
+            let more = (out.len() - done).min(raw.len());
+            if (n as usize) < want || more == 0 {
+                return Ok(done);
+            }
+            // SAFETY: as in poll_raw, for `more` entries.
+            n = unsafe {
+                sys::ibv_poll_cq(
+                    self.0.cq,
+                    more as i32,
+                    raw.as_mut_ptr().cast::<sys::ibv_wc>(),
+                )
+            };
+            if n == 0 {
                 return Ok(done);
             }
         }

@@ -313,10 +313,7 @@ pub trait Qp: Send + Sync {
         remote_srqn: Option<u32>,
         signaled: bool,
     ) -> Result<()> {
-        let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Inline(data));
-        wr.remote_srqn = remote_srqn;
-        wr.signaled = signaled;
-        self.post_send(&wr)
+        self.post_send(&SendWr::inline(wr_id, data, remote_srqn, signaled))
     }
     /// Posts to the receive queue (RC QPs without an SRQ).
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;

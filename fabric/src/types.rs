@@ -625,6 +625,16 @@ impl<'a> SendWr<'a> {
         }
     }
 
+    /// A two-sided send of `data` inline, to SRQ `remote_srqn` at the
+    /// target of an XRC INI QP, signaled or not ([`crate::Qp::post_inline`]).
+    pub fn inline(wr_id: u64, data: &'a [u8], remote_srqn: Option<u32>, signaled: bool) -> Self {
+        SendWr {
+            remote_srqn,
+            signaled,
+            ..SendWr::new(wr_id, SendOp::Send, Payload::Inline(data))
+        }
+    }
+
     /// A signaled two-sided send of `sgl`.
     pub fn send(wr_id: u64, sgl: &'a [Sge]) -> Self {
         SendWr::new(wr_id, SendOp::Send, Payload::Sgl(sgl))

@@ -933,6 +933,26 @@ fn qp_state(s: sys::ibv_qp_state) -> QpState {
 }
 
 impl VerbsQp {
+    /// Posts `raw`, built by the caller, to the send queue, with the
+    /// target SRQ of an XRC INI QP.
+    #[inline]
+    fn post_raw(&self, raw: &mut sys::ibv_send_wr, remote_srqn: Option<u32>) -> Result<()> {
+        if let Some(srqn) = remote_srqn {
+            raw.qp_type.xrc.remote_srqn = srqn;
+        }
+        let mut bad = null_mut();
+        // SAFETY: the QP is live; the work request, its SGE list and any
+        // inline bytes are valid for the call (the provider copies them
+        // before it returns); registered memory named by the SGEs is the
+        // caller's contract.
+        let rc = unsafe { sys::ibv_post_send(self.0.qp, raw, &mut bad) };
+        match rc {
+            0 => Ok(()),
+            libc::ENOMEM => Err(Error::NoResource("send queue full")),
+            r => check("ibv_post_send", r),
+        }
+    }
+
     pub(crate) fn create(
         ctx: &VerbsContext,
         pd: &VerbsPd,
@@ -1305,19 +1325,7 @@ impl Qp for VerbsQp {
                 };
             }
         }
-        if let Some(srqn) = wr.remote_srqn {
-            raw.qp_type.xrc.remote_srqn = srqn;
-        }
-        let mut bad = null_mut();
-        // SAFETY: the QP is live; the work request, its SGE list and any
-        // inline bytes are valid for the call (the provider copies them);
-        // registered memory named by the SGEs is the caller's contract.
-        let rc = unsafe { sys::ibv_post_send(self.0.qp, &mut raw, &mut bad) };
-        match rc {
-            0 => Ok(()),
-            libc::ENOMEM => Err(Error::NoResource("send queue full")),
-            r => check("ibv_post_send", r),
-        }
+        self.post_raw(&mut raw, wr.remote_srqn)
     }
 
     fn post_inline(
@@ -1334,10 +1342,7 @@ impl Qp for VerbsQp {
         };
         if !ok || data.len() > self.0.caps.max_inline as usize {
             // The general path says what is wrong.
-            let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Inline(data));
-            wr.remote_srqn = remote_srqn;
-            wr.signaled = signaled;
-            return self.post_send(&wr);
+            return self.post_send(&SendWr::inline(wr_id, data, remote_srqn, signaled));
         }
         let mut sge = sys::ibv_sge {
             addr: data.as_ptr() as u64,
@@ -1352,19 +1357,7 @@ impl Qp for VerbsQp {
             send_flags: sys::IBV_SEND_INLINE | if signaled { sys::IBV_SEND_SIGNALED } else { 0 },
             ..Default::default()
         };
-        if let Some(srqn) = remote_srqn {
-            raw.qp_type.xrc.remote_srqn = srqn;
-        }
-        let mut bad = null_mut();
-        // SAFETY: the QP is live; the work request, its one SGE and the
-        // inline bytes it names are valid for the call (the provider copies
-        // them before it returns).
-        let rc = unsafe { sys::ibv_post_send(self.0.qp, &mut raw, &mut bad) };
-        match rc {
-            0 => Ok(()),
-            libc::ENOMEM => Err(Error::NoResource("send queue full")),
-            r => check("ibv_post_send", r),
-        }
+        self.post_raw(&mut raw, remote_srqn)
     }
 
     fn resize_send_queue(&self, depth: u32) -> Result<u32> {

@@ -108,4 +108,5 @@ def main():
     calls(t1, t2, n1, n2, names)
 
 
-main()
+if __name__ == "__main__":
+    main()

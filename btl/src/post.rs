@@ -745,8 +745,9 @@ impl SendQueues {
             && self.len() < iface.send_budget as usize / 2
     }
 
-    /// Records a request the QP in `slot` took: its send queue, the
-    /// signalled work or the unsignalled list, and its endpoint's flight.
+    /// Counts a request the QP in `slot` took: its send queue, the
+    /// signalled work or the QP's unsignalled messages, and its endpoint's
+    /// flight.
     fn posted<C: Context>(
         &mut self,
         v: &mut SendView<'_, C>,

@@ -150,6 +150,13 @@ pub(crate) struct SendQueues {
     records: u64,
 }
 
+/// Whether the completion of the request numbered `no` (modulo 2^32) on
+/// a QP completes `p`, posted on it: `p` is that request, or came before it
+/// (numbers compared across their wrap).
+fn completed_by(p: &PostedWr, no: u32) -> bool {
+    no.wrapping_sub(p.no as u32) as i32 >= 0
+}
+
 /// `n` requests of endpoint `ei` are over: with none left in flight, it
 /// may take another path, and its queue is served.
 fn landed(eps: &mut Endpoints, ei: u32, n: u32) {
@@ -319,7 +326,7 @@ impl SendQueues {
         no: u32,
     ) -> Option<PostedWr> {
         let q = self.sq.get_mut(slot as usize)?;
-        if q.gen != gen || (no.wrapping_sub(q.log.front()?.no as u32) as i32) < 0 {
+        if q.gen != gen || !completed_by(q.log.front()?, no) {
             return None;
         }
         self.pop_logged(eps, slot)
@@ -351,7 +358,7 @@ impl SendQueues {
                     ..
                 })
             );
-            if !left || (no.wrapping_sub(p.no as u32) as i32) < 0 {
+            if !left || !completed_by(p, no) {
                 break;
             }
             k += 1;
@@ -711,9 +718,9 @@ impl SendQueues {
     }
 
     /// The QP in `slot` refused request `wr_id` with `e`: its record is
-    /// taken back (from its log or the slab) and its work returned; a QP that refused
-    /// for any reason but a full queue is unusable, and the manager
-    /// rebuilds the path.
+    /// taken back (from its log or the slab) and its work returned; a QP
+    /// that refused for any reason but a full queue is unusable, and the
+    /// manager rebuilds the path.
     #[cold]
     fn refused<C: Context>(
         &mut self,

@@ -76,6 +76,18 @@ def calls(t1, t2, n1, n2, names):
         print(f"{want:28s} {inc:7.0f} per round trip, {n:5.2f} calls, {per}")
 
 
+def split_costs(a, b):
+    """(receiving call, empty call) from two runs' (inclusive cost,
+    calls) per iteration of one progress function, or None when their
+    numbers of calls are too close to tell the two kinds apart (the
+    difference would be noise divided by noise)."""
+    (inc_a, c_a), (inc_b, c_b) = a, b
+    if abs(c_a - c_b) < 0.5:
+        return None
+    empty = (inc_a - inc_b) / (c_a - c_b)
+    return inc_a - empty * (c_a - 1), empty
+
+
 def split(t1, t2, u1, u2, n1, n2, names):
     steps = int(n2) - int(n1)
     t, u = (tree(t1), tree(t2)), (tree(u1), tree(u2))
@@ -87,14 +99,12 @@ def split(t1, t2, u1, u2, n1, n2, names):
             status = 1
             continue
         (inc_a, c_a), (inc_b, c_b) = a, b
-        if abs(c_a - c_b) < 0.5:
-            # Too close to tell the two kinds apart: the difference
-            # would be noise divided by noise.
+        costs = split_costs(a, b)
+        if costs is None:
             print(f"{want}: both runs made about {c_a:.2f} calls per iteration: no split")
             status = 1
             continue
-        empty = (inc_a - inc_b) / (c_a - c_b)
-        receiving = inc_a - empty * (c_a - 1)
+        receiving, empty = costs
         print(f"{want:28s} receiving call {receiving:7.0f}, empty call {empty:5.0f} "
               f"(from {c_a:.2f} and {c_b:.2f} calls per round trip: {inc_a:.0f} and {inc_b:.0f})")
     return status

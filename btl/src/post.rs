@@ -44,7 +44,7 @@ use crate::proto::rndv::Rndv;
 use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::types::{BtlStats, Tag};
 use crate::wire::{Header, Kind, HEADER, SMALL_BODY};
-use crate::work::{small_body, steal_slot, Item, Msg, Store, Work};
+use crate::work::{steal_slot, Item, Msg, Store, Work};
 use crate::wr_id::{WrId, LOG_SLOTS};
 
 /// The largest message posted inline (the scratch buffer it is gathered
@@ -813,9 +813,9 @@ impl SendQueues {
         {
             return None;
         }
-        // The body gathered once: the copy kept for a resend, and what goes
-        // inline (copied from it at a fixed length, without a call).
-        let bytes = small_body(parts)?;
+        if len > SMALL_BODY {
+            return None;
+        }
         // Spent now, taken back if the QP refuses the message.
         let mut returned = 0;
         if v.fc {
@@ -834,7 +834,15 @@ impl SendQueues {
             len: len as u32,
         }
         .encode(&mut self.inline[..HEADER]);
-        self.inline[HEADER..HEADER + SMALL_BODY].copy_from_slice(&bytes);
+        // The body gathered once, where it goes inline; the copy kept for
+        // a resend is taken from there at a fixed length, without a call.
+        let body = &mut self.inline[HEADER..HEADER + SMALL_BODY];
+        body[..parts[0].len()].copy_from_slice(parts[0]);
+        if !parts[1].is_empty() {
+            body[parts[0].len()..len].copy_from_slice(parts[1]);
+        }
+        let mut bytes = [0u8; SMALL_BODY];
+        bytes.copy_from_slice(body);
         let signalled = !self.may_skip_signal(v.iface, slot, caps);
         let no = self.sq[slot as usize].posts;
         let order = v.eps.next_order(ei);

@@ -147,6 +147,7 @@ impl<C: Context, H> Core<C, H> {
             None => Receive::Rc,
         };
         let domains = Domains::new(receive, cfg.node, cfg.rank);
+        let classes = iface.classes.len();
         Ok(Core {
             sends: SendQueues::new(cfg.cq_batch),
             recv: Recv::new(
@@ -165,7 +166,10 @@ impl<C: Context, H> Core<C, H> {
             resolver: None,
             domains,
             deliveries: Deliveries::new(queued),
-            stats: BtlStats::default(),
+            stats: BtlStats {
+                received_by_class: vec![0; classes],
+                ..BtlStats::default()
+            },
             control_left: 0,
             probe_at: Duration::ZERO,
             control_every,

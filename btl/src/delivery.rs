@@ -98,6 +98,7 @@ impl<C: Context, H> Deliveries<C, H> {
     }
 
     /// Queues `d` for the user.
+    #[inline]
     pub fn push(&mut self, d: Delivery<C, H>) {
         if self.first.is_none() {
             // Nothing waits: the queue is empty too (the first is taken

@@ -351,22 +351,15 @@ impl<C: Context> Iface<C> {
     }
 
     /// A receive completed into `slot`: it is no longer posted, and is the
-    /// caller's until [`Iface::give_back`]. Returns where the buffer starts
-    /// in its chunk ([`Iface::chunk`]), or `None` for a slot that is not
+    /// caller's until [`Iface::give_back`]. Returns the buffer's chunk and
+    /// where the buffer starts in it, or `None` for a slot that is not
     /// ours.
-    pub fn taken(&mut self, slot: RecvSlot) -> Option<usize> {
+    pub fn taken(&mut self, slot: RecvSlot) -> Option<(Arc<DmaBuf<C>>, usize)> {
         let c = self.classes.get_mut(slot.class as usize)?;
-        if slot.chunk as usize >= c.chunks.len() {
-            return None;
-        }
+        let chunk = c.chunks.get(slot.chunk as usize)?.clone();
         c.posted = c.posted.saturating_sub(1);
         self.recv_moved = true;
-        Some(slot.index as usize * c.size as usize)
-    }
-
-    /// The chunk of a slot [`Iface::taken`] accepted.
-    pub fn chunk(&self, slot: RecvSlot) -> &Arc<DmaBuf<C>> {
-        &self.classes[slot.class as usize].chunks[slot.chunk as usize]
+        Some((chunk, slot.index as usize * c.size as usize))
     }
 
     /// A taken buffer is done with: it is posted again with the next batch.

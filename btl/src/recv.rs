@@ -37,9 +37,7 @@ struct Train {
 
 /// A receive buffer a message arrived in, while it is read.
 struct Received<'a, C: Context> {
-    /// The buffer's chunk, for a message read in place; `None` for a short
-    /// one, copied out and its buffer given back before it is read.
-    chunk: Option<&'a Arc<DmaBuf<C>>>,
+    chunk: &'a Arc<DmaBuf<C>>,
     /// Where the buffer starts in the chunk.
     at: usize,
     slot: RecvSlot,
@@ -157,7 +155,7 @@ impl Recv {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
             return None;
         };
-        let at = v.iface.taken(slot)?;
+        let (chunk, at) = v.iface.taken(slot)?;
         if wc.status != WcStatus::Success
             || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
         {
@@ -175,40 +173,23 @@ impl Recv {
         if let Some(c) = v.stats.received_by_class.get_mut(usize::from(slot.class)) {
             *c += 1;
         }
-        let len = wc.byte_len as usize;
-        if len <= HEADER + SMALL_BODY {
-            // Short: copied out whole, its buffer back at once, and no
-            // hold on the chunk while it is read.
-            let mut msg = [0u8; HEADER + SMALL_BODY];
-            v.iface
-                .chunk(slot)
-                .with_slice(at, len, |b| msg[..len].copy_from_slice(b));
-            v.iface.give_back(slot);
-            let rx = Received {
-                chunk: None,
-                at,
-                slot,
-                qpn: wc.qp_num,
-            };
-            return self.on_message(v, &msg[..len], rx).1;
-        }
-        let chunk = v.iface.chunk(slot).clone();
         let rx = Received {
-            chunk: Some(&chunk),
+            chunk: &chunk,
             at,
             slot,
             qpn: wc.qp_num,
         };
-        let (kept, got) = chunk.with_slice(at, len, |bytes| self.on_message(v, bytes, rx));
+        let (kept, got) = chunk.with_slice(at, wc.byte_len as usize, |bytes| {
+            self.on_message(v, bytes, rx)
+        });
         if !kept {
             v.iface.give_back(slot);
         }
         got
     }
 
-    /// A message arrived in a receive buffer (`bytes`: read in place, the
-    /// buffer not posted while it is read, or for a short message a copy,
-    /// its buffer already given back). Returns whether a delivery
+    /// A message arrived in a receive buffer (`bytes`, read in place; the
+    /// buffer is not posted while it is read). Returns whether a delivery
     /// keeps the buffer (it is then given back when its consumer is done,
     /// else at once by the caller), and what the message brought.
     fn on_message<C: Context, H>(
@@ -245,9 +226,10 @@ impl Recv {
         // A message joined from parts is copied out: no buffer kept.
         let joining = !self.trains.is_empty() && self.trains.contains_key(&ei);
         let in_order = deliver && arrival == Some(Arrival::Next) && !joining;
-        // A short body was copied out, and its buffer went back; a longer
-        // one is read in place, and its buffer kept until then.
-        let keep = in_order && rx.chunk.is_some();
+        // A short body is copied out, and its buffer goes back at once;
+        // a longer one is read in place, and its buffer kept until then.
+        let small = bytes.len() - HEADER <= SMALL_BODY;
+        let keep = in_order && !small;
         let mut got = Got {
             returned: None,
             ctl: None,
@@ -288,20 +270,17 @@ impl Recv {
             v.stats.eager_received += 1;
             v.stats.bytes_received += u64::from(h.len);
             let body = &bytes[HEADER..];
-            let (body, start, end) = match rx.chunk {
-                None => {
-                    let mut copy = [0u8; SMALL_BODY];
-                    copy[..body.len()].copy_from_slice(body);
-                    (Body::Small { bytes: copy }, 0, body.len())
-                }
-                Some(chunk) => {
-                    let received = Body::Received {
-                        chunk: chunk.clone(),
-                        slot: rx.slot,
-                        credit: v.fc.then_some((h.src, rx.qpn)),
-                    };
-                    (received, rx.at + HEADER, rx.at + bytes.len())
-                }
+            let (body, start, end) = if small {
+                let mut copy = [0u8; SMALL_BODY];
+                copy[..body.len()].copy_from_slice(body);
+                (Body::Small { bytes: copy }, 0, body.len())
+            } else {
+                let received = Body::Received {
+                    chunk: rx.chunk.clone(),
+                    slot: rx.slot,
+                    credit: v.fc.then_some((h.src, rx.qpn)),
+                };
+                (received, rx.at + HEADER, rx.at + bytes.len())
             };
             v.deliveries.push(Delivery::Message {
                 src: h.src,

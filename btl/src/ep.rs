@@ -72,96 +72,11 @@ pub(crate) struct Endpoint {
     pub flight_slot: Option<u32>,
     /// Credit flow control by connection.
     pub credits: Credits,
-    /// Messages that left on a connection and are not yet known to have
-    /// arrived (credit flow control only).
-    pub kept: Vec<Kept>,
     /// In the ready ring.
     pub queued: bool,
     /// The sequence number expected from the peer at the last look for
     /// silent peers ([`crate::core::Core::probe_silent`]).
     pub probe_seen: Option<u32>,
-}
-
-/// Where credits flow (iWARP), a send completes when the message has
-/// left, not when it has arrived: a connection that breaks may still lose
-/// it. Each message is kept, by the connection it left on, until the
-/// peer's returned credits show that it arrived, and is sent again on the
-/// next connection if its own breaks first (the peer drops what it had
-/// already).
-///
-/// The peer returns one credit per message it received, and a connection
-/// delivers in order: `n` credits back mean that the first `n` messages
-/// sent on it arrived, whichever receives the peer freed. Completions come
-/// in order too, so a message's place in `sent` is its place in the
-/// connection's order; credit-only messages hold a place (`None`) and are
-/// never sent again.
-#[derive(Debug)]
-pub(crate) struct Kept {
-    /// The local QP number of the connection.
-    pub qpn: u32,
-    /// Completed messages not yet known to have arrived, oldest first.
-    pub sent: VecDeque<Option<Item>>,
-    /// Arrivals shown by credits for messages whose completion has not
-    /// been seen yet.
-    pub ahead: u64,
-}
-
-impl Kept {
-    /// The record of the connection on local QP `qpn` in `kept`, made if
-    /// new.
-    #[inline]
-    pub fn of(kept: &mut Vec<Kept>, qpn: u32) -> &mut Kept {
-        if kept.first().is_some_and(|k| k.qpn == qpn) {
-            return &mut kept[0];
-        }
-        Self::of_other(kept, qpn)
-    }
-
-    /// [`Kept::of`] for a connection whose record is not the first.
-    #[cold]
-    fn of_other(kept: &mut Vec<Kept>, qpn: u32) -> &mut Kept {
-        let i = match kept.iter().position(|k| k.qpn == qpn) {
-            Some(i) => i,
-            None => {
-                kept.push(Kept {
-                    qpn,
-                    sent: VecDeque::new(),
-                    ahead: 0,
-                });
-                kept.len() - 1
-            }
-        };
-        &mut kept[i]
-    }
-
-    /// A message completed: `Some(item)` back if it is known to have
-    /// arrived already, else it is kept (`item` is `None` for a
-    /// credit-only message).
-    pub fn completed(&mut self, item: Option<Item>) -> Option<Item> {
-        if self.ahead > 0 {
-            self.ahead -= 1;
-            return item;
-        }
-        self.sent.push_back(item);
-        None
-    }
-
-    /// Takes `n` more arrivals, counting them down, up to the next kept
-    /// message among them, which it returns (`None` once all `n` are
-    /// taken: credit-only places, and arrivals ahead of their completions,
-    /// return nothing).
-    #[inline]
-    pub fn next_arrived(&mut self, n: &mut u64) -> Option<Item> {
-        while *n > 0 {
-            *n -= 1;
-            match self.sent.pop_front() {
-                Some(Some(item)) => return Some(item),
-                Some(None) => {}
-                None => self.ahead += 1,
-            }
-        }
-        None
-    }
 }
 
 impl Endpoint {
@@ -178,7 +93,6 @@ impl Endpoint {
             in_flight: 0,
             flight_slot: None,
             credits: Credits::default(),
-            kept: Vec::new(),
             queued: false,
             probe_seen: None,
         }
@@ -418,8 +332,6 @@ impl Endpoints {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Kind;
-    use crate::work::{Msg, Store};
 
     /// Ranks below and above the dense table are found, forgotten and
     /// counted alike, and a rank never added is not found, whether its
@@ -447,57 +359,5 @@ mod tests {
         assert_eq!(eps.get(a).rank, 5, "the slot stays");
         assert_eq!(eps.add(5), 3, "made afresh");
         assert_eq!(eps.len(), 2);
-    }
-
-    fn msg(seq: u32) -> Item {
-        Item {
-            order: u64::from(seq),
-            tries: 0,
-            work: Work::Msg(Msg {
-                seq,
-                kind: Kind::Eager,
-                tag: 0,
-                len: 0,
-                store: Store::Heap(Vec::new()),
-            }),
-        }
-    }
-
-    fn seq(item: Option<Item>) -> Option<u32> {
-        item.map(|i| match i.work {
-            Work::Msg(m) => m.seq,
-            Work::Rdma(_) => unreachable!(),
-        })
-    }
-
-    /// Arrivals let kept messages go in their order, pass over the places
-    /// of credit-only messages, and count those that come before their
-    /// completions, which then are not kept at all.
-    #[test]
-    fn arrivals_let_kept_messages_go_in_order() {
-        let mut kept = Vec::new();
-        let k = Kept::of(&mut kept, 7);
-        assert!(k.completed(Some(msg(1))).is_none());
-        assert!(k.completed(None).is_none());
-        assert!(k.completed(Some(msg(2))).is_none());
-        let mut n = 2;
-        assert_eq!(seq(k.next_arrived(&mut n)), Some(1));
-        assert_eq!(n, 1);
-        assert_eq!(seq(k.next_arrived(&mut n)), None, "a credit-only place");
-        assert_eq!(n, 0);
-        let mut n = 3;
-        assert_eq!(seq(k.next_arrived(&mut n)), Some(2));
-        assert_eq!(seq(k.next_arrived(&mut n)), None);
-        assert_eq!((n, k.ahead), (0, 2), "two arrived before they completed");
-        assert_eq!(seq(k.completed(Some(msg(3)))), Some(3), "arrived already");
-        assert!(k.completed(None).is_none());
-        assert!(k.completed(Some(msg(4))).is_none(), "kept");
-        assert_eq!(k.ahead, 0);
-        assert!(std::ptr::eq(Kept::of(&mut kept, 7), &kept[0]));
-        Kept::of(&mut kept, 8);
-        assert_eq!(kept.len(), 2, "another connection, another record");
-        assert_eq!(kept[1].qpn, 8);
-        let mut n = 1;
-        assert_eq!(seq(Kept::of(&mut kept, 7).next_arrived(&mut n)), Some(4));
     }
 }

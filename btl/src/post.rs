@@ -20,8 +20,10 @@
 //! Posted messages wait in their QP's send log ([`SendQueue`]), in posting
 //! order, and their wr_id names the QP's slot and their post number: a
 //! completion retires the log's front up to itself by moving along it,
-//! with no look-up per message. Reads, writes and atomics (and messages
-//! on a slot past [`LOG_SLOTS`]) are kept in a slab instead, found by
+//! with no look-up per message. Where credits flow, a completed message
+//! stays in the log until the peer's credits show it arrived. Reads,
+//! writes and atomics (and messages on a slot past [`LOG_SLOTS`], which
+//! no device's QP count reaches) are kept in a slab instead, found by
 //! their wr_id.
 //!
 //! A short eager message to an endpoint with nothing queued takes a
@@ -68,6 +70,19 @@ pub(crate) const SIGNAL_EVERY: usize = 16;
 /// QP's log is taken out whole, to post again; the slot's generation then
 /// changes, so that the QP's late completions retire nothing.
 ///
+/// Where credits flow (iWARP), a completion says only that a message left:
+/// a connection that breaks may still lose it. Its completion moves a
+/// second index instead (`left`): the message stops counting as posted
+/// work but stays in the log, body and all, until the peer's returned
+/// credits, counted in `arrived`, show it arrived. The peer returns one
+/// credit per message it received, and the connection delivers in order,
+/// so `n` credits back on a QP mean its next `n` messages arrived
+/// (credit-only messages hold their places). Credits often come back
+/// before an unsignalled message's completion is seen: `arrived` may run
+/// ahead of `left`, and a message retires once both have passed it. A
+/// broken connection's log, taken out whole, thus holds every message that
+/// may not have arrived, in order, to send again.
+///
 /// Selective signalling: small inline messages (the latency path) are
 /// posted unsignalled, up to [`SIGNAL_EVERY`] in a row, while bounce slots
 /// are plentiful; the next signalled completion on the QP retires them. A
@@ -92,6 +107,12 @@ pub(crate) struct SendQueue {
     gen: u8,
     /// A message was logged since the logs were last trimmed.
     busy: bool,
+    /// Where credits flow: how many messages at the log's front have left
+    /// (completed) and wait for their arrival.
+    left: u32,
+    /// Where credits flow: how many messages at the log's front the peer's
+    /// credits show arrived (possibly more than have left).
+    arrived: u64,
     /// A cover is queued and not yet posted.
     pub cover_queued: bool,
 }
@@ -107,6 +128,9 @@ pub(crate) struct PostedWr {
     pub no: u64,
     /// Whether it reports its success.
     pub signalled: bool,
+    /// It completed, and waits in its log for its arrival (credits flow):
+    /// it no longer counts as posted work.
+    pub left: bool,
     /// The work.
     pub item: Item,
 }
@@ -125,8 +149,10 @@ pub(crate) struct SendQueues {
     /// Work posted and not completed that is not in a send log, by its
     /// wr_id's index.
     slab: WrSlab<PostedWr>,
-    /// Messages in the send logs.
+    /// Messages in the send logs, less those that left.
     logged: usize,
+    /// Messages that left and wait in the logs for their arrival.
+    waiting: usize,
     /// The slots whose logs hold memory, to give back once they are empty.
     held: Vec<u32>,
     /// The send side of each QP slot of the driver.
@@ -157,6 +183,18 @@ fn completed_by(p: &PostedWr, no: u32) -> bool {
     no.wrapping_sub(p.no as u32) as i32 >= 0
 }
 
+/// Whether `p` is a message whose body is kept in memory (short, or on
+/// the heap): once over, it needs nothing more done.
+fn in_memory(p: &PostedWr) -> bool {
+    matches!(
+        &p.item.work,
+        Work::Msg(Msg {
+            store: Store::Small { .. } | Store::Heap(_),
+            ..
+        })
+    )
+}
+
 /// `n` requests of endpoint `ei` are over: with none left in flight, it
 /// may take another path, and its queue is served.
 fn landed(eps: &mut Endpoints, ei: u32, n: u32) {
@@ -165,6 +203,31 @@ fn landed(eps: &mut Endpoints, ei: u32, n: u32) {
     if ep.in_flight == 0 {
         ep.flight_slot = None;
         eps.mark_ready(ei);
+    }
+}
+
+/// Requests over on one QP, landed by endpoint: consecutive ones of one
+/// endpoint land together.
+#[derive(Default)]
+struct Landing(Option<(u32, u32)>);
+
+impl Landing {
+    /// One more request of endpoint `ei` is over.
+    fn add(&mut self, eps: &mut Endpoints, ei: u32) {
+        match &mut self.0 {
+            Some((ep, n)) if *ep == ei => *n += 1,
+            _ => {
+                self.finish(eps);
+                self.0 = Some((ei, 1));
+            }
+        }
+    }
+
+    /// Lands the last run.
+    fn finish(&mut self, eps: &mut Endpoints) {
+        if let Some((ep, n)) = self.0.take() {
+            landed(eps, ep, n);
+        }
     }
 }
 
@@ -188,6 +251,7 @@ impl SendQueues {
         SendQueues {
             slab: WrSlab::new(),
             logged: 0,
+            waiting: 0,
             held: Vec::new(),
             sq: Vec::new(),
             signalled_out: 0,
@@ -252,6 +316,9 @@ impl SendQueues {
             q.used = 0;
             q.cover_queued = false;
             q.gen = q.gen.wrapping_add(1);
+            // Credits the peer returned ahead of completions belong to
+            // the connection that went.
+            q.arrived = 0;
         }
     }
 
@@ -272,28 +339,152 @@ impl SendQueues {
             .map(|(_, p)| p)
             .collect();
         if let Some(q) = at.and_then(|slot| self.sq.get_mut(slot as usize)) {
-            let kept = q.log.len();
             let mut i = 0;
             while i < q.log.len() {
                 if pick(&q.log[i]) {
                     let p = q.log.remove(i).expect("in the log");
-                    if !p.signalled {
-                        q.unsignalled -= 1;
+                    // The indices count from the front: one place less.
+                    if (i as u64) < q.arrived {
+                        q.arrived -= 1;
+                    }
+                    if p.left {
+                        q.left -= 1;
+                        self.waiting -= 1;
+                    } else {
+                        self.logged -= 1;
+                        if !p.signalled {
+                            q.unsignalled -= 1;
+                        }
                     }
                     taken.push(p);
                 } else {
                     i += 1;
                 }
             }
-            self.logged -= kept - q.log.len();
         }
         for p in &taken {
+            // A message that left was counted out then.
+            if p.left {
+                continue;
+            }
             if p.signalled {
                 self.signalled_out -= 1;
             }
             self.release(eps, p);
         }
         taken
+    }
+
+    /// Where credits flow: the messages of QP slot `slot`'s log (in
+    /// generation `gen`) that a successful completion of its post `no`
+    /// (modulo 2^32) completes and that had not left yet have left: they
+    /// stop counting as posted work (their endpoints' flight, the send
+    /// queue, the signalled work) and stay in the log until
+    /// [`SendQueues::pop_arrived`] finds them arrived. `spare` sees each
+    /// (it may move a body out of its bounce slot). Returns how many left.
+    pub fn leave(
+        &mut self,
+        eps: &mut Endpoints,
+        slot: u32,
+        gen: u8,
+        no: u32,
+        mut spare: impl FnMut(&mut Item),
+    ) -> usize {
+        let Some(q) = self.sq.get_mut(slot as usize) else {
+            return 0;
+        };
+        if q.gen != gen {
+            return 0;
+        }
+        let (mut k, mut signalled) = (0, 0);
+        let mut landing = Landing::default();
+        for p in q.log.range_mut(q.left as usize..) {
+            if !completed_by(p, no) {
+                break;
+            }
+            k += 1;
+            signalled += usize::from(p.signalled);
+            p.left = true;
+            spare(&mut p.item);
+            landing.add(eps, p.ep);
+        }
+        landing.finish(eps);
+        if k > 0 {
+            q.left += k as u32;
+            q.used = q.used.saturating_sub(k as u32);
+            q.unsignalled -= (k - signalled) as u32;
+            self.signalled_out -= signalled;
+            self.logged -= k;
+            self.waiting += k;
+        }
+        k
+    }
+
+    /// The generation of the QP in slot `slot`, for [`SendQueues::leave`].
+    pub fn gen_of(&self, slot: u32) -> u8 {
+        self.sq.get(slot as usize).map_or(0, |q| q.gen)
+    }
+
+    /// Where credits flow: the message whose post `no` (modulo 2^32) in
+    /// generation `gen` failed on QP slot `slot`, taken out of the log
+    /// (those before it have left: [`SendQueues::leave`] first).
+    pub fn pop_failed(
+        &mut self,
+        eps: &mut Endpoints,
+        slot: u32,
+        gen: u8,
+        no: u32,
+    ) -> Option<PostedWr> {
+        let q = self.sq.get_mut(slot as usize)?;
+        let at = q.left as usize;
+        if q.gen != gen || q.log.get(at)?.no as u32 != no {
+            return None;
+        }
+        let p = q.log.remove(at).expect("in the log");
+        if (at as u64) < q.arrived {
+            q.arrived -= 1;
+        }
+        if p.signalled {
+            self.signalled_out -= 1;
+        } else {
+            q.unsignalled -= 1;
+        }
+        self.logged -= 1;
+        self.release(eps, &p);
+        Some(p)
+    }
+
+    /// Where credits flow: the peer's credits show that `n` more of the
+    /// messages posted on QP slot `slot` arrived ([`SendQueues::pop_arrived`]
+    /// then retires those that have also left).
+    pub fn arrive(&mut self, slot: u32, n: u64) {
+        if let Some(q) = self.sq.get_mut(slot as usize) {
+            q.arrived += n;
+        }
+    }
+
+    /// Retires, from the front of QP slot `slot`'s log, the messages that
+    /// have left and arrived: those whose body is in memory (short, or on
+    /// the heap) at once, and returns the first that needs more done (its
+    /// bounce slot given back, its user buffer let go), or `None` when no
+    /// more are over.
+    pub fn pop_arrived(&mut self, slot: u32) -> Option<PostedWr> {
+        let q = self.sq.get_mut(slot as usize)?;
+        while q.left > 0 && q.arrived > 0 {
+            let p = q.log.pop_front().expect("messages that left are logged");
+            q.left -= 1;
+            q.arrived -= 1;
+            self.waiting -= 1;
+            if !in_memory(&p) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Messages that left and wait for their arrival, in every log.
+    pub fn waiting(&self) -> usize {
+        self.waiting
     }
 
     /// Where request `id` of the slab, whose completion came, went: its QP
@@ -348,34 +539,16 @@ impl SendQueues {
             return 0;
         }
         let (mut k, mut signalled) = (0, 0);
-        // Consecutive messages of one endpoint land together.
-        let mut run: Option<(u32, u32)> = None;
+        let mut landing = Landing::default();
         for p in &q.log {
-            let left = matches!(
-                &p.item.work,
-                Work::Msg(Msg {
-                    store: Store::Small { .. } | Store::Heap(_),
-                    ..
-                })
-            );
-            if !left || !completed_by(p, no) {
+            if !in_memory(p) || !completed_by(p, no) {
                 break;
             }
             k += 1;
             signalled += usize::from(p.signalled);
-            match &mut run {
-                Some((ep, n)) if *ep == p.ep => *n += 1,
-                _ => {
-                    if let Some((ep, n)) = run {
-                        landed(eps, ep, n);
-                    }
-                    run = Some((p.ep, 1));
-                }
-            }
+            landing.add(eps, p.ep);
         }
-        if let Some((ep, n)) = run {
-            landed(eps, ep, n);
-        }
+        landing.finish(eps);
         if k > 0 {
             q.log.drain(..k);
             q.used = q.used.saturating_sub(k as u32);
@@ -486,7 +659,9 @@ impl SendQueues {
     pub fn cover_unsignalled(&mut self, eps: &mut Endpoints) {
         let mut any = false;
         for q in &mut self.sq {
-            let Some(last) = q.log.iter().rev().find(|p| !p.signalled) else {
+            // Messages that left need no cover.
+            let out = q.log.range(q.left as usize..);
+            let Some(last) = out.rev().find(|p| !p.signalled) else {
                 q.cover_queued = false;
                 continue;
             };
@@ -678,6 +853,7 @@ impl SendQueues {
             qp: slot,
             no,
             signalled,
+            left: false,
             item,
         });
         let payload = if inline_len > 0 {
@@ -763,6 +939,14 @@ impl SendQueues {
         no: u64,
         signalled: bool,
     ) {
+        if !signalled {
+            v.stats.unsignalled += 1;
+        }
+        self.count_posted(v.eps, ei, slot, no, signalled);
+    }
+
+    /// [`SendQueues::posted`]'s accounting, without the counters.
+    fn count_posted(&mut self, eps: &mut Endpoints, ei: u32, slot: u32, no: u64, signalled: bool) {
         let q = &mut self.sq[slot as usize];
         q.used += 1;
         q.posts += 1;
@@ -771,9 +955,8 @@ impl SendQueues {
             self.signalled_out += 1;
         } else {
             q.unsignalled += 1;
-            v.stats.unsignalled += 1;
         }
-        let ep = v.eps.get_mut(ei);
+        let ep = eps.get_mut(ei);
         ep.in_flight += 1;
         ep.flight_slot = Some(slot);
     }
@@ -851,6 +1034,7 @@ impl SendQueues {
             qp: slot,
             no,
             signalled,
+            left: false,
             item: Item {
                 order,
                 tries: 0,
@@ -943,5 +1127,112 @@ impl SendQueues {
                 return work;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message with its body in `store`, posted on slot 0 for endpoint
+    /// `ei` as the send path records and counts it; returns its number.
+    fn post(
+        sq: &mut SendQueues,
+        eps: &mut Endpoints,
+        ei: u32,
+        store: Store,
+        signalled: bool,
+    ) -> u32 {
+        let no = sq.sq[0].posts;
+        let item = Item {
+            order: no,
+            tries: 0,
+            work: Work::Msg(Msg {
+                seq: no as u32,
+                kind: Kind::Eager,
+                tag: 0,
+                len: 0,
+                store,
+            }),
+        };
+        sq.record(PostedWr {
+            ep: ei,
+            qp: 0,
+            no,
+            signalled,
+            left: false,
+            item,
+        });
+        sq.count_posted(eps, ei, 0, no, signalled);
+        no as u32
+    }
+
+    fn order(p: &PostedWr) -> u64 {
+        p.item.order
+    }
+
+    /// Where credits flow, a completed message leaves the posted work but
+    /// stays in its log until credits show it arrived, whichever comes
+    /// first; a broken QP's log gives back, in order, what left and what
+    /// was in flight; a destroyed QP's late completion moves nothing.
+    #[test]
+    fn messages_that_left_wait_in_the_log_for_their_arrival() {
+        let mut eps = Endpoints::default();
+        let ei = eps.add(1);
+        let mut sq = SendQueues::new(16);
+        sq.slot_ready(0);
+        let heap = || Store::Heap(Vec::new());
+        let mut spared = 0;
+
+        // Left, then arrived: those in memory retire by themselves, a
+        // bounce slot's comes back to be given back.
+        post(&mut sq, &mut eps, ei, heap(), false);
+        sq.record(PostedWr {
+            ep: ei,
+            qp: 0,
+            no: 1,
+            signalled: false,
+            left: false,
+            item: Item::credit(),
+        });
+        sq.count_posted(&mut eps, ei, 0, 1, false);
+        let last = post(&mut sq, &mut eps, ei, Store::Slot(5), true);
+        assert_eq!(sq.leave(&mut eps, 0, 0, last, |_| spared += 1), 3);
+        assert_eq!((sq.len(), sq.signalled_out(), sq.waiting()), (0, 0, 3));
+        assert_eq!((eps.get(ei).in_flight, sq.sq[0].used), (0, 0));
+        assert!(sq.pop_arrived(0).is_none(), "nothing arrived yet");
+        sq.arrive(0, 2);
+        assert!(
+            sq.pop_arrived(0).is_none(),
+            "in memory, and a credit's place"
+        );
+        assert_eq!(sq.waiting(), 1);
+        sq.arrive(0, 1);
+        assert_eq!(sq.pop_arrived(0).map(|p| order(&p)), Some(2));
+        assert_eq!(sq.waiting(), 0);
+
+        // Arrived before their completion was seen.
+        let a = post(&mut sq, &mut eps, ei, Store::Slot(6), false);
+        let b = post(&mut sq, &mut eps, ei, Store::Slot(7), true);
+        sq.arrive(0, 2);
+        assert!(sq.pop_arrived(0).is_none(), "not left yet");
+        assert_eq!(sq.leave(&mut eps, 0, 0, a, |_| spared += 1), 1);
+        assert_eq!(sq.pop_arrived(0).map(|p| order(&p)), Some(u64::from(a)));
+        assert!(sq.pop_arrived(0).is_none());
+        assert_eq!(sq.leave(&mut eps, 0, 0, b, |_| spared += 1), 1);
+        assert_eq!(sq.pop_arrived(0).map(|p| order(&p)), Some(u64::from(b)));
+        assert_eq!(spared, 5, "each message seen once as it left");
+
+        // A broken QP: what left and what is in flight, in order.
+        let c = post(&mut sq, &mut eps, ei, heap(), false);
+        let d = post(&mut sq, &mut eps, ei, heap(), true);
+        assert_eq!(sq.leave(&mut eps, 0, 0, c, |_| {}), 1);
+        sq.slot_destroyed(0);
+        let taken = sq.take(&mut eps, Some(0), |p| p.qp == 0);
+        let got: Vec<(u64, bool)> = taken.iter().map(|p| (order(p), p.left)).collect();
+        assert_eq!(got, [(u64::from(c), true), (u64::from(d), false)]);
+        assert_eq!((sq.len(), sq.waiting(), sq.signalled_out()), (0, 0, 0));
+        assert_eq!(eps.get(ei).in_flight, 0);
+        assert_eq!(sq.leave(&mut eps, 0, 0, d, |_| {}), 0, "an old generation");
     }
 }

@@ -493,6 +493,14 @@ impl<C: Context> ConnDriver<C> {
         tgts.iter().find_map(|t| self.mgr.tgt_sender(*t))
     }
 
+    /// The slot of the QP numbered `qpn`, if the driver knows it.
+    pub fn slot_of_num(&self, qpn: u32) -> Option<u32> {
+        if let Some(lb) = self.loopback.as_ref().filter(|l| l.req.qp_num() == qpn) {
+            return Some(lb.slot);
+        }
+        self.slots.of_num(qpn).map(|(slot, _)| slot)
+    }
+
     /// A number that changes whenever a QP number this driver knows comes
     /// or goes: [`ConnDriver::sender_of`]'s answer holds while it stays.
     pub fn qp_gen(&self) -> u64 {

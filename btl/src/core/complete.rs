@@ -1,6 +1,6 @@
 //! Send completions and the failure policy: work that completed is let
-//! go (or, where credits flow, kept until the peer's credits show it
-//! arrived); work that failed with its path is requeued in order, dropped
+//! go (or, where credits flow, kept in its QP's send log until the peer's
+//! credits show it arrived); work that failed with its path is requeued in order, dropped
 //! when it cannot be done again, and an endpoint that can no longer be
 //! served fails with everything to and from it.
 
@@ -8,7 +8,8 @@ use xrcbtl_fabric::{Context, Cq, WcOpcode, WcStatus, WorkCompletion};
 use xrcbtl_xrc_conn::Rank;
 
 use crate::delivery::Delivery;
-use crate::ep::{EpState, Kept};
+use crate::ep::EpState;
+use crate::iface::Iface;
 use crate::post::PostedWr;
 use crate::proto::rndv::Control;
 use crate::proto::{Owner, Rdma};
@@ -47,16 +48,30 @@ impl<C: Context, H> Core<C, H> {
             WrId::Log { slot, gen, no } => {
                 // A QP's work completes in order: the log's front up to
                 // this message is done (an error is this message's alone).
-                // Messages kept in memory need nothing more unless credits
-                // keep them until they arrive.
-                if wc.status == WcStatus::Success && !self.iface.credits() {
+                let ok = wc.status == WcStatus::Success;
+                if self.iface.credits() {
+                    // Done means left: kept until credits show it arrived.
+                    let upto = if ok { no } else { no.wrapping_sub(1) };
+                    let iface = &mut self.iface;
+                    self.sends.leave(&mut self.eps, slot, gen, upto, |item| {
+                        spare_slot(iface, item)
+                    });
+                    if !ok {
+                        if let Some(p) = self.sends.pop_failed(&mut self.eps, slot, gen, no) {
+                            self.send_failed(p, wc);
+                        }
+                    }
+                    return self.retire_arrived(slot);
+                }
+                // Messages kept in memory need nothing more.
+                if ok {
                     self.sends.retire_left(&mut self.eps, slot, gen, no);
                 }
                 while let Some(p) = self.sends.pop_logged_until(&mut self.eps, slot, gen, no) {
-                    if p.no as u32 == no && wc.status != WcStatus::Success {
+                    if p.no as u32 == no && !ok {
                         self.send_failed(p, wc);
                     } else {
-                        self.sent_ok(p.ep, p.item, wc);
+                        self.on_sent(p.item, wc);
                     }
                 }
             }
@@ -65,14 +80,23 @@ impl<C: Context, H> Core<C, H> {
                     return;
                 };
                 // Whatever was posted before this request on its QP is done.
-                while let Some(p) = self.sends.pop_logged_before(&mut self.eps, qp, no) {
-                    self.sent_ok(p.ep, p.item, wc);
+                if self.iface.credits() {
+                    let (gen, iface) = (self.sends.gen_of(qp), &mut self.iface);
+                    let before = (no as u32).wrapping_sub(1);
+                    self.sends.leave(&mut self.eps, qp, gen, before, |item| {
+                        spare_slot(iface, item)
+                    });
+                    self.retire_arrived(qp);
+                } else {
+                    while let Some(p) = self.sends.pop_logged_before(&mut self.eps, qp, no) {
+                        self.on_sent(p.item, wc);
+                    }
                 }
                 let Some(p) = self.sends.complete(&mut self.eps, id) else {
                     return;
                 };
                 if wc.status == WcStatus::Success {
-                    return self.sent_ok(p.ep, p.item, wc);
+                    return self.on_sent(p.item, wc);
                 }
                 self.send_failed(p, wc);
             }
@@ -100,49 +124,26 @@ impl<C: Context, H> Core<C, H> {
         }
     }
 
-    /// Work of endpoint `ei` completed successfully. Where credits flow, a
-    /// message has only left: it is kept until the peer's credits show it
-    /// arrived ([`Kept`]).
-    pub(super) fn sent_ok(&mut self, ei: u32, mut item: Item, wc: &WorkCompletion) {
-        if !self.iface.credits() || !matches!(item.work, Work::Msg(_)) {
-            return self.on_sent(item, wc);
-        }
-        if item.is_credit() {
-            // It holds its place, and is never sent again.
-            Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(None);
-            return self.on_sent(item, wc);
-        }
-        self.spare_slot(&mut item);
-        if let Some(item) =
-            Kept::of(&mut self.eps.get_mut(ei).kept, wc.qp_num).completed(Some(item))
-        {
-            self.on_sent(item, wc);
-        }
-    }
-
-    /// A message to keep gives its bounce slot back when slots run short:
-    /// its body moves to the heap. Else peers that return no credits for
-    /// a while (half of them are owed before any goes back) could hold
-    /// every slot.
-    pub(super) fn spare_slot(&mut self, item: &mut Item) {
-        if let Work::Msg(m) = &mut item.work {
-            if let Store::Slot(s) = m.store {
-                if self.iface.bounce.free() < self.iface.bounce.count() / 4 {
-                    let mut body = vec![0u8; m.len as usize];
-                    self.iface.bounce.read_to(s, HEADER, &mut body);
-                    self.iface.bounce.give(s);
-                    m.store = Store::Heap(body);
-                }
-            }
-        }
-    }
-
     /// `n` credits came back from endpoint `ei` on local QP `qpn`: as many
-    /// more of the messages sent on it arrived, and need not be kept.
+    /// more of the messages sent on it arrived, and those that have left
+    /// need not be kept.
     pub(super) fn arrived(&mut self, ei: u32, qpn: u32, n: u16) {
-        let mut n = u64::from(n);
-        while let Some(item) = Kept::of(&mut self.eps.get_mut(ei).kept, qpn).next_arrived(&mut n) {
-            self.let_go_kept(item);
+        let slot = match &self.eps.get(ei).path {
+            Some(p) if p.qpn == qpn => p.slot,
+            _ => match self.drv.slot_of_num(qpn) {
+                Some(slot) => slot,
+                // A QP gone meanwhile took its log with it.
+                None => return,
+            },
+        };
+        self.sends.arrive(slot, u64::from(n));
+        self.retire_arrived(slot);
+    }
+
+    /// Retires the messages of QP slot `slot` that have left and arrived.
+    fn retire_arrived(&mut self, slot: u32) {
+        while let Some(p) = self.sends.pop_arrived(slot) {
+            self.let_go_kept(p.item);
         }
     }
 
@@ -339,15 +340,21 @@ impl<C: Context, H> Core<C, H> {
         for item in self.eps.drain(ei) {
             self.drop_item(ei, item, e.clone());
         }
-        // Sent, arrived or not: nothing more is owed to them.
-        for kept in std::mem::take(&mut self.eps.get_mut(ei).kept) {
-            for item in kept.sent.into_iter().flatten() {
-                self.let_go_kept(item);
-            }
+        // Its work is in the log of the QP it is in flight on, and where
+        // credits flow, messages that left wait in its path's.
+        let ep = self.eps.get(ei);
+        let (at, path) = (ep.flight_slot, ep.path.as_ref().map(|p| p.slot));
+        let mut taken = self.sends.take(&mut self.eps, at, |p| p.ep == ei);
+        if path != at {
+            taken.extend(self.sends.take(&mut self.eps, path, |p| p.ep == ei));
         }
-        let at = self.eps.get(ei).flight_slot;
-        for p in self.sends.take(&mut self.eps, at, |p| p.ep == ei) {
-            self.drop_item(ei, p.item, e.clone());
+        for p in taken {
+            if p.left {
+                // Sent, arrived or not: nothing more is owed to it.
+                self.let_go_kept(p.item);
+            } else {
+                self.drop_item(ei, p.item, e.clone());
+            }
         }
         self.rndv.fail_peer(rank, &e);
         for op in self.ops.of_peer(rank) {
@@ -356,6 +363,23 @@ impl<C: Context, H> Core<C, H> {
         self.run_rndv();
         if !matches!(e, BtlError::Closed(_)) {
             self.deliver(Delivery::Failed { rank, err: e });
+        }
+    }
+}
+
+/// A message that left and is kept until it arrives gives its bounce slot
+/// back when slots run short: its body moves to the heap. Else peers that
+/// return no credits for a while (half of them are owed before any goes
+/// back) could hold every slot.
+fn spare_slot<C: Context>(iface: &mut Iface<C>, item: &mut Item) {
+    if let Work::Msg(m) = &mut item.work {
+        if let Store::Slot(s) = m.store {
+            if iface.bounce.free() < iface.bounce.count() / 4 {
+                let mut body = vec![0u8; m.len as usize];
+                iface.bounce.read_to(s, HEADER, &mut body);
+                iface.bounce.give(s);
+                m.store = Store::Heap(body);
+            }
         }
     }
 }

@@ -325,10 +325,11 @@ impl<C: Context, H> Core<C, H> {
     pub fn busy(&self) -> String {
         let (outs, ins, acts) = self.rndv.counts();
         format!(
-            "work requests {} ({} signalled), pending {}, rendezvous out {outs} in {ins} \
-             asked {acts}, operations {:?}, deliveries {}",
+            "work requests {} ({} signalled, {} more left and wait for credits), pending {}, \
+             rendezvous out {outs} in {ins} asked {acts}, operations {:?}, deliveries {}",
             self.sends.len(),
             self.sends.signalled_out(),
+            self.sends.waiting(),
             self.eps.pending_now,
             self.ops.live(),
             self.deliveries.len()

@@ -166,15 +166,11 @@ impl<C: Context, H> Core<C, H> {
                 // RC QPs going at exit would make that quadratic.
                 let mut users = self.eps.take_ini_users(slot);
                 users.extend(peer.and_then(|r| self.eps.find(r)));
-                let mut left = Vec::new();
                 for &ei in &users {
                     let ep = self.eps.get_mut(ei);
                     ep.credits.forget(qpn);
                     if ep.path.as_ref().is_some_and(|p| p.slot == slot) {
                         ep.path = None;
-                    }
-                    if let Some(i) = ep.kept.iter().position(|k| k.qpn == qpn) {
-                        left.push((ei, ep.kept.swap_remove(i)));
                     }
                 }
                 #[cfg(debug_assertions)]
@@ -183,22 +179,21 @@ impl<C: Context, H> Core<C, H> {
                     assert!(
                         !live
                             || ep.path.as_ref().is_none_or(|p| p.slot != slot)
-                                && ep.kept.iter().all(|k| k.qpn != qpn)
                                 && !ep.credits.has(qpn),
                         "rank {}'s endpoint still uses destroyed QP {qpn} (slot {slot})",
                         ep.rank
                     );
                 }
-                // Messages that left on it and may not have arrived go
-                // again, first (they are older than what was in flight).
-                for (ei, kept) in left {
-                    for item in kept.sent.into_iter().flatten() {
-                        self.requeue(ei, item);
-                    }
-                }
-                // Work on a destroyed QP never completes: post it again.
+                // Work on a destroyed QP never completes, and messages that
+                // left on it may not have arrived: post them again, in
+                // order (a credit-only message that left is never sent
+                // again: its credits belonged to this connection).
                 for p in self.sends.take(&mut self.eps, Some(slot), |p| p.qp == slot) {
-                    self.requeue(p.ep, p.item);
+                    if p.left && p.item.is_credit() {
+                        self.let_go_kept(p.item);
+                    } else {
+                        self.requeue(p.ep, p.item);
+                    }
                 }
             }
             ConnEvent::SrqLimit { srq } => {

@@ -186,10 +186,12 @@ impl<C: Context, H> Core<C, H> {
                 }
                 // Work on a destroyed QP never completes, and messages that
                 // left on it may not have arrived: post them again, in
-                // order (a credit-only message that left is never sent
-                // again: its credits belonged to this connection).
+                // order. A credit-only message that left is never sent
+                // again (its credits belonged to this connection), nor is
+                // one that left for an endpoint failed since (nothing more
+                // is owed to it).
                 for p in self.sends.take(&mut self.eps, Some(slot), |p| p.qp == slot) {
-                    if p.left && p.item.is_credit() {
+                    if p.left && (p.item.is_credit() || !self.eps.get(p.ep).is_open()) {
                         self.let_go_kept(p.item);
                     } else {
                         self.requeue(p.ep, p.item);

@@ -722,6 +722,66 @@ fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
     c.shutdown(LIMIT);
 }
 
+/// On iWARP a send completes once the message is on the wire: a message
+/// whose connection a partition breaks may have completed and never
+/// arrived. It stays in its QP's log until the receiver's credits show it
+/// arrived, so the next connection sends it again. A partition in the
+/// middle of a stream: every message arrives once, in order. (A message
+/// that left makes no work for its sender, whose idleness therefore says
+/// nothing of the receiver's.)
+#[test]
+fn messages_that_left_on_a_broken_iwarp_connection_arrive_once_and_in_order() {
+    let mut c = Cluster::new(31, 2, 1, SimDevice::iwarp("sim0"));
+    const N: u32 = 400;
+    for i in 0..N {
+        c.btl(0).send(1, TAG, &[], &numbered(i, 64)).unwrap();
+    }
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= 100);
+    c.sim.partition(0, 1);
+    c.advance(Duration::from_millis(700));
+    c.sim.heal(0, 1);
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= N as usize);
+    c.settle(LIMIT);
+    assert_eq!(stream(&c, 1, 0), (0..N).collect::<Vec<_>>());
+    assert_eq!(c.btl(1).stats().out_of_order, 0);
+    assert!(c.btl(0).stats().retransmits > 0, "nothing was sent again");
+    c.shutdown(LIMIT);
+}
+
+/// The same, with the break forced while every message has left and none
+/// arrived: the sender is idle (its completions came as the messages went
+/// on the wire), and everything it sent is still to be sent again.
+#[test]
+fn messages_completed_before_an_iwarp_partition_are_sent_again() {
+    let mut c = Cluster::new(32, 2, 1, SimDevice::iwarp("sim0"));
+    c.btl(0).send(1, TAG, &[], &numbered(0, 64)).unwrap();
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= 1);
+    c.sim.partition(0, 1);
+    const N: u32 = 12;
+    for i in 1..N {
+        c.btl(0).send(1, TAG, &[], &numbered(i, 64)).unwrap();
+    }
+    c.run_until(LIMIT, |c| c.btl(0).is_idle());
+    // The messages (and a cover, and the first, whose credit is not
+    // back) wait in the log.
+    let busy = c.btl(0).busy();
+    let left: u32 = busy
+        .split(" more left")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{busy}"));
+    assert!(left >= N - 1, "{busy}");
+    assert_eq!(tagged(&c, 1, 0), 1, "nothing crossed the partition");
+    c.advance(Duration::from_millis(700));
+    c.sim.heal(0, 1);
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= N as usize);
+    c.settle(LIMIT);
+    assert_eq!(stream(&c, 1, 0), (0..N).collect::<Vec<_>>());
+    assert!(c.btl(0).stats().retransmits >= u64::from(N - 1));
+    c.shutdown(LIMIT);
+}
+
 /// Messages are delivered in place, from the receive buffer they arrived
 /// in, which is posted again only once the consumer is done. A consumer
 /// that progresses the BTL from inside its callback keeps every message

@@ -371,6 +371,7 @@ impl<C: Context, H> Core<C, H> {
 /// back when slots run short: its body moves to the heap. Else peers that
 /// return no credits for a while (half of them are owed before any goes
 /// back) could hold every slot.
+#[inline]
 fn spare_slot<C: Context>(iface: &mut Iface<C>, item: &mut Item) {
     if let Work::Msg(m) = &mut item.work {
         if let Store::Slot(s) = m.store {

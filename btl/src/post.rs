@@ -390,6 +390,32 @@ impl SendQueues {
         no: u32,
         mut spare: impl FnMut(&mut Item),
     ) -> usize {
+        let k = self.complete_run(eps, slot, gen, no, |p| {
+            p.left = true;
+            spare(&mut p.item);
+            true
+        });
+        if k > 0 {
+            self.sq[slot as usize].left += k as u32;
+            self.waiting += k;
+        }
+        k
+    }
+
+    /// The run of QP slot `slot`'s log (in generation `gen`), from its
+    /// first message that has not left, that a successful completion of
+    /// post `no` (modulo 2^32) completes, as far as `each` accepts its
+    /// messages: they stop counting as posted work (their endpoints'
+    /// flight, the send queue, the signalled and unsignalled work). They
+    /// stay in the log, for the caller. Returns how many.
+    fn complete_run(
+        &mut self,
+        eps: &mut Endpoints,
+        slot: u32,
+        gen: u8,
+        no: u32,
+        mut each: impl FnMut(&mut PostedWr) -> bool,
+    ) -> usize {
         let Some(q) = self.sq.get_mut(slot as usize) else {
             return 0;
         };
@@ -399,24 +425,18 @@ impl SendQueues {
         let (mut k, mut signalled) = (0, 0);
         let mut landing = Landing::default();
         for p in q.log.range_mut(q.left as usize..) {
-            if !completed_by(p, no) {
+            if !completed_by(p, no) || !each(p) {
                 break;
             }
             k += 1;
             signalled += usize::from(p.signalled);
-            p.left = true;
-            spare(&mut p.item);
             landing.add(eps, p.ep);
         }
         landing.finish(eps);
-        if k > 0 {
-            q.left += k as u32;
-            q.used = q.used.saturating_sub(k as u32);
-            q.unsignalled -= (k - signalled) as u32;
-            self.signalled_out -= signalled;
-            self.logged -= k;
-            self.waiting += k;
-        }
+        q.used = q.used.saturating_sub(k as u32);
+        q.unsignalled -= (k - signalled) as u32;
+        self.signalled_out -= signalled;
+        self.logged -= k;
         k
     }
 
@@ -440,18 +460,7 @@ impl SendQueues {
         if q.gen != gen || q.log.get(at)?.no as u32 != no {
             return None;
         }
-        let p = q.log.remove(at).expect("in the log");
-        if (at as u64) < q.arrived {
-            q.arrived -= 1;
-        }
-        if p.signalled {
-            self.signalled_out -= 1;
-        } else {
-            q.unsignalled -= 1;
-        }
-        self.logged -= 1;
-        self.release(eps, &p);
-        Some(p)
+        self.unlog(eps, slot, at)
     }
 
     /// Where credits flow: the peer's credits show that `n` more of the
@@ -535,37 +544,30 @@ impl SendQueues {
     /// by theirs; the first one that needs more stops it, for
     /// [`SendQueues::pop_logged_until`]. Returns how many it retired.
     pub fn retire_left(&mut self, eps: &mut Endpoints, slot: u32, gen: u8, no: u32) -> usize {
-        let Some(q) = self.sq.get_mut(slot as usize) else {
-            return 0;
-        };
-        if q.gen != gen {
-            return 0;
-        }
-        let (mut k, mut signalled) = (0, 0);
-        let mut landing = Landing::default();
-        for p in &q.log {
-            if !in_memory(p) || !completed_by(p, no) {
-                break;
-            }
-            k += 1;
-            signalled += usize::from(p.signalled);
-            landing.add(eps, p.ep);
-        }
-        landing.finish(eps);
+        // Without credits nothing waits at the front: the run starts there.
+        let k = self.complete_run(eps, slot, gen, no, |p| in_memory(p));
         if k > 0 {
-            q.log.drain(..k);
-            q.used = q.used.saturating_sub(k as u32);
-            q.unsignalled -= (k - signalled) as u32;
-            self.signalled_out -= signalled;
-            self.logged -= k;
+            self.sq[slot as usize].log.drain(..k);
         }
         k
     }
 
-    /// Retires the oldest message of QP slot `slot`'s log.
+    /// Retires the oldest message of QP slot `slot`'s log (where credits do
+    /// not flow: none has left).
     fn pop_logged(&mut self, eps: &mut Endpoints, slot: u32) -> Option<PostedWr> {
+        self.unlog(eps, slot, 0)
+    }
+
+    /// Takes the message at index `at` of QP slot `slot`'s log, which has
+    /// not left, out of it and of the posted work.
+    fn unlog(&mut self, eps: &mut Endpoints, slot: u32, at: usize) -> Option<PostedWr> {
         let q = &mut self.sq[slot as usize];
-        let p = q.log.pop_front()?;
+        let p = q.log.remove(at)?;
+        debug_assert!(!p.left, "a message that left is not posted work");
+        // The arrivals count from the front: one place less.
+        if (at as u64) < q.arrived {
+            q.arrived -= 1;
+        }
         if p.signalled {
             self.signalled_out -= 1;
         } else {

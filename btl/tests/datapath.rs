@@ -700,20 +700,31 @@ fn configuration_comes_from_the_environment_and_bad_values_are_refused() {
     }
 }
 
-#[test]
-fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
-    let mut c = Cluster::new(31, 2, 1, SimDevice::ib("sim0"));
-    const N: u32 = 400;
-    for i in 0..N {
+/// Rank 0 sends `n` numbered messages to rank 1 on `device`, cut by a
+/// partition once 100 have arrived, while messages and their
+/// acknowledgements are on the wire, and healed once the sender's QP has
+/// given up (7 retries of ~67 ms); returns once rank 1 has them all and
+/// both are idle.
+fn stream_across_a_partition(device: SimDevice, n: u32) -> Cluster {
+    let mut c = Cluster::new(31, 2, 1, device);
+    for i in 0..n {
         c.btl(0).send(1, TAG, &[], &numbered(i, 64)).unwrap();
     }
     c.run_until(LIMIT, |c| tagged(c, 1, 0) >= 100);
-    // Cut while messages and their acknowledgements are on the wire; heal
-    // once the sender's QP has given up (7 retries of ~67 ms).
     c.sim.partition(0, 1);
     c.advance(Duration::from_millis(700));
     c.sim.heal(0, 1);
+    // A message that left makes no work for its sender, whose idleness
+    // then says nothing of the receiver's.
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= n as usize);
     c.settle(LIMIT);
+    c
+}
+
+#[test]
+fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
+    const N: u32 = 400;
+    let mut c = stream_across_a_partition(SimDevice::ib("sim0"), N);
     assert_eq!(stream(&c, 1, 0), (0..N).collect::<Vec<_>>());
     let s = c.btl(1).stats();
     assert!(s.duplicates > 0, "nothing was delivered twice: {s:?}");
@@ -726,22 +737,11 @@ fn messages_whose_acks_a_partition_lost_are_resent_and_dropped_as_duplicates() {
 /// whose connection a partition breaks may have completed and never
 /// arrived. It stays in its QP's log until the receiver's credits show it
 /// arrived, so the next connection sends it again. A partition in the
-/// middle of a stream: every message arrives once, in order. (A message
-/// that left makes no work for its sender, whose idleness therefore says
-/// nothing of the receiver's.)
+/// middle of a stream: every message arrives once, in order.
 #[test]
 fn messages_that_left_on_a_broken_iwarp_connection_arrive_once_and_in_order() {
-    let mut c = Cluster::new(31, 2, 1, SimDevice::iwarp("sim0"));
     const N: u32 = 400;
-    for i in 0..N {
-        c.btl(0).send(1, TAG, &[], &numbered(i, 64)).unwrap();
-    }
-    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= 100);
-    c.sim.partition(0, 1);
-    c.advance(Duration::from_millis(700));
-    c.sim.heal(0, 1);
-    c.run_until(LIMIT, |c| tagged(c, 1, 0) >= N as usize);
-    c.settle(LIMIT);
+    let mut c = stream_across_a_partition(SimDevice::iwarp("sim0"), N);
     assert_eq!(stream(&c, 1, 0), (0..N).collect::<Vec<_>>());
     assert_eq!(c.btl(1).stats().out_of_order, 0);
     assert!(c.btl(0).stats().retransmits > 0, "nothing was sent again");

@@ -533,11 +533,7 @@ impl<C: Context> ConnDriver<C> {
     /// A send on QP number `qpn` completed with an error (a completion
     /// whose work the data path no longer knows).
     pub fn handle_send_failure_qpn(&mut self, now: Duration, qpn: u32) {
-        if let Some(lb) = self.loopback.as_ref().filter(|l| l.req.qp_num() == qpn) {
-            let slot = lb.slot;
-            return self.handle_send_failure(now, slot);
-        }
-        if let Some((slot, _)) = self.slots.of_num(qpn) {
+        if let Some(slot) = self.slot_of_num(qpn) {
             self.handle_send_failure(now, slot);
         }
     }

@@ -1,8 +1,8 @@
 //! Send completions and the failure policy: work that completed is let
 //! go (or, where credits flow, kept in its QP's send log until the peer's
-//! credits show it arrived); work that failed with its path is requeued in order, dropped
-//! when it cannot be done again, and an endpoint that can no longer be
-//! served fails with everything to and from it.
+//! credits show it arrived); work that failed with its path is requeued in
+//! order, dropped when it cannot be done again, and an endpoint that can no
+//! longer be served fails with everything to and from it.
 
 use xrcbtl_fabric::{Context, Cq, WcOpcode, WcStatus, WorkCompletion};
 use xrcbtl_xrc_conn::Rank;
@@ -51,11 +51,7 @@ impl<C: Context, H> Core<C, H> {
                 let ok = wc.status == WcStatus::Success;
                 if self.iface.credits() {
                     // Done means left: kept until credits show it arrived.
-                    let upto = if ok { no } else { no.wrapping_sub(1) };
-                    let iface = &mut self.iface;
-                    self.sends.leave(&mut self.eps, slot, gen, upto, |item| {
-                        spare_slot(iface, item)
-                    });
+                    self.leave(slot, gen, if ok { no } else { no.wrapping_sub(1) });
                     if !ok {
                         if let Some(p) = self.sends.pop_failed(&mut self.eps, slot, gen, no) {
                             self.send_failed(p, wc);
@@ -81,11 +77,7 @@ impl<C: Context, H> Core<C, H> {
                 };
                 // Whatever was posted before this request on its QP is done.
                 if self.iface.credits() {
-                    let (gen, iface) = (self.sends.gen_of(qp), &mut self.iface);
-                    let before = (no as u32).wrapping_sub(1);
-                    self.sends.leave(&mut self.eps, qp, gen, before, |item| {
-                        spare_slot(iface, item)
-                    });
+                    self.leave(qp, self.sends.gen_of(qp), (no as u32).wrapping_sub(1));
                     self.retire_arrived(qp);
                 } else {
                     while let Some(p) = self.sends.pop_logged_before(&mut self.eps, qp, no) {
@@ -122,6 +114,15 @@ impl<C: Context, H> Core<C, H> {
         } else {
             self.requeue(p.ep, p.item);
         }
+    }
+
+    /// Where credits flow: the messages of QP slot `slot` up to its post
+    /// `no` (in generation `gen`) have left ([`crate::post::SendQueues::leave`]),
+    /// giving back their bounce slots if slots run short.
+    fn leave(&mut self, slot: u32, gen: u8, no: u32) {
+        let iface = &mut self.iface;
+        self.sends
+            .leave(&mut self.eps, slot, gen, no, |item| spare_slot(iface, item));
     }
 
     /// `n` credits came back from endpoint `ei` on local QP `qpn`: as many

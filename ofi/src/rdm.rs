@@ -113,8 +113,10 @@ pub struct Received {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
     /// Send `header` and then `payload_len` bytes of send `op`'s buffer
-    /// (or no payload) to `to`. `op` is `None` for a control message; the
-    /// driver reports a sent data message with [`Rdm::handle_sent`].
+    /// (or no payload) to `to`. `op` names the send the message carries
+    /// (its payload, or its rendezvous offer) and is `None` for a control
+    /// message; the driver reports how a send's message went with
+    /// [`Rdm::handle_sent`].
     Send {
         /// Who to.
         to: PeerEp,
@@ -442,23 +444,30 @@ impl Rdm {
             key: remote.key,
         }
         .encode(&mut header);
+        // The offer carries the send: if the BTL refuses it (its peer was
+        // lost before it began), no Fin will ever come.
         self.actions.push_back(Action::Send {
             to: req.to,
             header,
-            op: None,
+            op: Some(op),
             payload_len: 0,
         });
     }
 
-    /// The BTL finished sending data message `op` (ok: it was sent; not ok:
-    /// the peer is gone).
+    /// The BTL finished sending send `op`'s message (ok: it was sent; not
+    /// ok: the peer is gone). A rendezvous send's offer that went waits
+    /// for the receiver's Fin; one that did not fails the send.
     pub fn handle_sent(&mut self, op: OpRef, ok: bool) {
         if self.sent_wait.remove(&op) {
             let outcome = if ok { Outcome::Done } else { Outcome::PeerLost };
             self.actions.push_back(Action::SendDone { op, outcome });
         } else if !ok {
-            // A delivery-complete send whose bytes never left.
-            if let Some((&id, _)) = self.sends.iter().find(|(_, s)| s.op == op && !s.rndv) {
+            // A delivery-complete send whose bytes never left, or a
+            // rendezvous whose offer never left.
+            if let Some((&id, s)) = self.sends.iter().find(|(_, s)| s.op == op) {
+                if s.rndv {
+                    self.actions.push_back(Action::Unexpose { op });
+                }
                 self.sends.remove(&id);
                 self.actions.push_back(Action::SendDone {
                     op,

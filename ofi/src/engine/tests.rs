@@ -241,6 +241,31 @@ fn a_short_receive_truncates_and_a_cancelled_one_says_so() {
 }
 
 #[test]
+fn a_large_send_posted_after_its_peer_died_completes_in_error() {
+    // libfabric's kill test (ofi/tests/c/kill.c) on rxe: a send posted
+    // once the survivor knew its peer was gone waited for a Fin forever.
+    let mut t = Two::new(8);
+    let len = t.sides[0].engine.eager_max() + 500;
+    let src = MappedBuf::new(len).unwrap();
+    src.write(0, &pattern(len, 5));
+    // A rendezvous the peer never reads, then the peer dies.
+    t.send(0, 1, Space::Tagged(1), &src, len, 1);
+    for _ in 0..1_000 {
+        t.job.step();
+    }
+    t.job.crash(2);
+    let tx = t.sides[0].tx.clone();
+    assert_eq!(t.wait(&tx), Read::ErrorFirst);
+    let e = tx.lock().unwrap().read_err().unwrap();
+    assert_eq!((e.entry.context, e.err), (1, sys::FI_EIO as i32));
+    // The BTL knows the endpoint is gone: it refuses the next offer.
+    t.send(0, 1, Space::Tagged(1), &src, len, 2);
+    assert_eq!(t.wait(&tx), Read::ErrorFirst);
+    let e = tx.lock().unwrap().read_err().unwrap();
+    assert_eq!((e.entry.context, e.err), (2, sys::FI_EIO as i32));
+}
+
+#[test]
 fn a_full_queue_refuses_the_post_and_takes_it_once_read() {
     let mut t = Two::new(2);
     let dst = MappedBuf::new(4096).unwrap();

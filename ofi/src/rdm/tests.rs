@@ -183,6 +183,13 @@ impl Pair {
                 op,
                 payload_len,
             } => {
+                // The BTL refuses a message to an endpoint it knows is gone.
+                if self.lost.contains(&to.domain) {
+                    if let Some(op) = op {
+                        s.rdm.handle_sent(op, false);
+                    }
+                    return;
+                }
                 if let Some(op) = op {
                     header.extend_from_slice(&s.bufs[&op][..payload_len]);
                     self.sent.push_back((s.domain, op));
@@ -489,6 +496,33 @@ fn a_lost_peer_fails_a_send_and_a_receive_whose_place_was_offered() {
     assert_eq!(p.sides[1].recvs_done[0].1, Outcome::PeerLost);
     p.sent.clear();
     p.assert_clean();
+}
+
+#[test]
+fn sends_begun_after_their_peer_was_lost_fail_eager_or_large() {
+    // A send posted between the peer's loss and the user's reading of it
+    // (libfabric's kill test: a completion read, the next send posted).
+    for writes in [false, true] {
+        let mut p = Pair::with(64, writes);
+        p.lost.push(B);
+        p.sides[0].rdm.handle_peer_lost(B);
+        p.send(A, 1, Space::Tagged(1), None, pattern(1000, 1), false);
+        p.send(A, 2, Space::Tagged(2), None, pattern(10, 1), false);
+        p.send(A, 3, Space::Tagged(3), None, pattern(10, 1), true);
+        p.run();
+        let mut done = p.sides[0].sends_done.clone();
+        done.sort();
+        assert_eq!(
+            done,
+            [
+                (1, Outcome::PeerLost),
+                (2, Outcome::PeerLost),
+                (3, Outcome::PeerLost)
+            ],
+            "writes {writes}"
+        );
+        p.assert_clean();
+    }
 }
 
 #[test]

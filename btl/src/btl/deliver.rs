@@ -3,9 +3,9 @@
 //! lock held, by whichever thread progresses first.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::MutexGuard;
 
 use bytes::Bytes;
+use parking_lot::MutexGuard;
 use xrcbtl_fabric::Context;
 use xrcbtl_xrc_conn::Rank;
 

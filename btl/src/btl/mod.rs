@@ -31,10 +31,11 @@ mod rdma;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::{Mutex, MutexGuard};
 use xrcbtl_fabric::{Context, Cq, DeviceCaps, Error, IbAddr, Result};
 use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
@@ -106,9 +107,11 @@ impl<C: Context> Btl<C> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Core<C, Btl<C>>> {
-        // A panic inside the BTL leaves its state as it was at that point;
-        // the lock is never held while user code runs.
-        let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        // Not poisoned by a panic: a panic inside the BTL leaves its state
+        // as it was at that point, and the lock is never held while user
+        // code runs. (parking_lot's lock: std's checks the panic count
+        // when taken and again when let go, on every call.)
+        let mut core = self.core.lock();
         core.count_lock();
         core
     }

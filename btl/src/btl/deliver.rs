@@ -4,38 +4,24 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
 use parking_lot::MutexGuard;
 use xrcbtl_fabric::Context;
-use xrcbtl_xrc_conn::Rank;
 
 use crate::core::Core;
 use crate::delivery::{Body, Delivery};
-use crate::types::{BtlError, Incoming, OpId, OpResult, Tag};
+use crate::types::{Incoming, OpId};
 
-use super::{AmCallback, Btl, ErrorCallback, OnDone};
+use super::{AmCallback, Btl, ErrorCallback};
 
-/// What a delivery runs, with its callbacks found.
-enum Job<C: Context> {
-    Message {
-        src: Rank,
-        tag: Tag,
-        body: Body<C>,
-        start: usize,
-        end: usize,
-        cb: Option<AmCallback<C>>,
-    },
-    Done {
-        op: u64,
-        result: OpResult,
-        cb: OnDone<C>,
-    },
-    Failed {
-        rank: Rank,
-        err: BtlError,
-        cbs: [Option<ErrorCallback<C>>; 2],
-    },
-    Release(Bytes),
+/// The callbacks a delivery runs, found for it under the lock (a
+/// finished operation carries its own; a buffer let go runs none).
+enum Found<C: Context> {
+    /// A message's active-message callback, if its tag has one.
+    Am(Option<AmCallback<C>>),
+    /// A failed peer's error callbacks.
+    OnError([Option<ErrorCallback<C>>; 2]),
+    /// Nothing to find.
+    Nothing,
 }
 
 /// Clears the delivery flag when the deliverer is done, or panics.
@@ -66,16 +52,17 @@ impl<C: Context> Btl<C> {
             let flag = Delivering(&self.delivering);
             let mut spent = None;
             loop {
-                let job = {
+                let (d, found) = {
                     let mut core = held.take().unwrap_or_else(|| self.lock());
                     if let Some(b) = spent.take() {
                         core.consumed(b);
                     }
                     let Some(d) = core.next_delivery() else { break };
-                    resolve(&mut core, d)
+                    let found = find(&mut core, &d);
+                    (d, found)
                 };
                 n += 1;
-                spent = self.run(job);
+                spent = self.run(d, found);
                 // Nothing to give back and nothing waiting: no need to
                 // take the lock again (what is queued from now on is seen
                 // below, or by the thread that queued it).
@@ -94,33 +81,35 @@ impl<C: Context> Btl<C> {
 
     /// Runs one delivery's callbacks (no lock held); returns the message
     /// body it consumed.
-    fn run(&self, job: Job<C>) -> Option<Body<C>> {
-        match job {
-            Job::Message {
+    #[inline]
+    fn run(&self, d: Delivery<C, Btl<C>>, found: Found<C>) -> Option<Body<C>> {
+        match d {
+            Delivery::Message {
                 src,
                 tag,
                 body,
                 start,
                 end,
-                cb,
             } => {
-                if let Some(cb) = cb {
+                if let Found::Am(Some(cb)) = found {
                     body.with(start, end, |data| cb(self, &Incoming { src, tag, data }));
                 }
                 // A copy has nothing to give back.
                 (!matches!(body, Body::Small { .. })).then_some(body)
             }
-            Job::Done { op, result, cb } => {
+            Delivery::Done { op, result, cb } => {
                 cb(self, OpId(op), result);
                 None
             }
-            Job::Failed { rank, err, cbs } => {
-                for cb in cbs.into_iter().flatten() {
-                    cb(self, rank, &err);
+            Delivery::Failed { rank, err } => {
+                if let Found::OnError(cbs) = found {
+                    for cb in cbs.into_iter().flatten() {
+                        cb(self, rank, &err);
+                    }
                 }
                 None
             }
-            Job::Release(b) => {
+            Delivery::Release(b) => {
                 drop(b);
                 None
             }
@@ -129,31 +118,10 @@ impl<C: Context> Btl<C> {
 }
 
 /// Finds a delivery's callbacks (under the lock).
-fn resolve<C: Context>(core: &mut Core<C, Btl<C>>, d: Delivery<C, Btl<C>>) -> Job<C> {
+fn find<C: Context>(core: &mut Core<C, Btl<C>>, d: &Delivery<C, Btl<C>>) -> Found<C> {
     match d {
-        Delivery::Message {
-            src,
-            tag,
-            body,
-            start,
-            end,
-        } => {
-            let cb = core.am(tag);
-            Job::Message {
-                src,
-                tag,
-                body,
-                start,
-                end,
-                cb,
-            }
-        }
-        Delivery::Done { op, result, cb } => Job::Done { op, result, cb },
-        Delivery::Failed { rank, err } => Job::Failed {
-            rank,
-            err,
-            cbs: core.on_error(rank),
-        },
-        Delivery::Release(b) => Job::Release(b),
+        Delivery::Message { tag, .. } => Found::Am(core.am(*tag)),
+        Delivery::Failed { rank, .. } => Found::OnError(core.on_error(*rank)),
+        Delivery::Done { .. } | Delivery::Release(_) => Found::Nothing,
     }
 }

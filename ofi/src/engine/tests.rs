@@ -4,6 +4,7 @@
 //! the libfabric contract says they should.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use xrcbtl_btl::sim::SimJob;
 use xrcbtl_btl::MappedBuf;
@@ -248,11 +249,14 @@ fn a_large_send_posted_after_its_peer_died_completes_in_error() {
     let len = t.sides[0].engine.eager_max() + 500;
     let src = MappedBuf::new(len).unwrap();
     src.write(0, &pattern(len, 5));
-    // A rendezvous the peer never reads, then the peer dies.
+    // A rendezvous the peer holds unread (its offer arrived), then the
+    // peer dies.
     t.send(0, 1, Space::Tagged(1), &src, len, 1);
-    for _ in 0..1_000 {
-        t.job.step();
-    }
+    t.job
+        .run_until(Duration::from_secs(5), |j| {
+            j.peek(2).stats().eager_received > 0
+        })
+        .unwrap();
     t.job.crash(2);
     let tx = t.sides[0].tx.clone();
     assert_eq!(t.wait(&tx), Read::ErrorFirst);

@@ -29,12 +29,6 @@ pub(crate) enum Body<C: Context> {
         slot: RecvSlot,
         credit: Option<(Rank, u32)>,
     },
-    /// Copied out of its receive buffer, which went back at once: a short
-    /// eager message, with nothing to give back once it is consumed.
-    Small {
-        /// The bytes.
-        bytes: [u8; SMALL_BODY],
-    },
 }
 
 impl<C: Context> Body<C> {
@@ -43,8 +37,49 @@ impl<C: Context> Body<C> {
         match self {
             Body::Heap(b) => f(&b[start..end]),
             Body::Received { chunk, .. } => chunk.with_slice(start, end - start, f),
-            Body::Small { bytes } => f(&bytes[start..end]),
         }
+    }
+}
+
+/// A short eager message copied out of its receive buffer, which went back
+/// at once: nothing to give back once it is consumed.
+#[derive(Clone, Copy)]
+pub(crate) struct Short {
+    /// Its sender.
+    pub src: Rank,
+    /// Its tag.
+    pub tag: Tag,
+    /// Bytes of `bytes` used.
+    len: u8,
+    /// The body.
+    bytes: [u8; SMALL_BODY],
+}
+
+impl Short {
+    /// `body` (at most [`SMALL_BODY`] bytes) from `src` with `tag`.
+    fn new(src: Rank, tag: Tag, body: &[u8]) -> Self {
+        let mut s = Short {
+            src,
+            tag,
+            len: 0,
+            bytes: [0; SMALL_BODY],
+        };
+        s.fill(src, tag, body);
+        s
+    }
+
+    /// Becomes `body` from `src` with `tag`, in place.
+    #[inline]
+    fn fill(&mut self, src: Rank, tag: Tag, body: &[u8]) {
+        self.src = src;
+        self.tag = tag;
+        self.len = body.len() as u8;
+        self.bytes[..body.len()].copy_from_slice(body);
+    }
+
+    /// The body.
+    pub fn body(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
@@ -58,6 +93,8 @@ pub(crate) enum Delivery<C: Context, H> {
         start: usize,
         end: usize,
     },
+    /// A short message, queued behind another delivery.
+    Short(Short),
     /// An operation ended; run its callback.
     Done {
         op: u64,
@@ -74,9 +111,15 @@ pub(crate) enum Delivery<C: Context, H> {
 /// number readable without the lock: a thread that finds it zero has
 /// nothing to run. The first of a run waits in a slot of its own and is
 /// handed straight to the thread that runs it; only those behind it go
-/// through the queue (a small message in a ping-pong never does).
+/// through the queue (a small message in a ping-pong never does). A short
+/// message that finds nothing waiting is copied straight into a slot of
+/// its own, ahead of all else, and taken out whole once.
 pub(crate) struct Deliveries<C: Context, H> {
-    /// The oldest delivery, when there is one.
+    /// A short message older than everything else, when `short_held`.
+    short: Short,
+    /// Whether `short` holds a message.
+    short_held: bool,
+    /// The oldest delivery (after `short`), when there is one.
     first: Option<Delivery<C, H>>,
     /// Those behind it, in order.
     queue: VecDeque<Delivery<C, H>>,
@@ -90,6 +133,13 @@ impl<C: Context, H> Deliveries<C, H> {
     /// An empty queue counting into `queued`.
     pub fn new(queued: Arc<AtomicUsize>) -> Self {
         Deliveries {
+            short: Short {
+                src: 0,
+                tag: 0,
+                len: 0,
+                bytes: [0; SMALL_BODY],
+            },
+            short_held: false,
             first: None,
             queue: VecDeque::new(),
             queued,
@@ -101,14 +151,41 @@ impl<C: Context, H> Deliveries<C, H> {
     #[inline]
     pub fn push(&mut self, d: Delivery<C, H>) {
         if self.first.is_none() {
-            // Nothing waits: the queue is empty too (the first is taken
-            // before the queue is).
+            // Nothing waits but perhaps a short message, which is older:
+            // the queue is empty too (the first is taken before the queue
+            // is).
             self.first = Some(d);
         } else {
             self.queue.push_back(d);
             self.pushed += 1;
         }
         self.queued.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Queues the short message `body` (at most [`SMALL_BODY`] bytes) from
+    /// `src` with `tag`: copied into its own slot when nothing waits, else
+    /// queued behind what does.
+    #[inline]
+    pub fn push_short(&mut self, src: Rank, tag: Tag, body: &[u8]) {
+        if !self.short_held && self.first.is_none() {
+            self.short.fill(src, tag, body);
+            self.short_held = true;
+            self.queued.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.push(Delivery::Short(Short::new(src, tag, body)));
+        }
+    }
+
+    /// Takes the short message waiting in its own slot: when there is one,
+    /// it is the oldest delivery.
+    #[inline]
+    pub fn pop_short(&mut self) -> Option<Short> {
+        if !self.short_held {
+            return None;
+        }
+        self.short_held = false;
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        Some(self.short)
     }
 
     /// Deliveries that ever waited behind another.
@@ -118,6 +195,9 @@ impl<C: Context, H> Deliveries<C, H> {
 
     /// Takes the next thing for the user.
     pub fn pop(&mut self) -> Option<Delivery<C, H>> {
+        if let Some(s) = self.pop_short() {
+            return Some(Delivery::Short(s));
+        }
         let d = self.first.take()?;
         self.first = self.queue.pop_front();
         self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -126,11 +206,95 @@ impl<C: Context, H> Deliveries<C, H> {
 
     /// Deliveries waiting.
     pub fn len(&self) -> usize {
-        usize::from(self.first.is_some()) + self.queue.len()
+        usize::from(self.short_held) + usize::from(self.first.is_some()) + self.queue.len()
     }
 
     /// Whether none waits.
     pub fn is_empty(&self) -> bool {
-        self.first.is_none()
+        !self.short_held && self.first.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xrcbtl_fabric::sim::SimContext;
+
+    type D = Deliveries<SimContext, ()>;
+
+    /// What a delivery is, in a word, with the body of a short message.
+    fn what(d: &Delivery<SimContext, ()>) -> String {
+        match d {
+            Delivery::Short(s) => format!("short {} {:?}", s.src, s.body()),
+            Delivery::Message { src, .. } => format!("message {src}"),
+            Delivery::Failed { rank, .. } => format!("failed {rank}"),
+            Delivery::Done { .. } => "done".into(),
+            Delivery::Release(_) => "release".into(),
+        }
+    }
+
+    /// Takes everything in the order the deliverer does: the short slot
+    /// first, then the rest.
+    fn drain(d: &mut D) -> Vec<String> {
+        let mut out = Vec::new();
+        loop {
+            if let Some(s) = d.pop_short() {
+                out.push(format!("short {} {:?}", s.src, s.body()));
+            } else if let Some(x) = d.pop() {
+                out.push(what(&x));
+            } else {
+                return out;
+            }
+        }
+    }
+
+    fn heap(src: Rank) -> Delivery<SimContext, ()> {
+        Delivery::Message {
+            src,
+            tag: 0,
+            body: Body::Heap(vec![1]),
+            start: 0,
+            end: 1,
+        }
+    }
+
+    #[test]
+    fn short_messages_keep_their_place_among_the_other_deliveries() {
+        let queued = Arc::new(AtomicUsize::new(0));
+        let mut d = D::new(queued.clone());
+        // In the slot, then behind it: in order, whatever takes them.
+        d.push_short(1, 7, &[1, 2]);
+        d.push(heap(2));
+        d.push_short(3, 7, &[3]);
+        d.push(Delivery::Failed {
+            rank: 4,
+            err: BtlError::Closed(4),
+        });
+        assert_eq!(d.len(), 4);
+        assert_eq!(queued.load(Ordering::SeqCst), 4);
+        // Only what waited behind another counts as queued.
+        assert_eq!(d.pushed(), 2);
+        assert_eq!(
+            drain(&mut d),
+            ["short 1 [1, 2]", "message 2", "short 3 [3]", "failed 4"]
+        );
+        assert!(d.is_empty());
+        assert_eq!(queued.load(Ordering::SeqCst), 0);
+        // A short message behind a queued delivery waits in the queue; the
+        // slot takes the next one that finds nothing waiting.
+        d.push(heap(5));
+        d.push_short(6, 7, &[6; SMALL_BODY]);
+        assert!(d.pop_short().is_none(), "the slot is kept for the oldest");
+        assert_eq!(
+            drain(&mut d),
+            [
+                "message 5",
+                format!("short 6 {:?}", [6u8; SMALL_BODY]).as_str()
+            ]
+        );
+        d.push_short(8, 7, &[]);
+        assert_eq!(d.len(), 1);
+        assert_eq!(drain(&mut d), ["short 8 []"]);
+        assert_eq!(queued.load(Ordering::SeqCst), 0);
     }
 }

@@ -269,26 +269,21 @@ impl Recv {
         if in_order {
             v.stats.eager_received += 1;
             v.stats.bytes_received += u64::from(h.len);
-            let body = &bytes[HEADER..];
-            let (body, start, end) = if small {
-                let mut copy = [0u8; SMALL_BODY];
-                copy[..body.len()].copy_from_slice(body);
-                (Body::Small { bytes: copy }, 0, body.len())
+            if small {
+                v.deliveries.push_short(h.src, h.tag, &bytes[HEADER..]);
             } else {
-                let received = Body::Received {
-                    chunk: rx.chunk.clone(),
-                    slot: rx.slot,
-                    credit: v.fc.then_some((h.src, rx.qpn)),
-                };
-                (received, rx.at + HEADER, rx.at + bytes.len())
-            };
-            v.deliveries.push(Delivery::Message {
-                src: h.src,
-                tag: h.tag,
-                body,
-                start,
-                end,
-            });
+                v.deliveries.push(Delivery::Message {
+                    src: h.src,
+                    tag: h.tag,
+                    body: Body::Received {
+                        chunk: rx.chunk.clone(),
+                        slot: rx.slot,
+                        credit: v.fc.then_some((h.src, rx.qpn)),
+                    },
+                    start: rx.at + HEADER,
+                    end: rx.at + bytes.len(),
+                });
+            }
             return (keep, nonempty(got));
         }
         match Control::decode(h.kind, &bytes[HEADER..]) {

@@ -12,7 +12,7 @@ pub const HEADER: usize = 16;
 
 /// The longest body kept in a message itself: by a message posted inline
 /// (`work.rs`'s `Store::Small`), and by a message received and copied out
-/// of its receive buffer (`delivery.rs`'s `Body::Small`). 64 bytes keep a
+/// of its receive buffer (`delivery.rs`'s `Short`). 64 bytes keep a
 /// posted request (`post.rs`'s `PostedWr`) within 128 bytes, which the
 /// compiler moves with a few vector stores. At 112 bytes every move of a
 /// message (into the queue, the slab, back out) called `memcpy`: about

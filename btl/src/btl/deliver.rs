@@ -52,17 +52,34 @@ impl<C: Context> Btl<C> {
             let flag = Delivering(&self.delivering);
             let mut spent = None;
             loop {
-                let (d, found) = {
-                    let mut core = held.take().unwrap_or_else(|| self.lock());
-                    if let Some(b) = spent.take() {
-                        core.consumed(b);
+                let mut core = held.take().unwrap_or_else(|| self.lock());
+                if let Some(b) = spent.take() {
+                    core.consumed(b);
+                }
+                // The short message in its own slot, the oldest when there
+                // is one: taken out whole, with nothing to give back.
+                if let Some(s) = core.next_short() {
+                    let cb = core.am(s.tag);
+                    drop(core);
+                    n += 1;
+                    if let Some(cb) = cb {
+                        let (src, tag) = (s.src, s.tag);
+                        cb(
+                            self,
+                            &Incoming {
+                                src,
+                                tag,
+                                data: s.body(),
+                            },
+                        );
                     }
+                } else {
                     let Some(d) = core.next_delivery() else { break };
                     let found = find(&mut core, &d);
-                    (d, found)
-                };
-                n += 1;
-                spent = self.run(d, found);
+                    drop(core);
+                    n += 1;
+                    spent = self.run(d, found);
+                }
                 // Nothing to give back and nothing waiting: no need to
                 // take the lock again (what is queued from now on is seen
                 // below, or by the thread that queued it).
@@ -94,8 +111,21 @@ impl<C: Context> Btl<C> {
                 if let Found::Am(Some(cb)) = found {
                     body.with(start, end, |data| cb(self, &Incoming { src, tag, data }));
                 }
-                // A copy has nothing to give back.
-                (!matches!(body, Body::Small { .. })).then_some(body)
+                Some(body)
+            }
+            Delivery::Short(s) => {
+                if let Found::Am(Some(cb)) = found {
+                    let (src, tag) = (s.src, s.tag);
+                    cb(
+                        self,
+                        &Incoming {
+                            src,
+                            tag,
+                            data: s.body(),
+                        },
+                    );
+                }
+                None
             }
             Delivery::Done { op, result, cb } => {
                 cb(self, OpId(op), result);
@@ -121,6 +151,7 @@ impl<C: Context> Btl<C> {
 fn find<C: Context>(core: &mut Core<C, Btl<C>>, d: &Delivery<C, Btl<C>>) -> Found<C> {
     match d {
         Delivery::Message { tag, .. } => Found::Am(core.am(*tag)),
+        Delivery::Short(s) => Found::Am(core.am(s.tag)),
         Delivery::Failed { rank, .. } => Found::OnError(core.on_error(*rank)),
         Delivery::Done { .. } | Delivery::Release(_) => Found::Nothing,
     }

@@ -36,7 +36,7 @@ use xrcbtl_xrc_conn::Mode;
 use crate::callbacks::{DoneFn, Registry};
 use crate::config::BtlConfig;
 use crate::conn::ConnDriver;
-use crate::delivery::{Deliveries, Delivery};
+use crate::delivery::{Deliveries, Delivery, Short};
 use crate::domains::Domains;
 use crate::ep::Endpoints;
 use crate::iface::Iface;
@@ -185,6 +185,13 @@ impl<C: Context, H> Core<C, H> {
     /// Takes the next thing for the user.
     pub fn next_delivery(&mut self) -> Option<Delivery<C, H>> {
         self.deliveries.pop()
+    }
+
+    /// Takes the short message waiting in a slot of its own, ahead of
+    /// every other delivery, if one does.
+    #[inline]
+    pub fn next_short(&mut self) -> Option<Short> {
+        self.deliveries.pop_short()
     }
 
     /// The send queues, with what they work through lent for one call.

@@ -86,7 +86,6 @@ impl<C: Context, H> Core<C, H> {
     pub fn consumed(&mut self, body: Body<C>) {
         match body {
             Body::Heap(buf) => self.pools.recycle(buf),
-            Body::Small { .. } => {}
             Body::Received { slot, credit, .. } => {
                 self.iface.give_back(slot);
                 // Posted again now when a batch is due: the receiver may

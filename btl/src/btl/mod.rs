@@ -112,7 +112,7 @@ impl<C: Context> Btl<C> {
         // code runs. (parking_lot's lock: std's checks the panic count
         // when taken and again when let go, on every call.)
         let mut core = self.core.lock();
-        core.count_lock();
+        core.entered();
         core
     }
 
@@ -462,7 +462,9 @@ impl<C: Context> Btl<C> {
     /// pending work, then the callbacks of what arrived. Returns how much it
     /// found.
     pub fn progress(&self) -> usize {
-        let mut core = self.lock();
+        // Not `lock`: a progress call leaves the slow-work word as it is.
+        let mut core = self.core.lock();
+        core.count_lock();
         let n = core.poll();
         let n = n + self.deliver_all(core);
         if self.yield_after > 0 {

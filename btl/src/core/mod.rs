@@ -106,6 +106,14 @@ pub(crate) struct Core<C: Context, H> {
     stats: BtlStats,
     /// Progress calls left before the next look at connection events.
     control_left: u32,
+    /// The slow-work word: progress calls left that may look at the
+    /// receive CQ alone ([`Core::poll`]'s quiet path). Set by a full call
+    /// that found nothing rare waiting (no control tick due or asked for,
+    /// no signalled work out, no cover asked, no QP draining, no rendezvous
+    /// step, no pending work) to the calls left before the next control
+    /// tick; cleared by every other taking of the lock ([`Core::entered`])
+    /// and by a quiet call that found a message.
+    quiet_left: u32,
     control_every: u32,
     /// When to look for silent peers next.
     probe_at: Duration,
@@ -171,6 +179,7 @@ impl<C: Context, H> Core<C, H> {
                 ..BtlStats::default()
             },
             control_left: 0,
+            quiet_left: 0,
             probe_at: Duration::ZERO,
             control_every,
             drained: false,
@@ -240,8 +249,26 @@ impl<C: Context, H> Core<C, H> {
     }
 
     /// Does what is due: connection events, completions, pending work.
-    /// Returns how much it found.
+    /// Returns how much it found. While nothing rare waits (the slow-work
+    /// word, `quiet_left`, is not zero), only the receive CQ is looked at,
+    /// and what a message found there brought.
+    #[inline]
     pub fn poll(&mut self) -> usize {
+        if self.quiet_left == 0 {
+            return self.poll_full();
+        }
+        self.quiet_left -= 1;
+        self.control_left -= 1;
+        let n = self.poll_recv();
+        if n == 0 {
+            return 0;
+        }
+        n + self.after_recv()
+    }
+
+    /// [`Core::poll`]'s full path.
+    #[inline(never)]
+    fn poll_full(&mut self) -> usize {
         // Connection and async events cost system calls (the CM's and the
         // device's event descriptors); completions do not. A progress loop
         // spinning on a CQ looks at them every `CONTROL_EVERY` calls only,
@@ -271,6 +298,13 @@ impl<C: Context, H> Core<C, H> {
             self.sends.cover_unsignalled(&mut self.eps);
         }
         n += self.poll_recv();
+        n + self.after_recv()
+    }
+
+    /// What follows a poll of the receive CQ: a draining QP's end,
+    /// rendezvous steps, pending work. Then sets the slow-work word.
+    fn after_recv(&mut self) -> usize {
+        let mut n = 0;
         if self.drv.draining() && self.recv.dry() {
             self.drv.recv_cq_dry(self.cfg.clock.now());
         }
@@ -281,6 +315,13 @@ impl<C: Context, H> Core<C, H> {
         if self.eps.any_ready() {
             n += self.drain_pending();
         }
+        let quiet = !self.drv.wants_look()
+            && self.sends.signalled_out() == 0
+            && !self.sends.wants_cover()
+            && !self.drv.draining()
+            && !self.rndv.has_acts()
+            && !self.eps.any_ready();
+        self.quiet_left = if quiet { self.control_left } else { 0 };
         n
     }
 

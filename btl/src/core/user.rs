@@ -35,9 +35,21 @@ impl<C: Context, H> Core<C, H> {
         }
     }
 
-    /// Counts a taking of the lock ([`BtlStats::locks`]).
+    /// Counts a taking of the lock by a progress call
+    /// ([`BtlStats::locks`]).
+    #[inline]
     pub fn count_lock(&mut self) {
         self.stats.locks += 1;
+    }
+
+    /// Counts a taking of the lock by anything but a progress call, which
+    /// may leave rare work behind (a send queued, a connection asked for,
+    /// a rendezvous begun, a cover asked): the next progress call takes
+    /// the full path.
+    #[inline]
+    pub fn entered(&mut self) {
+        self.stats.locks += 1;
+        self.quiet_left = 0;
     }
 
     /// The NUMA node of each of the BTL's own buffers

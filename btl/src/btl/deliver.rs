@@ -38,6 +38,7 @@ impl<C: Context> Btl<C> {
     /// thread's stack) is running them. `held` is the lock, taken by the
     /// caller: the first delivery is taken under it, and it is let go
     /// before any callback runs.
+    #[inline(never)]
     pub(super) fn deliver_all(&self, held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
         let mut held = Some(held);
         let mut n = 0;

@@ -61,17 +61,22 @@ impl<C: Context, H> Core<C, H> {
     }
 
     /// The endpoint of `rank`, if it is usable.
+    #[inline]
     pub fn endpoint(&self, rank: Rank) -> Result<u32> {
-        let ei = self
-            .eps
-            .find(rank)
-            .ok_or_else(|| Error::invalid(format!("rank {rank} is not a known peer")))?;
-        if let EpState::Gone(e) = &self.eps.get(ei).state {
-            return Err(Error::state(format!(
-                "endpoint to rank {rank} is gone: {e}"
-            )));
+        match self.eps.find(rank) {
+            Some(ei) if !matches!(self.eps.get(ei).state, EpState::Gone(_)) => Ok(ei),
+            _ => Err(self.no_endpoint(rank)),
         }
-        Ok(ei)
+    }
+
+    /// Why [`Core::endpoint`] has no endpoint to `rank`.
+    #[cold]
+    #[inline(never)]
+    fn no_endpoint(&self, rank: Rank) -> Error {
+        match self.eps.find(rank).map(|ei| &self.eps.get(ei).state) {
+            Some(EpState::Gone(e)) => Error::state(format!("endpoint to rank {rank} is gone: {e}")),
+            _ => Error::invalid(format!("rank {rank} is not a known peer")),
+        }
     }
 
     /// Starts connecting endpoint `ei` unless it has a path or is on its

@@ -22,6 +22,9 @@ use crate::work::{Item, Msg, Store, Work};
 use super::Core;
 
 impl<C: Context, H> Core<C, H> {
+    /// Polls the receive CQ and reads what it found. Inline in both of
+    /// [`Core::poll`]'s paths: the quiet one is little else.
+    #[inline(always)]
     pub(super) fn poll_recv(&mut self) -> usize {
         let (recv, mut v) = self.recv();
         let n = recv.poll(&mut v);

@@ -924,6 +924,7 @@ impl SendQueues {
     /// queue) in a row, no cover wanted, and bounce slots and the send CQ's
     /// budget far from short (unsignalled work holds both until a later
     /// completion).
+    #[inline]
     fn may_skip_signal<C: Context>(&self, iface: &Iface<C>, slot: u32, caps: QpCaps) -> bool {
         let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
         !self.want_cover
@@ -951,6 +952,7 @@ impl SendQueues {
     }
 
     /// [`SendQueues::posted`]'s accounting, without the counters.
+    #[inline]
     fn count_posted(&mut self, eps: &mut Endpoints, ei: u32, slot: u32, no: u64, signalled: bool) {
         let q = &mut self.sq[slot as usize];
         q.used += 1;

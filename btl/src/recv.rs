@@ -107,11 +107,12 @@ impl Recv {
         self.dry
     }
 
-    /// Polls the receive CQ once; its completions are then read with
-    /// [`Recv::next`]. Returns how many it took.
-    pub fn poll<C: Context, H>(&mut self, v: &mut RecvView<'_, C, H>) -> usize {
+    /// Polls the receive CQ, `cq`, once; its completions are then read
+    /// with [`Recv::next`]. Returns how many it took.
+    #[inline]
+    pub fn poll<Q: Cq>(&mut self, cq: &Q) -> usize {
         debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
-        let n = v.iface.recv_cq.poll(&mut self.wcs).unwrap_or(0);
+        let n = cq.poll(&mut self.wcs).unwrap_or(0);
         assert!(n <= self.wcs.len(), "a poll wrote past its buffer");
         self.polled = n;
         self.read = 0;

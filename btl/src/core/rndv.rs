@@ -26,8 +26,7 @@ impl<C: Context, H> Core<C, H> {
     /// [`Core::poll`]'s paths: the quiet one is little else.
     #[inline(always)]
     pub(super) fn poll_recv(&mut self) -> usize {
-        let (recv, mut v) = self.recv();
-        let n = recv.poll(&mut v);
+        let n = self.recv.poll(&self.iface.recv_cq);
         if self.recv.unread() {
             self.read_polled();
         }

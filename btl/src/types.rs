@@ -483,4 +483,8 @@ pub struct BtlStats {
     /// complete: reads, writes and atomics (messages wait in their QP's
     /// send log instead).
     pub posted_records: u64,
+    /// Progress calls that looked at the receive CQ alone, nothing rare
+    /// waiting (on devices whose events cost system calls: between two
+    /// looks at connection events).
+    pub quiet_polls: u64,
 }

@@ -84,8 +84,10 @@ pub trait Context: Clone + Send + Sync + Sized + 'static {
     /// on real devices, whose events come through file descriptors, while
     /// completions are polled from mapped memory): a progress loop spinning
     /// on its CQs then looks at events less often. The simulated fabric
-    /// answers `false`: its events cost nothing, and its virtual time moves
-    /// on only once every queue has been looked at and found empty.
+    /// answers `false` (its events cost nothing, and its virtual time moves
+    /// on only once every queue has been looked at and found empty), unless
+    /// its device is made to answer `true`
+    /// ([`crate::sim::SimDevice::costly_events`]).
     fn events_cost_syscalls(&self) -> bool {
         true
     }

@@ -259,6 +259,7 @@ impl<C: Context, H> Core<C, H> {
         }
         self.quiet_left -= 1;
         self.control_left -= 1;
+        self.stats.quiet_polls += 1;
         let n = self.poll_recv();
         if n == 0 {
             return 0;

@@ -200,6 +200,7 @@ impl Fabric for SimProcess {
         let c = w.ctx(id).expect("just opened");
         let dev = c.dev;
         let caps = w.devs[dev].caps.clone();
+        let costly_events = w.devs[dev].costly_events;
         drop(w);
         Ok(SimContext(Arc::new(CtxInner {
             proc: self.0.clone(),
@@ -207,6 +208,7 @@ impl Fabric for SimProcess {
             dev,
             name: name.to_string(),
             caps,
+            costly_events,
         })))
     }
 }
@@ -217,6 +219,8 @@ pub(crate) struct CtxInner {
     pub(crate) dev: DevIdx,
     name: String,
     caps: DeviceCaps,
+    /// See [`super::SimDevice::costly_events`].
+    costly_events: bool,
 }
 
 impl Drop for CtxInner {
@@ -271,7 +275,7 @@ impl Context for SimContext {
     }
 
     fn events_cost_syscalls(&self) -> bool {
-        false
+        self.0.costly_events
     }
 
     fn locality_names(&self) -> Vec<String> {

@@ -63,6 +63,13 @@ pub struct SimDevice {
     /// found, and whether mlx5 raises last-WQE for it is undocumented), so
     /// off in every device here: holders must find out by asking.
     pub tgt_error_events: bool,
+    /// Whether the context says its connection and async events cost
+    /// system calls ([`crate::Context::events_cost_syscalls`]), as a real
+    /// device's do: a BTL then looks at them only every so many progress
+    /// calls, and spins on its CQs alone in between. Off in every device
+    /// here (the simulator's events cost nothing); on for the tests of
+    /// that path.
+    pub costly_events: bool,
 }
 
 impl SimDevice {
@@ -72,6 +79,7 @@ impl SimDevice {
             name: name.into(),
             resizable_send_queue: false,
             tgt_error_events: false,
+            costly_events: false,
             caps: DeviceCaps {
                 transport: Transport::Infiniband,
                 xrc: true,
@@ -117,6 +125,7 @@ impl SimDevice {
             name: name.into(),
             resizable_send_queue: false,
             tgt_error_events: false,
+            costly_events: false,
             caps: DeviceCaps {
                 transport: Transport::Iwarp,
                 xrc: false,

@@ -33,6 +33,8 @@ pub(crate) struct Dev {
     pub resizable_sq: bool,
     /// See [`super::SimDevice::tgt_error_events`].
     pub tgt_error_events: bool,
+    /// See [`super::SimDevice::costly_events`].
+    pub costly_events: bool,
     pub lid: u16,
     pub gid: Gid,
     pub ip: Ipv4Addr,
@@ -416,6 +418,7 @@ impl World {
                     caps: d.caps.clone(),
                     resizable_sq: d.resizable_send_queue,
                     tgt_error_events: d.tgt_error_events,
+                    costly_events: d.costly_events,
                     lid: if d.caps.transport == Transport::Infiniband {
                         (devs.len() + 1) as u16
                     } else {

@@ -1,0 +1,118 @@
+//! The progress path of a device whose connection and async events cost
+//! system calls, as every real one's do: the BTL looks at them only every
+//! so many calls, and in between, while nothing rare waits (the slow-work
+//! word), a progress call looks at the receive CQ alone. The simulated
+//! devices are made to answer so here (`SimDevice::costly_events`): small
+//! messages, a rendezvous and a peer's death all go through that path,
+//! on RC and iWARP. On XRC the simulated job stalls in this mode before
+//! the quiet path plays a part: the second direction's connection never
+//! completes, with the quiet path switched off as well (found while
+//! writing this test; not yet understood).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use xrcbtl_fabric::sim::SimDevice;
+
+#[path = "util/pingpong.rs"]
+mod pingpong;
+use pingpong::{Back, PingPong};
+
+const TAG: u8 = 7;
+const LARGE: u8 = 9;
+
+fn costly(mut device: SimDevice) -> SimDevice {
+    device.costly_events = true;
+    device
+}
+
+fn quiet_progress_carries_everything(device: SimDevice) {
+    let label = format!("{} ({})", device.name, device.caps.transport);
+    let mut pp = PingPong::new(costly(device), TAG);
+    pp.round_trips(TAG, 50, &[], &[1; 8], Back::Send);
+    let quiet = |pp: &PingPong| pp.btls.each_ref().map(|b| b.stats().quiet_polls);
+    let before = quiet(&pp);
+    let calls = pp.round_trips(TAG, 1000, &[], &[2; 8], Back::Sendi);
+    let after = quiet(&pp);
+    for r in 0..2 {
+        let q = after[r] - before[r];
+        assert!(
+            q > calls[r] / 2,
+            "{label}: rank {r}: {q} of {} progress calls took the quiet path",
+            calls[r]
+        );
+    }
+
+    // A rendezvous, both ranks spinning: its RTS, reads and completion
+    // arrive through quiet calls, which hand them to the full path.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let got = Arc::new(Mutex::new(None::<Vec<u8>>));
+    let g = got.clone();
+    pp.btls[1].register_am(LARGE, move |_, m| {
+        *g.lock().unwrap() = Some(m.data.to_vec());
+    });
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    pp.btls[0]
+        .send_bytes(
+            1,
+            LARGE,
+            Bytes::from(data.clone()),
+            Some(Box::new(move |_, _, r| {
+                r.expect("the rendezvous completes");
+                d.store(true, Ordering::SeqCst);
+            })),
+        )
+        .unwrap();
+    let mut spins = 0u64;
+    while !done.load(Ordering::SeqCst) || got.lock().unwrap().is_none() {
+        pp.btls[0].progress();
+        pp.btls[1].progress();
+        spins += 1;
+        assert!(spins < 10_000_000, "{label}: the rendezvous never ended");
+    }
+    assert!(
+        got.lock().unwrap().as_deref() == Some(&data[..]),
+        "{label}: the rendezvous arrived changed"
+    );
+    pp.round_trips(TAG, 100, &[], &[3; 8], Back::Send);
+
+    // A peer dies while the survivor spins quietly: it hears of it on a
+    // look at connection events.
+    let lost = Arc::new(AtomicU64::new(u64::MAX));
+    let l = lost.clone();
+    pp.btls[0].register_error(move |_, rank, _| l.store(u64::from(rank), Ordering::SeqCst));
+    let quiet_before = pp.btls[0].stats().quiet_polls;
+    pp.job.crash(1);
+    let mut spins = 0u64;
+    while lost.load(Ordering::SeqCst) == u64::MAX {
+        pp.btls[0].progress();
+        spins += 1;
+        assert!(
+            spins < 10_000_000,
+            "{label}: rank 1's death was never heard of"
+        );
+    }
+    assert_eq!(lost.load(Ordering::SeqCst), 1, "{label}");
+    assert!(
+        pp.btls[0].stats().quiet_polls > quiet_before,
+        "{label}: no quiet call while the peer died"
+    );
+}
+
+#[test]
+#[ignore = "the simulated XRC job stalls when events are looked at every 16th call: see the header"]
+fn quiet_progress_carries_messages_rendezvous_and_failures_over_xrc() {
+    quiet_progress_carries_everything(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn quiet_progress_carries_messages_rendezvous_and_failures_over_rc() {
+    quiet_progress_carries_everything(SimDevice::roce("sim0"));
+}
+
+#[test]
+fn quiet_progress_carries_messages_rendezvous_and_failures_over_iwarp() {
+    quiet_progress_carries_everything(SimDevice::iwarp("sim0"));
+}

@@ -8,7 +8,7 @@ use parking_lot::MutexGuard;
 use xrcbtl_fabric::Context;
 
 use crate::core::Core;
-use crate::delivery::{Body, Delivery};
+use crate::delivery::{Body, Delivery, Short};
 use crate::types::{Incoming, OpId};
 
 use super::{AmCallback, Btl, ErrorCallback};
@@ -63,17 +63,7 @@ impl<C: Context> Btl<C> {
                     let cb = core.am(s.tag);
                     drop(core);
                     n += 1;
-                    if let Some(cb) = cb {
-                        let (src, tag) = (s.src, s.tag);
-                        cb(
-                            self,
-                            &Incoming {
-                                src,
-                                tag,
-                                data: s.body(),
-                            },
-                        );
-                    }
+                    self.run_short(&s, cb);
                 } else {
                     let Some(d) = core.next_delivery() else { break };
                     let found = find(&mut core, &d);
@@ -115,16 +105,8 @@ impl<C: Context> Btl<C> {
                 Some(body)
             }
             Delivery::Short(s) => {
-                if let Found::Am(Some(cb)) = found {
-                    let (src, tag) = (s.src, s.tag);
-                    cb(
-                        self,
-                        &Incoming {
-                            src,
-                            tag,
-                            data: s.body(),
-                        },
-                    );
+                if let Found::Am(cb) = found {
+                    self.run_short(&s, cb);
                 }
                 None
             }
@@ -144,6 +126,25 @@ impl<C: Context> Btl<C> {
                 drop(b);
                 None
             }
+        }
+    }
+}
+
+impl<C: Context> Btl<C> {
+    /// Hands short message `s` to its tag's callback `cb`, if it has one
+    /// (no lock held).
+    #[inline]
+    fn run_short(&self, s: &Short, cb: Option<AmCallback<C>>) {
+        if let Some(cb) = cb {
+            let (src, tag) = (s.src, s.tag);
+            cb(
+                self,
+                &Incoming {
+                    src,
+                    tag,
+                    data: s.body(),
+                },
+            );
         }
     }
 }

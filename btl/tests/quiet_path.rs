@@ -10,8 +10,8 @@
 //! looked at. With the free-running clock, each empty poll moves time on
 //! to the next event, so a rank that looks at its CM events every 16th
 //! call lets its peer's connection attempt time out unanswered (seen on
-//! XRC: the second direction's connection never came up, and its message
-//! waited without an error).
+//! XRC: every attempt of the second direction timed out, and after its
+//! retries the endpoint failed as unreachable).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -56,14 +56,17 @@ pub(crate) struct Short {
 }
 
 impl Short {
+    /// No message: what a slot holds before its first.
+    const EMPTY: Short = Short {
+        src: 0,
+        tag: 0,
+        len: 0,
+        bytes: [0; SMALL_BODY],
+    };
+
     /// `body` (at most [`SMALL_BODY`] bytes) from `src` with `tag`.
     fn new(src: Rank, tag: Tag, body: &[u8]) -> Self {
-        let mut s = Short {
-            src,
-            tag,
-            len: 0,
-            bytes: [0; SMALL_BODY],
-        };
+        let mut s = Short::EMPTY;
         s.fill(src, tag, body);
         s
     }
@@ -133,12 +136,7 @@ impl<C: Context, H> Deliveries<C, H> {
     /// An empty queue counting into `queued`.
     pub fn new(queued: Arc<AtomicUsize>) -> Self {
         Deliveries {
-            short: Short {
-                src: 0,
-                tag: 0,
-                len: 0,
-                bytes: [0; SMALL_BODY],
-            },
+            short: Short::EMPTY,
             short_held: false,
             first: None,
             queue: VecDeque::new(),
@@ -233,19 +231,10 @@ mod tests {
         }
     }
 
-    /// Takes everything in the order the deliverer does: the short slot
-    /// first, then the rest.
+    /// Takes everything, in order (`pop` empties the short slot first, as
+    /// the deliverer does).
     fn drain(d: &mut D) -> Vec<String> {
-        let mut out = Vec::new();
-        loop {
-            if let Some(s) = d.pop_short() {
-                out.push(format!("short {} {:?}", s.src, s.body()));
-            } else if let Some(x) = d.pop() {
-                out.push(what(&x));
-            } else {
-                return out;
-            }
-        }
+        std::iter::from_fn(|| d.pop()).map(|x| what(&x)).collect()
     }
 
     fn heap(src: Rank) -> Delivery<SimContext, ()> {

@@ -111,8 +111,9 @@ pub(crate) struct Core<C: Context, H> {
     /// that found nothing rare waiting (no control tick due or asked for,
     /// no signalled work out, no cover asked, no QP draining, no rendezvous
     /// step, no pending work) to the calls left before the next control
-    /// tick; cleared by every other taking of the lock ([`Core::entered`])
-    /// and by a quiet call that found a message.
+    /// tick; cleared by every other taking of the lock ([`Core::entered`]);
+    /// set again by a quiet call that found a message, once it has done
+    /// what the message brought.
     quiet_left: u32,
     control_every: u32,
     /// When to look for silent peers next.

@@ -217,6 +217,13 @@ impl Endpoints {
                 .copied()
                 .filter(|&i| i != NO_EP);
         }
+        self.find_sparse(rank)
+    }
+
+    /// [`Endpoints::find`] of a rank past the dense table: a hash look-up,
+    /// kept out of the callers that inline the dense one.
+    #[inline(never)]
+    fn find_sparse(&self, rank: Rank) -> Option<u32> {
         self.index.get(&rank).copied()
     }
 

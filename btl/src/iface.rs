@@ -98,6 +98,8 @@ pub(crate) struct Slots<C: Context> {
     free: Vec<u32>,
     /// Slots only reserved takers get.
     reserved: usize,
+    /// Slots in all.
+    count: usize,
 }
 
 impl<C: Context> Slots<C> {
@@ -114,6 +116,7 @@ impl<C: Context> Slots<C> {
             size,
             free: (0..count).rev().collect(),
             reserved,
+            count: count as usize,
         })
     }
 
@@ -124,7 +127,14 @@ impl<C: Context> Slots<C> {
 
     /// Slots in all.
     pub fn count(&self) -> usize {
-        self.buf.len() / self.size
+        self.count
+    }
+
+    /// Whether more than a quarter of the slots are free: a sender may
+    /// then leave a message unsignalled.
+    #[inline]
+    pub fn plenty(&self) -> bool {
+        self.free.len() > self.count / 4
     }
 
     /// A free slot, unless only the reserved ones are left.

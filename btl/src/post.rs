@@ -606,6 +606,23 @@ impl SendQueues {
         });
     }
 
+    /// [`SendQueues::record`] of a message, built in its QP's log where
+    /// the latency path inlines it (the general one, out of line, passes
+    /// the whole record on the stack).
+    #[inline(always)]
+    fn log_msg(&mut self, p: PostedWr) -> u64 {
+        let slot = p.qp;
+        if slot >= LOG_SLOTS || self.sq[slot as usize].log.capacity() == 0 {
+            return self.record(p);
+        }
+        let q = &mut self.sq[slot as usize];
+        let id = WrId::log(slot, q.gen, p.no);
+        q.busy = true;
+        q.log.push_back(p);
+        self.logged += 1;
+        id
+    }
+
     /// Keeps posted work until it completes: in its QP's log if it is a
     /// message (and the slot has one), else in the slab. Returns its wr_id.
     fn record(&mut self, p: PostedWr) -> u64 {
@@ -924,13 +941,13 @@ impl SendQueues {
     /// queue) in a row, no cover wanted, and bounce slots and the send CQ's
     /// budget far from short (unsignalled work holds both until a later
     /// completion).
-    #[inline]
+    #[inline(always)]
     fn may_skip_signal<C: Context>(&self, iface: &Iface<C>, slot: u32, caps: QpCaps) -> bool {
         let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
         !self.want_cover
             && slot < LOG_SLOTS
             && self.sq[slot as usize].unsignalled as usize + 1 < every
-            && iface.bounce.free() > iface.bounce.count() / 4
+            && iface.bounce.plenty()
             && self.len() < iface.send_budget as usize / 2
     }
 
@@ -952,7 +969,7 @@ impl SendQueues {
     }
 
     /// [`SendQueues::posted`]'s accounting, without the counters.
-    #[inline]
+    #[inline(always)]
     fn count_posted(&mut self, eps: &mut Endpoints, ei: u32, slot: u32, no: u64, signalled: bool) {
         let q = &mut self.sq[slot as usize];
         q.used += 1;
@@ -1027,7 +1044,10 @@ impl SendQueues {
         // The body gathered once, where it goes inline; the copy kept for
         // a resend is taken from there at a fixed length, without a call.
         let body = &mut self.inline[HEADER..HEADER + SMALL_BODY];
-        body[..parts[0].len()].copy_from_slice(parts[0]);
+        // An empty part costs no call into memcpy.
+        if !parts[0].is_empty() {
+            body[..parts[0].len()].copy_from_slice(parts[0]);
+        }
         if !parts[1].is_empty() {
             body[parts[0].len()..len].copy_from_slice(parts[1]);
         }
@@ -1036,7 +1056,7 @@ impl SendQueues {
         let signalled = !self.may_skip_signal(v.iface, slot, caps);
         let no = self.sq[slot as usize].posts;
         let order = v.eps.next_order(ei);
-        let wr_id = self.record(PostedWr {
+        let wr_id = self.log_msg(PostedWr {
             ep: ei,
             qp: slot,
             no,

@@ -953,6 +953,7 @@ impl VerbsQp {
     /// Posts `raw`, built by the caller, to the send queue, with the
     /// target SRQ of an XRC INI QP.
     #[inline]
+    #[inline]
     fn post_raw(&self, raw: &mut sys::ibv_send_wr, remote_srqn: Option<u32>) -> Result<()> {
         if let Some(srqn) = remote_srqn {
             raw.qp_type.xrc.remote_srqn = srqn;
@@ -1345,6 +1346,7 @@ impl Qp for VerbsQp {
         self.post_raw(&mut raw, wr.remote_srqn)
     }
 
+    #[inline]
     fn post_inline(
         &self,
         wr_id: u64,

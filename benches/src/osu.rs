@@ -86,6 +86,10 @@ pub struct Options {
     pub seed: u64,
     /// Put the two ranks on one simulated node.
     pub same_node: bool,
+    /// The simulated device's connection events cost a system call, as a
+    /// real device's do: the BTL looks at them only on its control ticks,
+    /// and its progress calls take the quiet path between them.
+    pub costly_events: bool,
     /// Verbs device name.
     pub device: Option<String>,
     /// Local address of the device's interface (verbs).
@@ -130,6 +134,7 @@ impl Options {
             sim_device: "ib".into(),
             seed: 1,
             same_node: false,
+            costly_events: false,
             device: None,
             bind: None,
             server: false,
@@ -174,6 +179,7 @@ impl Options {
                 }
                 "--seed" => o.seed = num(&value(&mut args, &a)?, &a)?,
                 "--same-node" => o.same_node = true,
+                "--costly-events" => o.costly_events = true,
                 "-d" | "--device" => o.device = Some(value(&mut args, &a)?),
                 "--bind" => o.bind = Some(num(&value(&mut args, &a)?, &a)?),
                 "-s" | "--server" => o.server = true,
@@ -274,6 +280,7 @@ pub fn usage(bench: Bench) -> String {
          --sim-device ib|roce|iwarp   simulated device (ib: XRC; roce: RC + SRQ; iwarp)\n\
          --seed N               seed of the simulated fabric\n\
          --same-node            both ranks on one simulated node\n\
+         --costly-events        simulated events cost a system call, as a real device's do\n\
          -d, --device NAME      verbs device (default: the nearest with an IPv4 address, from hwloc)\n\
          --bind IP              address of the device's interface (default: its IPv4 address)\n\
          -s, --server           wait for the other side (verbs)\n\
@@ -425,11 +432,12 @@ pub fn report(bench: Bench, o: &Options, about: &str, measured: &[Vec<Row>], pai
 
 /// Runs `bench` with every rank on the simulated fabric; returns the report.
 pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
-    let device = match o.sim_device.as_str() {
+    let mut device = match o.sim_device.as_str() {
         "roce" => SimDevice::roce("sim0"),
         "iwarp" => SimDevice::iwarp("sim0"),
         _ => SimDevice::ib("sim0"),
     };
+    device.costly_events = o.costly_events;
     let pairs = if bench == Bench::MbwMr { o.pairs } else { 1 };
     let nodes = if o.same_node { 1 } else { 2 };
     let n = 2 * pairs;
@@ -454,6 +462,10 @@ pub fn run_sim_bench(bench: Bench, o: &Options) -> Result<String> {
         (n as usize) / nodes,
         env,
     )?;
+    // A rank that looks at its events only on its control ticks must see
+    // them at the virtual instant they came, not after its peer's timers
+    // ran out while it was not looking.
+    job.sim.set_causal(o.costly_events);
     let work = Rc::new(Cell::new(0));
     let mut ranks: Vec<BenchRank<_>> = (0..n)
         .map(|r| BenchRank::new(job.peek(r).clone(), n, o.max, work.clone()))
@@ -533,11 +545,15 @@ pub fn sw_cost(device: SimDevice, seed: u64, round_trips: u32) -> Result<SwCost>
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Instant;
     use xrcbtl_fabric::sim::{device_time, time_device};
+    let costly = device.costly_events;
     let mut job = SimJob::with(
         SimConfig::new(seed, 2).with_devices(vec![device]),
         1,
         |_| {},
     )?;
+    // As in run_sim_bench: time waits for a rank that looks at its events
+    // only on its control ticks.
+    job.sim.set_causal(costly);
     let btls = [job.peek(0).clone(), job.peek(1).clone()];
     let got: [Arc<AtomicU64>; 2] = Default::default();
     for (b, g) in btls.iter().zip(&got) {
@@ -575,7 +591,7 @@ pub fn sw_cost(device: SimDevice, seed: u64, round_trips: u32) -> Result<SwCost>
                     empties += 1;
                 }
             }
-            if !found {
+            if !found && !job.sim.held_back() {
                 job.refresh_timers();
                 if !job.idle_advance() {
                     job.sim.advance(Duration::from_millis(1));
@@ -953,6 +969,33 @@ mod tests {
         }
         let o = parse(Bench::MbwMr, &["-p", "512", "-W", "4096", "-x", "0"]).unwrap();
         assert_eq!((o.pairs, o.window), (512, 4096));
+    }
+
+    /// With costly events the BTL looks at its connection events only on
+    /// its control ticks; the executor's clock waits for it (a clock that
+    /// ran on left the second direction's connection attempts to time out:
+    /// the benchmark hung on XRC and failed as unreachable on RC).
+    #[test]
+    fn the_simulated_benchmark_runs_with_costly_events_on_every_device() {
+        for device in ["ib", "roce", "iwarp"] {
+            let args = [
+                "-m",
+                "8:8",
+                "-i",
+                "200",
+                "-x",
+                "10",
+                "--costly-events",
+                "--sim-device",
+                device,
+            ];
+            let o = parse(Bench::Latency, &args).unwrap();
+            assert!(o.costly_events);
+            let out = run_sim_bench(Bench::Latency, &o).unwrap();
+            let row = out.lines().find(|l| l.starts_with("8 "));
+            assert!(row.is_some(), "{device}: no 8-byte row in\n{out}");
+            assert!(out.contains("per message"), "{device}: {out}");
+        }
     }
 
     #[test]

@@ -186,7 +186,11 @@ pub type Body<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
 /// Runs every rank's body on a simulated job, in virtual time: each round
 /// polls every unfinished body; a round in which no rank found work moves
-/// the clock to the next scheduled event or connection timer.
+/// the clock to the next scheduled event or connection timer, unless the
+/// causal clock holds it back (a rank has not yet looked at what is queued
+/// for it: with costly events, a BTL looks at its connection events only
+/// on its control ticks). Body `i` is rank `i`'s: once it is done, the
+/// rank is still progressed while the clock is held back.
 pub fn run_sim<'a, T>(
     job: &mut SimJob,
     work: &Rc<Cell<u64>>,
@@ -211,6 +215,16 @@ pub fn run_sim<'a, T>(
             return out.into_iter().map(|v| v.expect("finished")).collect();
         }
         if work.get() == before && !finished {
+            if job.sim.held_back() {
+                // The causal clock waits for every process to look at what
+                // is queued for it, a rank whose body is done too: it is
+                // progressed here in its stead (body `i` is rank `i`).
+                for (i, _) in out.iter().enumerate().filter(|(_, o)| o.is_some()) {
+                    job.peek(i as u32).progress();
+                }
+                idle_rounds += 1;
+                continue;
+            }
             job.refresh_timers();
             if !job.idle_advance() {
                 // Nothing scheduled: let a millisecond pass.

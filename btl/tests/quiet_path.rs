@@ -49,6 +49,21 @@ fn quiet_progress_carries_everything(device: SimDevice) {
         );
     }
 
+    // Reading the BTL (its counters, its next timer) leaves no work
+    // behind: an idle rank asked between its progress calls, as an
+    // executor that moves time itself asks, stays on the quiet path.
+    let before = pp.btls[0].stats().quiet_polls;
+    for _ in 0..1000 {
+        pp.btls[0].progress();
+        pp.btls[0].next_timeout();
+        pp.btls[0].busy();
+    }
+    let q = pp.btls[0].stats().quiet_polls - before;
+    assert!(
+        q > 500,
+        "{label}: {q} of 1000 idle calls between reads took the quiet path"
+    );
+
     // A rendezvous, both ranks spinning: its RTS, reads and completion
     // arrive through quiet calls, which hand them to the full path.
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();

@@ -116,6 +116,15 @@ impl<C: Context> Btl<C> {
         core
     }
 
+    /// Takes the lock for a call that only reads the core (its counters,
+    /// its next timer): unlike [`Btl::lock`], it leaves the slow-work word
+    /// as it is, since it leaves no work behind.
+    fn lock_to_read(&self) -> MutexGuard<'_, Core<C, Btl<C>>> {
+        let mut core = self.core.lock();
+        core.count_lock();
+        core
+    }
+
     /// This rank.
     pub fn rank(&self) -> Rank {
         self.cfg.rank
@@ -188,7 +197,7 @@ impl<C: Context> Btl<C> {
     pub fn stats(&self) -> BtlStats {
         BtlStats {
             idle_yields: self.yields.load(Ordering::Relaxed),
-            ..self.lock().stats()
+            ..self.lock_to_read().stats()
         }
     }
 
@@ -217,7 +226,7 @@ impl<C: Context> Btl<C> {
     /// When progress is next needed for a connection timer (a retry, a
     /// deadline), if ever.
     pub fn next_timeout(&self) -> Option<Duration> {
-        self.lock().next_timeout()
+        self.lock_to_read().next_timeout()
     }
 
     /// Makes endpoints for peers (connected on first use). May be called at
@@ -455,7 +464,7 @@ impl<C: Context> Btl<C> {
     /// pending, rendezvous in progress, operations in flight (id and
     /// peer), deliveries waiting. For diagnostics; the format may change.
     pub fn busy(&self) -> String {
-        self.lock().busy()
+        self.lock_to_read().busy()
     }
 
     /// Does everything that is due: connection events, completions,

@@ -576,6 +576,15 @@ impl SimFabric {
             .collect()
     }
 
+    /// Whether the causal clock ([`SimFabric::set_causal`]) holds time
+    /// back now: some process has completions or events it has not polled
+    /// yet, or is still reacting to what it took. Always `false` without
+    /// the causal clock. An executor that moves time itself when its ranks
+    /// are idle waits while this holds.
+    pub fn held_back(&self) -> bool {
+        self.shared.lock().held_back()
+    }
+
     /// When the next scheduled event is due, if any.
     pub fn next_event_at(&self) -> Option<Duration> {
         self.shared.lock().next_event_at().map(Duration::from_nanos)

@@ -953,7 +953,6 @@ impl VerbsQp {
     /// Posts `raw`, built by the caller, to the send queue, with the
     /// target SRQ of an XRC INI QP.
     #[inline]
-    #[inline]
     fn post_raw(&self, raw: &mut sys::ibv_send_wr, remote_srqn: Option<u32>) -> Result<()> {
         if let Some(srqn) = remote_srqn {
             raw.qp_type.xrc.remote_srqn = srqn;

@@ -758,10 +758,7 @@ mod tests {
                     told = true;
                 }
             }
-            job.refresh_timers();
-            if !job.idle_advance() {
-                job.sim.advance(Duration::from_micros(5));
-            }
+            job.idle_round(Duration::from_micros(5));
         }
         reports
     }

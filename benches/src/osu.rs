@@ -591,11 +591,8 @@ pub fn sw_cost(device: SimDevice, seed: u64, round_trips: u32) -> Result<SwCost>
                     empties += 1;
                 }
             }
-            if !found && !job.sim.held_back() {
-                job.refresh_timers();
-                if !job.idle_advance() {
-                    job.sim.advance(Duration::from_millis(1));
-                }
+            if !found {
+                job.idle_round(Duration::from_millis(1));
             }
         }
         Ok(())

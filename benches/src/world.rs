@@ -215,20 +215,14 @@ pub fn run_sim<'a, T>(
             return out.into_iter().map(|v| v.expect("finished")).collect();
         }
         if work.get() == before && !finished {
-            if job.sim.held_back() {
+            // Time moves to what is scheduled next, or by a millisecond.
+            if !job.idle_round(Duration::from_millis(1)) {
                 // The causal clock waits for every process to look at what
                 // is queued for it, a rank whose body is done too: it is
                 // progressed here in its stead (body `i` is rank `i`).
                 for (i, _) in out.iter().enumerate().filter(|(_, o)| o.is_some()) {
                     job.peek(i as u32).progress();
                 }
-                idle_rounds += 1;
-                continue;
-            }
-            job.refresh_timers();
-            if !job.idle_advance() {
-                // Nothing scheduled: let a millisecond pass.
-                job.sim.advance(Duration::from_millis(1));
             }
             idle_rounds += 1;
             assert!(

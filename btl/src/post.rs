@@ -615,6 +615,14 @@ impl SendQueues {
         if slot >= LOG_SLOTS || self.sq[slot as usize].log.capacity() == 0 {
             return self.record(p);
         }
+        self.push_log(p)
+    }
+
+    /// Pushes message `p` into the log of its QP, whose slot is below
+    /// [`LOG_SLOTS`]; returns its wr_id.
+    #[inline(always)]
+    fn push_log(&mut self, p: PostedWr) -> u64 {
+        let slot = p.qp;
         let q = &mut self.sq[slot as usize];
         let id = WrId::log(slot, q.gen, p.no);
         q.busy = true;
@@ -628,15 +636,10 @@ impl SendQueues {
     fn record(&mut self, p: PostedWr) -> u64 {
         let slot = p.qp;
         if matches!(p.item.work, Work::Msg(_)) && slot < LOG_SLOTS {
-            let q = &mut self.sq[slot as usize];
-            if q.log.capacity() == 0 {
+            if self.sq[slot as usize].log.capacity() == 0 {
                 self.held.push(slot);
             }
-            let id = WrId::log(slot, q.gen, p.no);
-            q.busy = true;
-            q.log.push_back(p);
-            self.logged += 1;
-            id
+            self.push_log(p)
         } else {
             self.records += 1;
             WrId::send(self.slab.insert(p))

@@ -102,7 +102,9 @@ pub struct JobRank {
 pub enum Step {
     /// Ranks found this much work.
     Worked(usize),
-    /// Nobody had work: virtual time moved on.
+    /// Nobody had work: virtual time moved on (or, while the causal clock
+    /// holds it back, stays, and every live rank is progressed at the
+    /// next step; a paused rank that holds it back holds it for good).
     Advanced,
     /// Nothing is scheduled anywhere: nothing can happen any more.
     Stuck,
@@ -319,19 +321,37 @@ impl SimJob {
         if work > 0 {
             return Step::Worked(work);
         }
-        if self.idle_advance() {
+        if self.sim.held_back() {
+            // The causal clock waits for a rank to look at what is queued
+            // for it: every live rank looks at the next step, as its own
+            // polling thread would.
+            for r in self.live() {
+                self.dirty[r as usize] = true;
+            }
+            return Step::Advanced;
+        }
+        if advance_idle(&self.sim, self.timers.first()) {
             Step::Advanced
         } else {
             Step::Stuck
         }
     }
 
-    /// Everyone is idle: moves time to the next event or timer. `false`
-    /// when nothing is scheduled anywhere. For callers that progress the
-    /// ranks themselves (and so must ask every rank for its timer first:
-    /// [`SimJob::refresh_timers`]).
-    pub fn idle_advance(&mut self) -> bool {
-        advance_idle(&self.sim, self.timers.first())
+    /// A round in which every rank found nothing to do, for callers that
+    /// progress the ranks themselves: unless the causal clock holds time
+    /// back ([`SimFabric::held_back`]), asks every rank for its timer and
+    /// moves time to the next event or timer, or on by `otherwise` when
+    /// nothing is scheduled. `false` while time is held back: it stays
+    /// until the ranks have looked at what is queued for them.
+    pub fn idle_round(&mut self, otherwise: Duration) -> bool {
+        if self.sim.held_back() {
+            return false;
+        }
+        self.refresh_timers();
+        if !advance_idle(&self.sim, self.timers.first()) {
+            self.sim.advance(otherwise);
+        }
+        true
     }
 
     /// Asks every live rank for its next connection timer.

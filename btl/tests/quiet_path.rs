@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use std::time::Duration;
+
+use xrcbtl_btl::sim::SimJob;
 use xrcbtl_fabric::sim::SimDevice;
 
 #[path = "util/pingpong.rs"]
@@ -134,4 +137,45 @@ fn quiet_progress_carries_messages_rendezvous_and_failures_over_rc() {
 #[test]
 fn quiet_progress_carries_messages_rendezvous_and_failures_over_iwarp() {
     quiet_progress_carries_everything(SimDevice::iwarp("sim0"));
+}
+
+/// A job stepped by [`SimJob::step`] waits on the causal clock as the
+/// threads of a live job do: with costly events, both directions connect
+/// and carry messages instead of a connection attempt timing out while
+/// its peer had not yet looked at its CM events.
+fn a_stepped_job_waits_on_the_causal_clock(device: SimDevice) {
+    let label = format!("{} ({})", device.name, device.caps.transport);
+    let mut job = SimJob::new(3, 2, 1, costly(device)).unwrap();
+    job.sim.set_causal(true);
+    let got: [Arc<AtomicU64>; 2] = Default::default();
+    for (r, g) in got.iter().enumerate() {
+        let g = g.clone();
+        job.peek(r as u32).register_am(TAG, move |_, _| {
+            g.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    for round in 1..=20u64 {
+        for (from, to) in [(0u32, 1usize), (1, 0)] {
+            job.peek(from).send(to as u32, TAG, &[], &[5; 8]).unwrap();
+            job.run_until(Duration::from_secs(30), |_| {
+                got[to].load(Ordering::Relaxed) == round
+            })
+            .unwrap_or_else(|e| panic!("{label}: round {round}, {from} to {to}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn a_stepped_job_waits_on_the_causal_clock_over_xrc() {
+    a_stepped_job_waits_on_the_causal_clock(SimDevice::ib("sim0"));
+}
+
+#[test]
+fn a_stepped_job_waits_on_the_causal_clock_over_rc() {
+    a_stepped_job_waits_on_the_causal_clock(SimDevice::roce("sim0"));
+}
+
+#[test]
+fn a_stepped_job_waits_on_the_causal_clock_over_iwarp() {
+    a_stepped_job_waits_on_the_causal_clock(SimDevice::iwarp("sim0"));
 }

@@ -546,14 +546,14 @@ impl World {
                 || self.ctxs.iter().any(|(_, c)| !c.events.is_empty()))
     }
 
-    /// The process of `ctx` polled one of its queues and `found` something
-    /// (it is reacting until it polls an empty one).
     /// The verb counters of the process that opened `ctx`.
     pub(crate) fn verbs_of(&mut self, ctx: Id<Ctx>) -> Option<&mut super::VerbCounts> {
         let p = self.ctxs.get(ctx)?.proc;
         self.procs.get_mut(p).map(|p| &mut p.verbs)
     }
 
+    /// The process of `ctx` polled one of its queues and `found` something
+    /// (it is reacting until it polls an empty one).
     pub(crate) fn polled(&mut self, ctx: Id<Ctx>, found: bool) {
         if let Some(p) = self.ctxs.get(ctx).map(|c| c.proc) {
             if let Some(p) = self.procs.get_mut(p) {

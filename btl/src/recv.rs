@@ -4,8 +4,8 @@
 //! credits it spends and returns, and, for a message sent in parts, the
 //! train it joins. A message for the user goes straight to the queue of
 //! deliveries; what the core must act on comes back to it one message at
-//! a time ([`Got`]): rendezvous control, credits the peer returned. The
-//! receive side never names the core.
+//! a time ([`Got`]): rendezvous control (taken with [`Recv::take_ctl`]),
+//! credits the peer returned. The receive side never names the core.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,12 +47,17 @@ struct Received<'a, C: Context> {
 
 /// What a message brought that the core must act on.
 pub(crate) struct Got {
-    /// Credits the peer of endpoint `.0` returned on local QP `.1` (any
+    /// Credits the peer of endpoint `ep` returned on local QP `qpn` (any
     /// message may carry them, a duplicate too): the messages they cover
-    /// have arrived.
-    pub returned: Option<(u32, u32, u16)>,
-    /// Rendezvous control from `.0`, with tag `.1`.
-    pub ctl: Option<(Rank, Tag, Control)>,
+    /// have arrived. None when 0.
+    pub credits: u16,
+    /// The endpoint that returned `credits`.
+    pub ep: u32,
+    /// The local QP they were returned on.
+    pub qpn: u32,
+    /// The message was rendezvous control, kept for [`Recv::take_ctl`]
+    /// (so that what every message returns stays two words).
+    pub ctl: bool,
 }
 
 /// The receive side of a BTL.
@@ -71,6 +76,9 @@ pub(crate) struct Recv {
     /// The last QP number whose sender was looked up, with the driver's
     /// [`ConnDriver::qp_gen`] then and the sender.
     sender_seen: (u64, u32, Rank),
+    /// Rendezvous control from `.0`, with tag `.1`, that the last message
+    /// read brought, until the core takes it.
+    ctl: Option<(Rank, Tag, Control)>,
 }
 
 /// What the receive side works through, lent by the core for one call.
@@ -99,6 +107,7 @@ impl Recv {
             trains: HashMap::new(),
             train_cap,
             sender_seen: (u64::MAX, 0, 0),
+            ctl: None,
         }
     }
 
@@ -139,6 +148,11 @@ impl Recv {
             }
         }
         None
+    }
+
+    /// Takes the rendezvous control of the message whose [`Got`] said so.
+    pub fn take_ctl(&mut self) -> Option<(Rank, Tag, Control)> {
+        self.ctl.take()
     }
 
     /// Endpoint `ei` failed: its train, if one was open, is dropped.
@@ -212,17 +226,22 @@ impl Recv {
             v.stats.malformed += 1;
             return (false, None);
         }
-        let deliver = h.kind == Kind::Eager && v.eps.get(ei).is_open();
-        if let EpState::Gone(BtlError::Unreachable(..)) = v.eps.get(ei).state {
-            // Failed here, alive there: it must hear of it, or what it
-            // waits on from this rank waits forever.
-            let now = v.cfg.clock.now();
-            v.drv.disown(now, h.src);
+        // The endpoint is looked up once: the checks below read it in turn.
+        let ep = v.eps.get_mut(ei);
+        let open = ep.is_open();
+        if !open {
+            if let EpState::Gone(BtlError::Unreachable(..)) = ep.state {
+                // Failed here, alive there: it must hear of it, or what it
+                // waits on from this rank waits forever.
+                let now = v.cfg.clock.now();
+                v.drv.disown(now, h.src);
+            }
         }
-        let arrival = if h.kind == Kind::Credit || !v.eps.get(ei).is_open() {
+        let deliver = h.kind == Kind::Eager && open;
+        let arrival = if h.kind == Kind::Credit || !open {
             None
         } else {
-            Some(v.eps.get_mut(ei).rx.arrive(h.seq))
+            Some(ep.rx.arrive(h.seq))
         };
         // A message joined from parts is copied out: no buffer kept.
         let joining = !self.trains.is_empty() && self.trains.contains_key(&ei);
@@ -232,8 +251,10 @@ impl Recv {
         let small = bytes.len() - HEADER <= SMALL_BODY;
         let keep = in_order && !small;
         let mut got = Got {
-            returned: None,
-            ctl: None,
+            credits: 0,
+            ep: 0,
+            qpn: 0,
+            ctl: false,
         };
         if v.fc {
             // Every message took one of our receives (duplicates too): the
@@ -241,13 +262,13 @@ impl Recv {
             // for a message delivered in place, when its consumer is done.
             // Returns to us ride on it.
             let cap = v.cfg.credits;
-            let cr = v.eps.get_mut(ei).credits.of(rx.qpn, cap);
+            let cr = ep.credits.of(rx.qpn, cap);
             cr.take_returned(h.credits);
             if !keep && cr.owe(cap) {
                 v.eps.requeue(ei, Item::credit());
             }
             if h.credits > 0 {
-                got.returned = Some((ei, rx.qpn, h.credits));
+                (got.credits, got.ep, got.qpn) = (h.credits, ei, rx.qpn);
             }
         }
         match arrival {
@@ -288,7 +309,10 @@ impl Recv {
             return (keep, nonempty(got));
         }
         match Control::decode(h.kind, &bytes[HEADER..]) {
-            Some(ctl) => got.ctl = Some((h.src, h.tag, ctl)),
+            Some(ctl) => {
+                self.ctl = Some((h.src, h.tag, ctl));
+                got.ctl = true;
+            }
             None => v.stats.malformed += 1,
         }
         (false, nonempty(got))
@@ -375,5 +399,5 @@ impl Recv {
 
 /// `got`, unless it brings nothing at all.
 fn nonempty(got: Got) -> Option<Got> {
-    (got.returned.is_some() || got.ctl.is_some()).then_some(got)
+    (got.credits > 0 || got.ctl).then_some(got)
 }

@@ -4,8 +4,8 @@
 //! credits it spends and returns, and, for a message sent in parts, the
 //! train it joins. A message for the user goes straight to the queue of
 //! deliveries; what the core must act on comes back to it one message at
-//! a time ([`Got`]): rendezvous control (taken with [`Recv::take_ctl`]),
-//! credits the peer returned. The receive side never names the core.
+//! a time ([`Got`]): rendezvous control, credits the peer returned. The
+//! receive side never names the core.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,17 +47,12 @@ struct Received<'a, C: Context> {
 
 /// What a message brought that the core must act on.
 pub(crate) struct Got {
-    /// Credits the peer of endpoint `ep` returned on local QP `qpn` (any
+    /// Credits the peer of endpoint `.0` returned on local QP `.1` (any
     /// message may carry them, a duplicate too): the messages they cover
-    /// have arrived. None when 0.
-    pub credits: u16,
-    /// The endpoint that returned `credits`.
-    pub ep: u32,
-    /// The local QP they were returned on.
-    pub qpn: u32,
-    /// The message was rendezvous control, kept for [`Recv::take_ctl`]
-    /// (so that what every message returns stays two words).
-    pub ctl: bool,
+    /// have arrived.
+    pub returned: Option<(u32, u32, u16)>,
+    /// Rendezvous control from `.0`, with tag `.1`.
+    pub ctl: Option<(Rank, Tag, Control)>,
 }
 
 /// The receive side of a BTL.
@@ -76,9 +71,6 @@ pub(crate) struct Recv {
     /// The last QP number whose sender was looked up, with the driver's
     /// [`ConnDriver::qp_gen`] then and the sender.
     sender_seen: (u64, u32, Rank),
-    /// Rendezvous control from `.0`, with tag `.1`, that the last message
-    /// read brought, until the core takes it.
-    ctl: Option<(Rank, Tag, Control)>,
 }
 
 /// What the receive side works through, lent by the core for one call.
@@ -107,7 +99,6 @@ impl Recv {
             trains: HashMap::new(),
             train_cap,
             sender_seen: (u64::MAX, 0, 0),
-            ctl: None,
         }
     }
 
@@ -148,11 +139,6 @@ impl Recv {
             }
         }
         None
-    }
-
-    /// Takes the rendezvous control of the message whose [`Got`] said so.
-    pub fn take_ctl(&mut self) -> Option<(Rank, Tag, Control)> {
-        self.ctl.take()
     }
 
     /// Endpoint `ei` failed: its train, if one was open, is dropped.
@@ -251,10 +237,8 @@ impl Recv {
         let small = bytes.len() - HEADER <= SMALL_BODY;
         let keep = in_order && !small;
         let mut got = Got {
-            credits: 0,
-            ep: 0,
-            qpn: 0,
-            ctl: false,
+            returned: None,
+            ctl: None,
         };
         if v.fc {
             // Every message took one of our receives (duplicates too): the
@@ -268,7 +252,7 @@ impl Recv {
                 v.eps.requeue(ei, Item::credit());
             }
             if h.credits > 0 {
-                (got.credits, got.ep, got.qpn) = (h.credits, ei, rx.qpn);
+                got.returned = Some((ei, rx.qpn, h.credits));
             }
         }
         match arrival {
@@ -309,10 +293,7 @@ impl Recv {
             return (keep, nonempty(got));
         }
         match Control::decode(h.kind, &bytes[HEADER..]) {
-            Some(ctl) => {
-                self.ctl = Some((h.src, h.tag, ctl));
-                got.ctl = true;
-            }
+            Some(ctl) => got.ctl = Some((h.src, h.tag, ctl)),
             None => v.stats.malformed += 1,
         }
         (false, nonempty(got))
@@ -399,5 +380,5 @@ impl Recv {
 
 /// `got`, unless it brings nothing at all.
 fn nonempty(got: Got) -> Option<Got> {
-    (got.credits > 0 || got.ctl).then_some(got)
+    (got.returned.is_some() || got.ctl.is_some()).then_some(got)
 }

@@ -55,13 +55,11 @@ impl<C: Context, H> Core<C, H> {
     /// Acts on what a message brought: credits returned, then rendezvous
     /// control.
     pub(super) fn on_got(&mut self, got: Got) {
-        if got.credits > 0 {
-            self.arrived(got.ep, got.qpn, got.credits);
+        if let Some((ei, qpn, n)) = got.returned {
+            self.arrived(ei, qpn, n);
         }
-        if got.ctl {
-            if let Some((src, tag, ctl)) = self.recv.take_ctl() {
-                self.on_control(src, tag, ctl);
-            }
+        if let Some((src, tag, ctl)) = got.ctl {
+            self.on_control(src, tag, ctl);
         }
     }
 

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use xrcbtl_fabric::{
-    Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, RecvWr, Result, Sge, Srq, SrqAttr,
+    Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, RecvSet as _, Result, Sge, Srq, SrqAttr,
     Transport,
 };
 use xrcbtl_xrc_conn::Mode;
@@ -82,14 +82,36 @@ pub(crate) struct RecvClass<C: Context> {
     pub capacity: u32,
     /// Buffers posted.
     pub posted: u32,
-    /// Buffers consumed and not yet posted again.
-    repost: Vec<(u16, u32)>,
+    /// A receive prepared for each buffer, in the order the chunks were
+    /// added: buffer `index` of chunk `k` is number `first[k] + index`.
+    recvs: <C::Srq as Srq>::Recvs,
+    /// The number of each chunk's first buffer in `recvs`.
+    first: Vec<u32>,
+    /// Numbers in `recvs` of the buffers consumed and not yet posted again.
+    repost: Vec<u32>,
     /// The SRQ limit armed.
     pub limit: u32,
 }
 
-/// Receives posted together in one call into the device.
-const REPOST_CHAIN: usize = 16;
+impl<C: Context> RecvClass<C> {
+    /// Prepares the receives of `chunk`, the class's newest, of `n`
+    /// buffers, and marks them all to be posted.
+    fn prepare(&mut self, class: u16, chunk: u16, n: u32) {
+        let buf = &self.chunks[chunk as usize];
+        self.first.push(self.recvs.len() as u32);
+        for index in 0..n {
+            let wr_id = RecvSlot {
+                class,
+                chunk,
+                index,
+            }
+            .wr_id();
+            let sge = buf.sge(index as usize * self.size as usize, self.size);
+            let no = self.recvs.add(wr_id, sge);
+            self.repost.push(no);
+        }
+    }
+}
 
 /// Fixed-size slots of registered memory, taken and given back.
 pub(crate) struct Slots<C: Context> {
@@ -250,7 +272,7 @@ impl<C: Context> Iface<C> {
                 Access::LOCAL_WRITE,
                 numa,
             )?;
-            classes.push(RecvClass {
+            let mut class = RecvClass {
                 srq,
                 size,
                 chunks: vec![Arc::new(buf)],
@@ -258,9 +280,13 @@ impl<C: Context> Iface<C> {
                 total: depth,
                 capacity,
                 posted: 0,
-                repost: (0..depth).map(|i| (0, i)).collect(),
+                recvs: Default::default(),
+                first: Vec::new(),
+                repost: Vec::new(),
                 limit: (depth / 4).max(1),
-            });
+            };
+            class.prepare(classes.len() as u16, 0, depth);
+            classes.push(class);
         }
         let bounce = Slots::new(
             &ctx,
@@ -375,8 +401,10 @@ impl<C: Context> Iface<C> {
     /// A taken buffer is done with: it is posted again with the next batch.
     pub fn give_back(&mut self, slot: RecvSlot) {
         if let Some(c) = self.classes.get_mut(slot.class as usize) {
-            c.repost.push((slot.chunk, slot.index));
-            self.recv_moved = true;
+            if let Some(&first) = c.first.get(slot.chunk as usize) {
+                c.repost.push(first + slot.index);
+                self.recv_moved = true;
+            }
         }
     }
 
@@ -398,37 +426,25 @@ impl<C: Context> Iface<C> {
         Ok(())
     }
 
-    /// Posts every consumed buffer of `class` again, [`REPOST_CHAIN`] to a
-    /// call into the device.
+    /// Posts every consumed buffer of `class` again from its prepared
+    /// receive, in as few calls into the device as the SRQ allows.
     pub fn repost(&mut self, class: usize) -> Result<()> {
         let c = &mut self.classes[class];
-        while !c.repost.is_empty() {
-            let n = c.repost.len().min(REPOST_CHAIN);
-            let from = c.repost.len() - n;
-            let mut sges = [Sge::default(); REPOST_CHAIN];
-            for (sge, &(chunk, index)) in sges.iter_mut().zip(&c.repost[from..]) {
-                *sge = c.chunks[chunk as usize].sge(index as usize * c.size as usize, c.size);
-            }
-            let wrs: [RecvWr<'_>; REPOST_CHAIN] = std::array::from_fn(|i| RecvWr {
-                wr_id: c.repost.get(from + i).map_or(0, |&(chunk, index)| {
-                    RecvSlot {
-                        class: class as u16,
-                        chunk,
-                        index,
-                    }
-                    .wr_id()
-                }),
-                sgl: &sges[i..i + 1],
-            });
-            if let Err((posted, e)) = c.srq.post_recvs(&wrs[..n]) {
-                c.repost.drain(from..from + posted);
-                c.posted += posted as u32;
-                return Err(e);
-            }
-            c.repost.truncate(from);
-            c.posted += n as u32;
+        if c.repost.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        match c.srq.post_set(&mut c.recvs, &c.repost) {
+            Ok(()) => {
+                c.posted += c.repost.len() as u32;
+                c.repost.clear();
+                Ok(())
+            }
+            Err((posted, e)) => {
+                c.repost.drain(..posted);
+                c.posted += posted as u32;
+                Err(e)
+            }
+        }
     }
 
     /// The SRQ of `class` ran low: post everything consumed, grow the class
@@ -462,7 +478,7 @@ impl<C: Context> Iface<C> {
         )?;
         let chunk = c.chunks.len() as u16;
         c.chunks.push(Arc::new(buf));
-        c.repost.extend((0..n).map(|i| (chunk, i)));
+        c.prepare(class as u16, chunk, n);
         c.total += n;
         self.repost(class)
     }

@@ -267,17 +267,37 @@ pub trait Srq: Clone + Send + Sync {
     fn srq_num(&self) -> Option<u32>;
     /// Posts a receive.
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
-    /// Posts several receives, in order, in as few calls into the device
-    /// as it allows (verbs: one chained `ibv_post_srq_recv` per 16). On
-    /// failure, says how many were posted before it.
-    fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
-        for (i, wr) in wrs.iter().enumerate() {
-            self.post_recv(wr).map_err(|e| (i, e))?;
-        }
-        Ok(())
-    }
+    /// Receives prepared once, one per buffer, and posted again by number
+    /// (see [`RecvSet`]).
+    type Recvs: RecvSet;
+    /// Posts the receives numbered `which` of `set`, in order, in as few
+    /// calls into the device as it allows (verbs: one chained
+    /// `ibv_post_srq_recv` per 16, linked in place: nothing is built). A
+    /// number must not appear twice among receives posted and not yet
+    /// completed. On failure, says how many of `which` were posted before
+    /// it.
+    fn post_set(
+        &self,
+        set: &mut Self::Recvs,
+        which: &[u32],
+    ) -> std::result::Result<(), (usize, Error)>;
     /// Arms the limit event at `limit` receives (0 disarms).
     fn arm_limit(&self, limit: u32) -> Result<()>;
+}
+
+/// Receives prepared once and posted many times: one per receive buffer,
+/// each with its wr_id and its one SGE, in the form the device takes, so
+/// that posting one again only links it into a chain.
+pub trait RecvSet: Default + Send + Sync {
+    /// Adds a receive of `sge` completing with `wr_id`; returns its number
+    /// (numbers count up from 0).
+    fn add(&mut self, wr_id: u64, sge: Sge) -> u32;
+    /// Receives prepared.
+    fn len(&self) -> usize;
+    /// Whether none is prepared.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A handle on an XRC domain.

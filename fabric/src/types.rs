@@ -404,7 +404,7 @@ impl RtrAttr {
 /// 0.64 ms (the CM's own choice, 0, means 655.36 ms).
 pub const DEFAULT_MIN_RNR_TIMER: u8 = 12;
 
-/// Receives [`Srq::post_recvs`](crate::Srq::post_recvs) links into one
+/// Receives [`Srq::post_set`](crate::Srq::post_set) links into one
 /// call into the device (`ibv_post_srq_recv`); the simulator counts its
 /// calls the same way.
 pub(crate) const RECV_CHAIN: usize = 16;

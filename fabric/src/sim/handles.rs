@@ -659,6 +659,21 @@ impl Drop for SrqInner {
 #[derive(Clone)]
 pub struct SimSrq(Arc<SrqInner>);
 
+/// Receives prepared for a [`SimSrq`]: each one's wr_id and SGE.
+#[derive(Default)]
+pub struct SimRecvs(Vec<(u64, Sge)>);
+
+impl crate::RecvSet for SimRecvs {
+    fn add(&mut self, wr_id: u64, sge: Sge) -> u32 {
+        self.0.push((wr_id, sge));
+        (self.0.len() - 1) as u32
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 impl Srq for SimSrq {
     fn id(&self) -> u64 {
         self.0.id.raw()
@@ -677,16 +692,40 @@ impl Srq for SimSrq {
         w.post_srq_recv(self.0.id, wr)
     }
 
+    type Recvs = SimRecvs;
+
     /// Counts a call per chain of `RECV_CHAIN` (16) receives, as the
-    /// verbs provider makes them.
-    fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+    /// verbs provider makes them, and, as it does, posts nothing of a chain
+    /// that names a receive outside the set.
+    fn post_set(
+        &self,
+        set: &mut SimRecvs,
+        which: &[u32],
+    ) -> std::result::Result<(), (usize, Error)> {
         let mut w = self.0.ctx.world();
-        for (i, wr) in wrs.iter().enumerate() {
-            if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
-                v.post_recv += u64::from(i % crate::types::RECV_CHAIN == 0);
-                v.recvs_posted += 1;
+        let mut done = 0;
+        for chain in which.chunks(crate::types::RECV_CHAIN) {
+            if let Some(&n) = chain.iter().find(|&&n| n as usize >= set.0.len()) {
+                return Err((
+                    done,
+                    Error::invalid(format!("receive {n} is not in the set")),
+                ));
             }
-            w.post_srq_recv(self.0.id, wr).map_err(|e| (i, e))?;
+            if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
+                v.post_recv += 1;
+            }
+            for &n in chain {
+                let (wr_id, sge) = set.0[n as usize];
+                if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
+                    v.recvs_posted += 1;
+                }
+                let wr = RecvWr {
+                    wr_id,
+                    sgl: std::slice::from_ref(&sge),
+                };
+                w.post_srq_recv(self.0.id, &wr).map_err(|e| (done, e))?;
+                done += 1;
+            }
         }
         Ok(())
     }

@@ -38,7 +38,7 @@ pub use alloc::CountingAlloc;
 pub use faults::{CmAction, CmFault, CmMsgKind};
 pub use handles::{
     device_time, inside, time_device, SimCmChannel, SimCmId, SimContext, SimCq, SimMr, SimPd,
-    SimProcess, SimQp, SimSrq, SimXrcd,
+    SimProcess, SimQp, SimRecvs, SimSrq, SimXrcd,
 };
 
 use crate::types::*;

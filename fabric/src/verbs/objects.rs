@@ -797,6 +797,43 @@ impl VerbsSrq {
     }
 }
 
+/// Receives prepared for a [`VerbsSrq`]: an `ibv_recv_wr` and its SGE per
+/// buffer, filled once. Posting links the chosen ones through `next` and
+/// points each at its SGE; the links mean nothing between posts.
+#[derive(Default)]
+pub struct VerbsRecvs {
+    wrs: Vec<sys::ibv_recv_wr>,
+    sges: Vec<sys::ibv_sge>,
+}
+
+// SAFETY: the raw pointers in `wrs` point into this same set (or are null)
+// and are only written and read while it is borrowed mutably, by
+// `VerbsSrq::post_set`; nothing else dereferences them.
+unsafe impl Send for VerbsRecvs {}
+// SAFETY: a shared borrow reads only lengths, never the pointers.
+unsafe impl Sync for VerbsRecvs {}
+
+impl crate::RecvSet for VerbsRecvs {
+    fn add(&mut self, wr_id: u64, sge: Sge) -> u32 {
+        self.sges.push(sys::ibv_sge {
+            addr: sge.addr,
+            length: sge.length,
+            lkey: sge.lkey,
+        });
+        self.wrs.push(sys::ibv_recv_wr {
+            wr_id,
+            next: null_mut(),
+            sg_list: null_mut(),
+            num_sge: 1,
+        });
+        (self.wrs.len() - 1) as u32
+    }
+
+    fn len(&self) -> usize {
+        self.wrs.len()
+    }
+}
+
 impl Srq for VerbsSrq {
     fn id(&self) -> u64 {
         self.0.srq as u64
@@ -822,60 +859,57 @@ impl Srq for VerbsSrq {
         })
     }
 
-    fn post_recvs(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+    type Recvs = VerbsRecvs;
+
+    fn post_set(
+        &self,
+        set: &mut VerbsRecvs,
+        which: &[u32],
+    ) -> std::result::Result<(), (usize, Error)> {
         const CHAIN: usize = crate::types::RECV_CHAIN;
         let mut done = 0;
-        for chunk in wrs.chunks(CHAIN) {
-            if chunk.iter().any(|w| w.sgl.len() != 1) {
-                for (i, wr) in chunk.iter().enumerate() {
-                    self.post_recv(wr).map_err(|e| (done + i, e))?;
+        for chunk in which.chunks(CHAIN) {
+            // Every link is made through these two pointers, so that none
+            // is invalidated by a later borrow of the vectors.
+            let base = set.wrs.as_mut_ptr();
+            let sges = set.sges.as_mut_ptr();
+            let len = set.wrs.len();
+            // Linked back to front, so that each request points at the one
+            // after it and the last one ends the chain.
+            let mut head: *mut sys::ibv_recv_wr = null_mut();
+            for &n in chunk.iter().rev() {
+                let n = n as usize;
+                if n >= len {
+                    // Nothing of this chain was posted.
+                    return Err((
+                        done,
+                        Error::invalid(format!("receive {n} is not in the set")),
+                    ));
                 }
-                done += chunk.len();
-                continue;
-            }
-            let mut sges = [sys::ibv_sge::default(); CHAIN];
-            let mut raw = [sys::ibv_recv_wr {
-                wr_id: 0,
-                next: null_mut(),
-                sg_list: null_mut(),
-                num_sge: 1,
-            }; CHAIN];
-            for (i, wr) in chunk.iter().enumerate() {
-                let s = &wr.sgl[0];
-                sges[i] = sys::ibv_sge {
-                    addr: s.addr,
-                    length: s.length,
-                    lkey: s.lkey,
-                };
-            }
-            // The chain links point into `raw`, which stays put from here
-            // until the call returns.
-            let base = raw.as_mut_ptr();
-            let sge_base = sges.as_mut_ptr();
-            for (i, wr) in chunk.iter().enumerate() {
-                let r = &mut raw[i];
-                r.wr_id = wr.wr_id;
-                // SAFETY: `i` and `i + 1` are within the arrays (of CHAIN
-                // entries; a chunk has at most CHAIN work requests).
-                r.sg_list = unsafe { sge_base.add(i) };
-                r.next = if i + 1 < chunk.len() {
-                    // SAFETY: as above.
-                    unsafe { base.add(i + 1) }
-                } else {
-                    null_mut()
-                };
+                // SAFETY: `n` is below the length of `wrs`, and `sges` has as
+                // many entries; nothing else borrows the set meanwhile.
+                unsafe {
+                    let wr = base.add(n);
+                    (*wr).next = head;
+                    (*wr).sg_list = sges.add(n);
+                    head = wr;
+                }
             }
             let mut bad: *mut sys::ibv_recv_wr = null_mut();
-            // SAFETY: the SRQ is live; the chain and its SGEs are valid for
-            // the call (the provider copies them).
-            let rc = unsafe { sys::ibv_post_srq_recv(self.0.srq, base, &mut bad) };
+            // SAFETY: the SRQ is live; the chain and its SGEs live in `set`,
+            // which is borrowed for the call and not moved during it (the
+            // provider copies them).
+            let rc = unsafe { sys::ibv_post_srq_recv(self.0.srq, head, &mut bad) };
             if rc != 0 {
-                // `bad` is the first request not posted.
+                // `bad` is the first request not posted; the ones before it
+                // in the chain were.
                 let posted = if bad.is_null() {
                     0
                 } else {
-                    // SAFETY: the provider points `bad` into the chain.
-                    unsafe { bad.offset_from(base) as usize }
+                    // SAFETY: the provider points `bad` into the chain, which
+                    // lies within `wrs`.
+                    let n = unsafe { bad.offset_from(base) };
+                    chunk.iter().position(|&m| m as isize == n).unwrap_or(0)
                 };
                 return Err((
                     done + posted,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use xrcbtl_fabric::*;
 
-use super::harness::{Deviation, Failure, Harness, Need, Outcome};
+use super::harness::{Ctx, Deviation, Failure, Harness, Need, Outcome};
 use super::util::*;
 use super::{rule, two, Rule};
 use crate::{ensure, ensure_eq};
@@ -77,6 +77,11 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
         ),
         rule("limits_max_inline", &[], limits_max_inline::<H>),
         rule("srq_limit_event", &[Need::Srq], srq_limit_event::<H>),
+        rule(
+            "srq_prepared_receives",
+            &[Need::Srq],
+            srq_prepared_receives::<H>,
+        ),
         rule(
             "srq_last_wqe_reached",
             &[Need::Srq, Need::LastWqeEvent],
@@ -704,6 +709,59 @@ fn srq_limit_event<H: Harness>(h: &H) -> Outcome {
         );
     }
     Ok(())
+}
+
+/// Receives prepared once are posted by number in any order, longer than
+/// one chain, consumed in the order posted, and posted again once
+/// completed; a number outside the set posts nothing of its chain.
+fn srq_prepared_receives<H: Harness>(h: &H) -> Outcome {
+    const LEN: u32 = 128;
+    let (a, b) = two(h)?;
+    let oa = Opts {
+        slot: 256,
+        recvs: 32,
+        ..Opts::default()
+    };
+    let ob = Opts {
+        srq: true,
+        recvs: 0,
+        ..Opts::default()
+    };
+    let (ea, eb) = connect_rc(h, &a, &b, &oa, &ob)?;
+    let srq = eb.srq.as_ref().expect("SRQ endpoint");
+    let mut set = <<Ctx<H> as Context>::Srq as Srq>::Recvs::default();
+    for i in 0..20 {
+        let no = set.add(5000 + u64::from(i), eb.rbuf.sge((i * LEN) as usize, LEN));
+        ensure_eq!(no, i);
+    }
+    ensure_eq!(set.len(), 20);
+    let order = [19, 2, 7, 0, 11, 4, 16, 9, 13, 1, 18, 6, 3, 15, 10, 8, 17, 5];
+    srq.post_set(&mut set, &order)
+        .map_err(|(n, e)| Failure(format!("post_set: {e} after {n}")))?;
+    let receive = |msgs: &[u32]| -> Outcome {
+        for (k, &no) in msgs.iter().enumerate() {
+            ea.send(k as u32, &pattern(no as u8, 100))?;
+        }
+        wait_cq(h, &ea.cq, msgs.len())?;
+        let got = wait_cq(h, &eb.cq, msgs.len())?;
+        for (wc, &no) in got.iter().zip(msgs) {
+            check_wc(wc, 5000 + u64::from(no), WcStatus::Success)?;
+            ensure_eq!(wc.byte_len, 100);
+            ensure_eq!(
+                eb.rbuf.read((no * LEN) as usize, 100),
+                pattern(no as u8, 100)
+            );
+        }
+        Ok(())
+    };
+    receive(&order)?;
+    match srq.post_set(&mut set, &[0, 20]) {
+        Err((0, Error::InvalidArgument(_))) => {}
+        other => return Err(Failure(format!("a number outside the set: {other:?}"))),
+    }
+    srq.post_set(&mut set, &[12, 0])
+        .map_err(|(n, e)| Failure(format!("post_set again: {e} after {n}")))?;
+    receive(&[12, 0])
 }
 
 fn srq_last_wqe_reached<H: Harness>(h: &H) -> Outcome {

@@ -19,43 +19,35 @@ pub const HEADER: usize = 16;
 /// 200 instructions per 8-byte message (callgrind, siw).
 pub(crate) const SMALL_BODY: usize = 64;
 
-/// What a message is.
+/// What a message is; its code on the wire is its discriminant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum Kind {
     /// An eager active message: the payload is the user's data.
-    Eager,
+    Eager = 1,
     /// Request to send (rendezvous): [`Rts`].
-    Rts,
+    Rts = 2,
     /// Ready to receive (put rendezvous): [`Rtr`].
-    Rtr,
+    Rtr = 3,
     /// Acknowledge to send: the receiver has read everything (get).
-    Ats,
+    Ats = 4,
     /// Finished: the sender has written everything (put).
-    Fin,
+    Fin = 5,
     /// Only returns credits (header only, outside the sequence).
-    Credit,
+    Credit = 6,
     /// A part of a message split across several eager messages: more
     /// parts follow, and the last one is an [`Kind::Eager`]. The parts of
     /// one message take consecutive sequence numbers, so the receiver
     /// joins them in arrival order.
-    Part,
+    Part = 7,
     /// The receiver refuses a rendezvous (longer than it accepts, or no
     /// memory for it): the sender's operation fails.
-    Nak,
+    Nak = 8,
 }
 
 impl Kind {
     fn code(self) -> u8 {
-        match self {
-            Kind::Eager => 1,
-            Kind::Rts => 2,
-            Kind::Rtr => 3,
-            Kind::Ats => 4,
-            Kind::Fin => 5,
-            Kind::Credit => 6,
-            Kind::Part => 7,
-            Kind::Nak => 8,
-        }
+        self as u8
     }
 
     fn from_code(c: u8) -> Option<Kind> {
@@ -94,6 +86,8 @@ pub struct Header {
 impl Header {
     /// Writes the header into `out[..HEADER]`.
     pub fn encode(&self, out: &mut [u8]) {
+        // One bounds check for the whole header.
+        let out: &mut [u8; HEADER] = out.first_chunk_mut().expect("room for a header");
         out[0..4].copy_from_slice(&self.src.to_le_bytes());
         out[4..8].copy_from_slice(&self.seq.to_le_bytes());
         out[8] = self.kind.code();
@@ -105,20 +99,20 @@ impl Header {
     /// Reads a header from a received message of `msg.len()` bytes; `None`
     /// when it is short, of an unknown kind, or its length disagrees.
     pub fn decode(msg: &[u8]) -> Option<Header> {
-        if msg.len() < HEADER {
-            return None;
-        }
-        let u = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
+        // A header of fixed size: its fields are read with no bounds
+        // checks.
+        let (b, body) = msg.split_first_chunk::<HEADER>()?;
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let h = Header {
             src: u(0),
             seq: u(4),
-            kind: Kind::from_code(msg[8])?,
-            tag: msg[9],
-            credits: u16::from_le_bytes([msg[10], msg[11]]),
+            kind: Kind::from_code(b[8])?,
+            tag: b[9],
+            credits: u16::from_le_bytes([b[10], b[11]]),
             len: u(12),
         };
         let credit_only = h.kind != Kind::Credit || (h.len == 0 && h.tag == 0);
-        (h.len as usize == msg.len() - HEADER && credit_only).then_some(h)
+        (h.len as usize == body.len() && credit_only).then_some(h)
     }
 }
 

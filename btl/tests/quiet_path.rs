@@ -15,9 +15,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
-use std::time::Duration;
 
 use xrcbtl_btl::sim::SimJob;
 use xrcbtl_fabric::sim::SimDevice;

@@ -409,6 +409,41 @@ pub const DEFAULT_MIN_RNR_TIMER: u8 = 12;
 /// calls the same way.
 pub(crate) const RECV_CHAIN: usize = 16;
 
+/// Finds a receive named twice in one chain of a prepared set: linked in
+/// place, it would point the chain into itself. Each receive keeps the
+/// number of the last chain it was in.
+#[derive(Default)]
+pub(crate) struct ChainMarks {
+    last: Vec<u32>,
+    chain: u32,
+}
+
+impl ChainMarks {
+    /// Makes room for a set of `len` receives.
+    pub(crate) fn grow(&mut self, len: usize) {
+        self.last.resize(len, 0);
+    }
+
+    /// Starts a chain.
+    pub(crate) fn start(&mut self) {
+        self.chain = self.chain.wrapping_add(1);
+        if self.chain == 0 {
+            // Every mark is from an older chain: clear them, and skip 0,
+            // the mark of a receive never chained.
+            self.last.fill(0);
+            self.chain = 1;
+        }
+    }
+
+    /// Marks receive `n` (below the length given to `grow`) as in this
+    /// chain; false when it already was.
+    pub(crate) fn first(&mut self, n: usize) -> bool {
+        let fresh = self.last[n] != self.chain;
+        self.last[n] = self.chain;
+        fresh
+    }
+}
+
 /// The local ACK timeout xrcbtl's requesters use unless configured: 14,
 /// 4.096 µs × 2^14 = 67 ms per try, so that with 7 retries a dead peer is
 /// found in about half a second (the CM's derived value on RoCE, about

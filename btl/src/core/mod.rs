@@ -306,25 +306,34 @@ impl<C: Context, H> Core<C, H> {
     /// What follows a poll of the receive CQ: a draining QP's end,
     /// rendezvous steps, pending work. Then sets the slow-work word.
     fn after_recv(&mut self) -> usize {
+        // Most calls have none of the three rare conditions: one look.
+        if !self.drv.draining() && !self.rndv.has_acts() && !self.eps.any_ready() {
+            self.set_quiet(false);
+            return 0;
+        }
         let mut n = 0;
         if self.drv.draining() && self.recv.dry() {
             self.drv.recv_cq_dry(self.cfg.clock.now());
         }
-        // Both cost a call when idle: most spins have neither.
         if self.rndv.has_acts() {
             n += self.run_rndv();
         }
         if self.eps.any_ready() {
             n += self.drain_pending();
         }
-        let quiet = !self.drv.wants_look()
-            && self.sends.signalled_out() == 0
-            && !self.sends.wants_cover()
-            && !self.drv.draining()
-            && !self.rndv.has_acts()
-            && !self.eps.any_ready();
-        self.quiet_left = if quiet { self.control_left } else { 0 };
+        let rare = self.drv.draining() || self.rndv.has_acts() || self.eps.any_ready();
+        self.set_quiet(rare);
         n
+    }
+
+    /// Sets the slow-work word: the next calls skip the control look
+    /// unless the driver, a signalled send, a cover or `rare` work waits.
+    fn set_quiet(&mut self, rare: bool) {
+        let quiet = !rare
+            && !self.drv.wants_look()
+            && self.sends.signalled_out() == 0
+            && !self.sends.wants_cover();
+        self.quiet_left = if quiet { self.control_left } else { 0 };
     }
 
     /// Looks at connection and async events now.

@@ -661,16 +661,20 @@ pub struct SimSrq(Arc<SrqInner>);
 
 /// Receives prepared for a [`SimSrq`]: each one's wr_id and SGE.
 #[derive(Default)]
-pub struct SimRecvs(Vec<(u64, Sge)>);
+pub struct SimRecvs {
+    recvs: Vec<(u64, Sge)>,
+    marks: crate::types::ChainMarks,
+}
 
 impl crate::RecvSet for SimRecvs {
     fn add(&mut self, wr_id: u64, sge: Sge) -> u32 {
-        self.0.push((wr_id, sge));
-        (self.0.len() - 1) as u32
+        self.recvs.push((wr_id, sge));
+        self.marks.grow(self.recvs.len());
+        (self.recvs.len() - 1) as u32
     }
 
     fn len(&self) -> usize {
-        self.0.len()
+        self.recvs.len()
     }
 }
 
@@ -705,17 +709,25 @@ impl Srq for SimSrq {
         let mut w = self.0.ctx.world();
         let mut done = 0;
         for chain in which.chunks(crate::types::RECV_CHAIN) {
-            if let Some(&n) = chain.iter().find(|&&n| n as usize >= set.0.len()) {
+            // As on verbs, nothing of a chain that fails these is posted.
+            if let Some(&n) = chain.iter().find(|&&n| n as usize >= set.recvs.len()) {
                 return Err((
                     done,
                     Error::invalid(format!("receive {n} is not in the set")),
+                ));
+            }
+            set.marks.start();
+            if let Some(&n) = chain.iter().find(|&&n| !set.marks.first(n as usize)) {
+                return Err((
+                    done,
+                    Error::invalid(format!("receive {n} twice in a chain")),
                 ));
             }
             if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
                 v.post_recv += 1;
             }
             for &n in chain {
-                let (wr_id, sge) = set.0[n as usize];
+                let (wr_id, sge) = set.recvs[n as usize];
                 if let Some(v) = w.verbs_of(self.0.ctx.0.id) {
                     v.recvs_posted += 1;
                 }

@@ -804,6 +804,7 @@ impl VerbsSrq {
 pub struct VerbsRecvs {
     wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
+    marks: crate::types::ChainMarks,
 }
 
 // SAFETY: the raw pointers in `wrs` point into this same set (or are null)
@@ -826,6 +827,7 @@ impl crate::RecvSet for VerbsRecvs {
             sg_list: null_mut(),
             num_sge: 1,
         });
+        self.marks.grow(self.wrs.len());
         (self.wrs.len() - 1) as u32
     }
 
@@ -877,13 +879,20 @@ impl Srq for VerbsSrq {
             // Linked back to front, so that each request points at the one
             // after it and the last one ends the chain.
             let mut head: *mut sys::ibv_recv_wr = null_mut();
+            set.marks.start();
             for &n in chunk.iter().rev() {
                 let n = n as usize;
+                // Nothing of a chain that fails these was posted.
                 if n >= len {
-                    // Nothing of this chain was posted.
                     return Err((
                         done,
                         Error::invalid(format!("receive {n} is not in the set")),
+                    ));
+                }
+                if !set.marks.first(n) {
+                    return Err((
+                        done,
+                        Error::invalid(format!("receive {n} twice in a chain")),
                     ));
                 }
                 // SAFETY: `n` is below the length of `wrs`, and `sges` has as

@@ -759,6 +759,13 @@ fn srq_prepared_receives<H: Harness>(h: &H) -> Outcome {
         Err((0, Error::InvalidArgument(_))) => {}
         other => return Err(Failure(format!("a number outside the set: {other:?}"))),
     }
+    // Linked in place, a receive named twice would close the chain on
+    // itself: refused, nothing of it posted (the next two messages below
+    // must land in 12 and 0, not in 14).
+    match srq.post_set(&mut set, &[14, 12, 14]) {
+        Err((0, Error::InvalidArgument(_))) => {}
+        other => return Err(Failure(format!("a receive twice in a chain: {other:?}"))),
+    }
     srq.post_set(&mut set, &[12, 0])
         .map_err(|(n, e)| Failure(format!("post_set again: {e} after {n}")))?;
     receive(&[12, 0])

@@ -305,12 +305,21 @@ impl<C: Context, H> Core<C, H> {
 
     /// What follows a poll of the receive CQ: a draining QP's end,
     /// rendezvous steps, pending work. Then sets the slow-work word.
+    #[inline]
     fn after_recv(&mut self) -> usize {
-        // Most calls have none of the three rare conditions: one look.
+        // Most calls have none of the three rare conditions: one look, and
+        // no call frame.
         if !self.drv.draining() && !self.rndv.has_acts() && !self.eps.any_ready() {
             self.set_quiet(false);
             return 0;
         }
+        self.after_recv_rare()
+    }
+
+    /// [`Core::after_recv`] when a QP drains, rendezvous acts or pending
+    /// work wait.
+    #[inline(never)]
+    fn after_recv_rare(&mut self) -> usize {
         let mut n = 0;
         if self.drv.draining() && self.recv.dry() {
             self.drv.recv_cq_dry(self.cfg.clock.now());
@@ -328,6 +337,7 @@ impl<C: Context, H> Core<C, H> {
 
     /// Sets the slow-work word: the next calls skip the control look
     /// unless the driver, a signalled send, a cover or `rare` work waits.
+    #[inline]
     fn set_quiet(&mut self, rare: bool) {
         let quiet = !rare
             && !self.drv.wants_look()

@@ -377,6 +377,17 @@ fn wc_opcode(o: sys::ibv_wc_opcode) -> WcOpcode {
     }
 }
 
+/// Converts the entries `ibv_poll_cq` wrote (`raw`, as many as `out`).
+#[inline]
+fn convert_all(out: &mut [WorkCompletion], raw: &[std::mem::MaybeUninit<sys::ibv_wc>]) {
+    for (slot, w) in out.iter_mut().zip(raw) {
+        // SAFETY: ibv_poll_cq wrote the entries it returned, and the
+        // callers pass only those.
+        *slot = convert_wc(unsafe { w.assume_init_ref() });
+    }
+}
+
+#[inline]
 fn convert_wc(w: &sys::ibv_wc) -> WorkCompletion {
     let imm = (w.wc_flags & sys::IBV_WC_WITH_IMM != 0)
         // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
@@ -460,39 +471,62 @@ impl VerbsCq {
 
     /// The rest of [`VerbsCq::poll_raw`] when its first `ibv_poll_cq`
     /// answered `n` (an error when negative): converts the entries the
-    /// provider wrote into `raw`, and polls on while `out` has room and
-    /// each poll filled what it asked for.
+    /// provider wrote into `raw`. A poll that filled what it asked for
+    /// polls on ([`VerbsCq::poll_more`]); the usual one, a few entries, is
+    /// done here.
     #[inline(never)]
     fn poll_found(
         &self,
         out: &mut [WorkCompletion],
         raw: &mut [std::mem::MaybeUninit<sys::ibv_wc>; 32],
-        mut n: i32,
+        n: i32,
     ) -> Result<usize> {
-        let mut done = 0;
+        if n < 0 {
+            return Err(self.poll_error(n));
+        }
+        let n = n as usize;
+        let want = out.len().min(raw.len());
+        // The provider returns at most what it was asked for.
+        assert!(n <= want, "ibv_poll_cq returned more than asked");
+        convert_all(&mut out[..n], &raw[..n]);
+        if n < want {
+            return Ok(n);
+        }
+        self.poll_more(out, raw, n)
+    }
+
+    /// [`VerbsCq::poll_found`] after a poll that filled all it asked for,
+    /// with `done` entries of `out` converted: polls on while `out` has room
+    /// and each poll fills what it asks for.
+    #[inline(never)]
+    fn poll_more(
+        &self,
+        out: &mut [WorkCompletion],
+        raw: &mut [std::mem::MaybeUninit<sys::ibv_wc>; 32],
+        mut done: usize,
+    ) -> Result<usize> {
         loop {
-            if n < 0 {
-                return Err(self.poll_error(n));
-            }
             let want = (out.len() - done).min(raw.len());
-            for (slot, w) in out[done..].iter_mut().zip(&raw[..n as usize]) {
-                // SAFETY: ibv_poll_cq wrote the first `n` entries.
-                *slot = convert_wc(unsafe { w.assume_init_ref() });
-            }
-            done += n as usize;
-            let more = (out.len() - done).min(raw.len());
-            if (n as usize) < want || more == 0 {
+            if want == 0 {
                 return Ok(done);
             }
-            // SAFETY: as in poll_raw, for `more` entries.
-            n = unsafe {
+            // SAFETY: as in poll_raw, for `want` entries.
+            let n = unsafe {
                 sys::ibv_poll_cq(
                     self.0.cq,
-                    more as i32,
+                    want as i32,
                     raw.as_mut_ptr().cast::<sys::ibv_wc>(),
                 )
             };
-            if n == 0 {
+            if n < 0 {
+                // The entries taken already are not lost: they go up now,
+                // and the next poll meets the error.
+                return Ok(done);
+            }
+            let n = (n as usize).min(want);
+            convert_all(&mut out[done..done + n], &raw[..n]);
+            done += n;
+            if n < want {
                 return Ok(done);
             }
         }

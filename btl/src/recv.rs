@@ -108,8 +108,10 @@ impl Recv {
     }
 
     /// Polls the receive CQ, `cq`, once; its completions are then read
-    /// with [`Recv::next`]. Returns how many it took.
-    #[inline]
+    /// with [`Recv::next`]. Returns how many it took. Inlined into the
+    /// progress call: an empty poll, the most frequent, then costs no call
+    /// frame of its own.
+    #[inline(always)]
     pub fn poll<Q: Cq>(&mut self, cq: &Q) -> usize {
         debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
         let n = cq.poll(&mut self.wcs).unwrap_or(0);

@@ -409,9 +409,10 @@ pub const DEFAULT_MIN_RNR_TIMER: u8 = 12;
 /// calls the same way.
 pub(crate) const RECV_CHAIN: usize = 16;
 
-/// Finds a receive named twice in one chain of a prepared set: linked in
-/// place, it would point the chain into itself. Each receive keeps the
-/// number of the last chain it was in.
+/// The rule of a chain of prepared receives, kept once for every
+/// [`crate::RecvSet`]: each number names a receive of the set, and none
+/// appears twice (linked in place, it would point the chain into itself).
+/// Each receive keeps the number of the last chain it was in.
 #[derive(Default)]
 pub(crate) struct ChainMarks {
     last: Vec<u32>,
@@ -422,6 +423,12 @@ impl ChainMarks {
     /// Makes room for a set of `len` receives.
     pub(crate) fn grow(&mut self, len: usize) {
         self.last.resize(len, 0);
+    }
+
+    /// Receives it has marks for.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn len(&self) -> usize {
+        self.last.len()
     }
 
     /// Starts a chain.
@@ -435,12 +442,22 @@ impl ChainMarks {
         }
     }
 
-    /// Marks receive `n` (below the length given to `grow`) as in this
-    /// chain; false when it already was.
-    pub(crate) fn first(&mut self, n: usize) -> bool {
-        let fresh = self.last[n] != self.chain;
-        self.last[n] = self.chain;
-        fresh
+    /// Admits receive `n` into this chain: an error if the set (of the
+    /// length given to `grow`) has no receive `n`, or the chain has it
+    /// already.
+    pub(crate) fn admit(&mut self, n: usize) -> crate::Result<()> {
+        let Some(mark) = self.last.get_mut(n) else {
+            return Err(crate::Error::invalid(format!(
+                "receive {n} is not in the set"
+            )));
+        };
+        if *mark == self.chain {
+            return Err(crate::Error::invalid(format!(
+                "receive {n} twice in a chain"
+            )));
+        }
+        *mark = self.chain;
+        Ok(())
     }
 }
 

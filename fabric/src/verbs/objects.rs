@@ -523,7 +523,8 @@ impl VerbsCq {
                 // and the next poll meets the error.
                 return Ok(done);
             }
-            let n = (n as usize).min(want);
+            let n = n as usize;
+            assert!(n <= want, "ibv_poll_cq returned more than asked");
             convert_all(&mut out[done..done + n], &raw[..n]);
             done += n;
             if n < want {
@@ -909,28 +910,20 @@ impl Srq for VerbsSrq {
             // is invalidated by a later borrow of the vectors.
             let base = set.wrs.as_mut_ptr();
             let sges = set.sges.as_mut_ptr();
-            let len = set.wrs.len();
+            // The marks admit only numbers below their length: the unsafe
+            // links below rely on its being that of `wrs` and `sges`.
+            assert!(set.marks.len() == set.wrs.len() && set.sges.len() == set.wrs.len());
             // Linked back to front, so that each request points at the one
             // after it and the last one ends the chain.
             let mut head: *mut sys::ibv_recv_wr = null_mut();
             set.marks.start();
             for &n in chunk.iter().rev() {
                 let n = n as usize;
-                // Nothing of a chain that fails these was posted.
-                if n >= len {
-                    return Err((
-                        done,
-                        Error::invalid(format!("receive {n} is not in the set")),
-                    ));
-                }
-                if !set.marks.first(n) {
-                    return Err((
-                        done,
-                        Error::invalid(format!("receive {n} twice in a chain")),
-                    ));
-                }
-                // SAFETY: `n` is below the length of `wrs`, and `sges` has as
-                // many entries; nothing else borrows the set meanwhile.
+                // Nothing of a chain that breaks the rule was posted.
+                set.marks.admit(n).map_err(|e| (done, e))?;
+                // SAFETY: `n` is below the length of `wrs` and of `sges`
+                // (admitted, under the assertion above); nothing else
+                // borrows the set meanwhile.
                 unsafe {
                     let wr = base.add(n);
                     (*wr).next = head;

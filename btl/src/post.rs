@@ -20,7 +20,9 @@
 //! Posted messages wait in their QP's send log ([`SendQueue`]), in posting
 //! order, and their wr_id names the QP's slot and their post number: a
 //! completion retires the log's front up to itself by moving along it,
-//! with no look-up per message. Where credits flow, a completed message
+//! with no look-up per message. A log is a [`Ring`]: a short message is
+//! written in its next place where it stays, and retired ones are left
+//! there to be written over. Where credits flow, a completed message
 //! stays in the log until the peer's credits show it arrived. Reads,
 //! writes and atomics (and messages on a slot past [`LOG_SLOTS`], which
 //! no device's QP count reaches) are kept in a slab instead, found by
@@ -34,7 +36,7 @@
 use std::collections::VecDeque;
 
 use xrcbtl_fabric::{Context, Error, Payload, Qp, QpCaps, SendOp, SendWr, Sge, WorkCompletion};
-use xrcbtl_progress::{Batch, WrSlab};
+use xrcbtl_progress::{Batch, Ring, Spare, WrSlab};
 
 use crate::config::BtlConfig;
 use crate::conn::ConnDriver;
@@ -100,7 +102,7 @@ pub(crate) struct SendQueue {
     /// Number of the last signalled request.
     pub last_signalled: u64,
     /// Messages posted and not known complete, in posting order.
-    log: VecDeque<PostedWr>,
+    log: Ring<PostedWr>,
     /// How many of them went unsignalled.
     unsignalled: u32,
     /// The generation of the slot's QP, in its messages' wr_ids.
@@ -137,6 +139,45 @@ pub(crate) struct PostedWr {
 
 // Moves of a posted request stay inline (see `SMALL_BODY`).
 const _: () = assert!(std::mem::size_of::<PostedWr>() <= 128);
+
+/// A log's free places hold a short message: what the latency path writes
+/// over, field by field ([`SendQueues::send_small`]).
+impl Spare for PostedWr {
+    fn spare() -> PostedWr {
+        PostedWr {
+            ep: 0,
+            qp: 0,
+            no: 0,
+            signalled: false,
+            left: false,
+            item: Item {
+                order: 0,
+                tries: 0,
+                work: Work::Msg(Msg {
+                    seq: 0,
+                    kind: Kind::Eager,
+                    tag: 0,
+                    len: 0,
+                    store: Store::Small {
+                        len: 0,
+                        bytes: [0; SMALL_BODY],
+                    },
+                }),
+            },
+        }
+    }
+
+    /// A short message holds nothing to free.
+    fn is_spare(&self) -> bool {
+        matches!(
+            &self.item.work,
+            Work::Msg(Msg {
+                store: Store::Small { .. },
+                ..
+            })
+        )
+    }
+}
 
 /// The posted-work state of a BTL: every request posted and not known
 /// complete, the send side of each QP, and the round robin of endpoints
@@ -424,7 +465,7 @@ impl SendQueues {
         }
         let (mut k, mut signalled) = (0, 0);
         let mut landing = Landing::default();
-        for p in q.log.range_mut(q.left as usize..) {
+        for p in q.log.range_mut(q.left as usize..q.log.len()) {
             if !completed_by(p, no) || !each(p) {
                 break;
             }
@@ -484,8 +525,8 @@ impl SendQueues {
             return None;
         }
         // Those in memory go in one drain, without a move each.
-        let k = q.log.range(..over).take_while(|p| in_memory(p)).count();
-        q.log.drain(..k);
+        let k = q.log.range(0..over).take_while(|p| in_memory(p)).count();
+        q.log.retire_front(k);
         let p = if k < over { q.log.pop_front() } else { None };
         let n = k + usize::from(p.is_some());
         q.left -= n as u32;
@@ -547,7 +588,7 @@ impl SendQueues {
         // Without credits nothing waits at the front: the run starts there.
         let k = self.complete_run(eps, slot, gen, no, |p| in_memory(p));
         if k > 0 {
-            self.sq[slot as usize].log.drain(..k);
+            self.sq[slot as usize].log.retire_front(k);
         }
         k
     }
@@ -597,7 +638,7 @@ impl SendQueues {
         self.held.retain(|&slot| {
             let q = &mut sq[slot as usize];
             if q.log.is_empty() && !q.busy {
-                q.log = VecDeque::new();
+                q.log = Ring::new();
                 false
             } else {
                 q.busy = false;
@@ -606,16 +647,63 @@ impl SendQueues {
         });
     }
 
-    /// [`SendQueues::record`] of a message, built in its QP's log where
-    /// the latency path inlines it (the general one, out of line, passes
-    /// the whole record on the stack).
+    /// Logs a short eager message (header `seq` and `tag`, `len` bytes of
+    /// body gathered in the inline scratch) as it is posted on QP slot
+    /// `slot`, below [`LOG_SLOTS`]: written field by field in the log's
+    /// next place, which most often holds a short message already, so that
+    /// only its body is copied (from the scratch, at a fixed length).
+    /// Returns its wr_id and its number.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn log_msg(&mut self, p: PostedWr) -> u64 {
-        let slot = p.qp;
-        if slot >= LOG_SLOTS || self.sq[slot as usize].log.capacity() == 0 {
-            return self.record(p);
+    fn log_small(
+        &mut self,
+        ei: u32,
+        slot: u32,
+        signalled: bool,
+        order: u64,
+        seq: u32,
+        tag: Tag,
+        len: usize,
+    ) -> (u64, u64) {
+        let q = &mut self.sq[slot as usize];
+        if q.log.capacity() == 0 {
+            self.held.push(slot);
         }
-        self.push_log(p)
+        let no = q.posts;
+        let id = WrId::log(slot, q.gen, no);
+        q.busy = true;
+        let body: &[u8; SMALL_BODY] = (&self.inline[HEADER..HEADER + SMALL_BODY])
+            .try_into()
+            .expect("the scratch holds a small body");
+        let e = q.log.push_place();
+        (e.ep, e.qp, e.no, e.signalled, e.left) = (ei, slot, no, signalled, false);
+        (e.item.order, e.item.tries) = (order, 0);
+        match &mut e.item.work {
+            Work::Msg(Msg {
+                seq: s,
+                kind,
+                tag: t,
+                len: l,
+                store: Store::Small { len: n, bytes },
+            }) => {
+                (*s, *kind, *t, *l, *n) = (seq, Kind::Eager, tag, len as u32, len as u8);
+                bytes.copy_from_slice(body);
+            }
+            w => {
+                *w = Work::Msg(Msg {
+                    seq,
+                    kind: Kind::Eager,
+                    tag,
+                    len: len as u32,
+                    store: Store::Small {
+                        len: len as u8,
+                        bytes: *body,
+                    },
+                })
+            }
+        }
+        self.logged += 1;
+        (id, no)
     }
 
     /// Pushes message `p` into the log of its QP, whose slot is below
@@ -685,7 +773,7 @@ impl SendQueues {
         let mut any = false;
         for q in &mut self.sq {
             // Messages that left need no cover.
-            let out = q.log.range(q.left as usize..);
+            let out = q.log.range(q.left as usize..q.log.len());
             let Some(last) = out.rev().find(|p| !p.signalled) else {
                 q.cover_queued = false;
                 continue;
@@ -995,8 +1083,9 @@ impl SendQueues {
     /// queued work and rendezvous control ([`SendQueues::post`] does the same
     /// for it, slower). Returns `None`, having changed nothing, when
     /// anything stands in the way (no path, work on an older path or
-    /// queued, a full send queue or CQ budget, no credits, too long): the
-    /// caller then takes the general path, which decides what waits.
+    /// queued, a full send queue or CQ budget, no credits, too long, a QP
+    /// slot past [`LOG_SLOTS`]): the caller then takes the general path,
+    /// which decides what waits.
     /// Otherwise returns `Some` of what the core's `send_eager` returns: the
     /// message went, or, if the QP refused it, waits in its queue
     /// (`Some(true)`), or, with `now_only`, was dropped (`Some(false)`).
@@ -1018,6 +1107,7 @@ impl SendQueues {
         }
         let (qp, caps) = v.drv.qp(slot)?;
         if total > caps.max_inline as usize
+            || slot >= LOG_SLOTS
             || self.sq[slot as usize].used >= caps.max_send_wr
             || self.len() >= v.iface.send_budget as usize
         {
@@ -1054,32 +1144,9 @@ impl SendQueues {
         if !parts[1].is_empty() {
             body[parts[0].len()..len].copy_from_slice(parts[1]);
         }
-        let mut bytes = [0u8; SMALL_BODY];
-        bytes.copy_from_slice(body);
         let signalled = !self.may_skip_signal(v.iface, slot, caps);
-        let no = self.sq[slot as usize].posts;
         let order = v.eps.next_order(ei);
-        let wr_id = self.log_msg(PostedWr {
-            ep: ei,
-            qp: slot,
-            no,
-            signalled,
-            left: false,
-            item: Item {
-                order,
-                tries: 0,
-                work: Work::Msg(Msg {
-                    seq,
-                    kind: Kind::Eager,
-                    tag,
-                    len: len as u32,
-                    store: Store::Small {
-                        len: len as u8,
-                        bytes,
-                    },
-                }),
-            },
-        });
+        let (wr_id, no) = self.log_small(ei, slot, signalled, order, seq, tag, len);
         match qp.post_inline(wr_id, &self.inline[..total], srqn, signalled) {
             Ok(()) => {
                 self.posted(v, ei, slot, no, signalled);

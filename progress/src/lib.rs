@@ -2,6 +2,8 @@
 //!
 //! - [`WrSlab`]: work-request ids that find their request's state in O(1)
 //!   when its completion arrives, and refuse stale ids;
+//! - [`Ring`]: a queue whose next place is filled where the value stays,
+//!   and whose retired values that hold nothing are left in place;
 //! - [`Batch`]: completions polled in bounded batches, so that one busy
 //!   queue cannot starve the rest of progress;
 //! - [`ProgressThread`]: an optional thread that calls progress, and blocks
@@ -14,9 +16,11 @@
 #![forbid(unsafe_code)]
 
 mod batch;
+mod ring;
 mod slab;
 mod thread;
 
 pub use batch::Batch;
+pub use ring::{Ring, Spare};
 pub use slab::WrSlab;
 pub use thread::{ProgressThread, ThreadConfig};

@@ -24,7 +24,7 @@ use xrcbtl_fabric::{
 use xrcbtl_xrc_conn::Mode;
 
 use crate::config::BtlConfig;
-use crate::wire::HEADER;
+use crate::wire::{HEADER, SMALL_BODY};
 use crate::wr_id::RecvSlot;
 
 /// Entries of each CQ (bounded by the device).
@@ -219,6 +219,11 @@ pub(crate) struct Iface<C: Context> {
     pub xrcd: Option<C::Xrcd>,
     /// Receive classes, smallest first.
     pub classes: Vec<RecvClass<C>>,
+    /// The class of every message whose body is at most
+    /// [`SMALL_BODY`] bytes, if they share one (they do unless the small
+    /// class is set below their size): the latency path addresses it
+    /// without looking.
+    pub small_class: Option<usize>,
     /// Eager bounce slots.
     pub bounce: Slots<C>,
     /// Result slots of atomics.
@@ -321,12 +326,15 @@ impl<C: Context> Iface<C> {
             recv_cq,
             xrcd,
             classes,
+            small_class: None,
             bounce,
             results,
             fence_sink,
             placed,
             recv_moved: false,
         };
+        let c = iface.class_for(HEADER);
+        iface.small_class = (iface.class_for(HEADER + SMALL_BODY) == c).then_some(c);
         // Arm the low-watermark once the SRQ holds its receives, so that it
         // fires when they run low, not at once.
         for c in 0..iface.classes.len() {

@@ -1083,9 +1083,10 @@ impl SendQueues {
     /// queued work and rendezvous control ([`SendQueues::post`] does the same
     /// for it, slower). Returns `None`, having changed nothing, when
     /// anything stands in the way (no path, work on an older path or
-    /// queued, a full send queue or CQ budget, no credits, too long, a QP
-    /// slot past [`LOG_SLOTS`]): the caller then takes the general path,
-    /// which decides what waits.
+    /// queued, a full send queue or CQ budget, no credits, too long, short
+    /// messages in more than one receive class, a QP slot past
+    /// [`LOG_SLOTS`]): the caller then takes the general path, which
+    /// decides what waits.
     /// Otherwise returns `Some` of what the core's `send_eager` returns: the
     /// message went, or, if the QP refused it, waits in its queue
     /// (`Some(true)`), or, with `now_only`, was dropped (`Some(false)`).
@@ -1113,9 +1114,9 @@ impl SendQueues {
         {
             return None;
         }
-        if len > SMALL_BODY {
+        let Some(small_class) = v.iface.small_class.filter(|_| len <= SMALL_BODY) else {
             return None;
-        }
+        };
         // Spent now, taken back if the QP refuses the message.
         let mut returned = 0;
         if v.fc {
@@ -1123,7 +1124,7 @@ impl SendQueues {
             returned = cr.offer(MSG_CREDITS)?;
             cr.spend(returned);
         }
-        let srqn = path.srqns.get(v.iface.class_for(total)).copied();
+        let srqn = path.srqns.get(small_class).copied();
         let seq = ep.tx.peek();
         Header {
             src: v.cfg.rank,

@@ -918,6 +918,40 @@ fn a_fixed_depth_srq_carries_many_times_its_depth() {
     }
 }
 
+/// With a small receive class shorter than some short messages, each
+/// goes to the class its length needs: the latency path, which addresses
+/// short messages' one class without looking, leaves them to the general
+/// path, which looks (a message sent to a class too small for it fails the
+/// receive, and the peer with it). Every length from 4 to 64 bytes, whole
+/// and in order.
+#[test]
+fn short_messages_take_the_class_their_length_needs() {
+    let mut c = Cluster::with(64, 2, 1, SimDevice::ib("sim0"), |cfg: &mut BtlConfig| {
+        cfg.small_size = 48;
+    });
+    // Connected first, so that the messages go at once, not queued.
+    let mut sizes = vec![4];
+    c.btl(0).send(1, TAG, &[], &numbered(0, 4)).unwrap();
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) == 1);
+    for len in 4..=64 {
+        c.btl(0)
+            .send(1, TAG, &[], &numbered(sizes.len() as u32, len))
+            .unwrap();
+        sizes.push(len);
+    }
+    c.run_until(LIMIT, |c| tagged(c, 1, 0) == sizes.len());
+    let got = c.got(1);
+    for (i, &len) in sizes.iter().enumerate() {
+        assert_eq!(got[i].data, numbered(i as u32, len), "message {i}");
+    }
+    let (sent, received) = (c.btl(0).stats(), c.btl(1).stats());
+    assert_eq!(sent.inline_sent, sizes.len() as u64, "all went inline");
+    // Bodies up to 48 - 16 bytes fit the small class: 1 + 29 of them.
+    assert_eq!(received.received_by_class, [30, 32]);
+    assert_eq!(sent.send_errors, 0);
+    c.shutdown(LIMIT);
+}
+
 /// A peer that exits cleanly is not reported as failed, even to a rank
 /// whose connection to it breaks with the exit (which it now rebuilds at
 /// once): an RC peer says it is leaving to every rank it is connected

@@ -48,7 +48,7 @@ use crate::proto::rndv::Rndv;
 use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::types::{BtlStats, Tag};
 use crate::wire::{Header, Kind, HEADER, SMALL_BODY};
-use crate::work::{steal_slot, Item, Msg, Store, Work};
+use crate::work::{copy_short, steal_slot, Item, Msg, Store, Work};
 use crate::wr_id::{WrId, LOG_SLOTS};
 
 /// The largest message posted inline (the scratch buffer it is gathered
@@ -284,6 +284,60 @@ pub(crate) struct SendView<'a, C: Context> {
     pub stats: &'a mut BtlStats,
     /// Credit flow control: the device has no RNR (iWARP).
     pub fc: bool,
+}
+
+impl SendQueue {
+    /// Logs a short eager message of endpoint `ei` (header `seq` and
+    /// `tag`, `len` bytes of `body`) as it is posted on this QP, in slot
+    /// `slot`: written field by field in the log's next place, which most
+    /// often holds a short message already, so that only its body is
+    /// copied, at a fixed length. Returns its wr_id and its number. The
+    /// caller counts it logged.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn log_small(
+        &mut self,
+        slot: u32,
+        ei: u32,
+        signalled: bool,
+        order: u64,
+        seq: u32,
+        tag: Tag,
+        len: usize,
+        body: &[u8; SMALL_BODY],
+    ) -> (u64, u64) {
+        let no = self.posts;
+        let id = WrId::log(slot, self.gen, no);
+        self.busy = true;
+        let e = self.log.push_place();
+        (e.ep, e.qp, e.no, e.signalled, e.left) = (ei, slot, no, signalled, false);
+        (e.item.order, e.item.tries) = (order, 0);
+        match &mut e.item.work {
+            Work::Msg(Msg {
+                seq: s,
+                kind,
+                tag: t,
+                len: l,
+                store: Store::Small { len: n, bytes },
+            }) => {
+                (*s, *kind, *t, *l, *n) = (seq, Kind::Eager, tag, len as u32, len as u8);
+                bytes.copy_from_slice(body);
+            }
+            w => {
+                *w = Work::Msg(Msg {
+                    seq,
+                    kind: Kind::Eager,
+                    tag,
+                    len: len as u32,
+                    store: Store::Small {
+                        len: len as u8,
+                        bytes: *body,
+                    },
+                })
+            }
+        }
+        (id, no)
+    }
 }
 
 impl SendQueues {
@@ -645,65 +699,6 @@ impl SendQueues {
                 true
             }
         });
-    }
-
-    /// Logs a short eager message (header `seq` and `tag`, `len` bytes of
-    /// body gathered in the inline scratch) as it is posted on QP slot
-    /// `slot`, below [`LOG_SLOTS`]: written field by field in the log's
-    /// next place, which most often holds a short message already, so that
-    /// only its body is copied (from the scratch, at a fixed length).
-    /// Returns its wr_id and its number.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn log_small(
-        &mut self,
-        ei: u32,
-        slot: u32,
-        signalled: bool,
-        order: u64,
-        seq: u32,
-        tag: Tag,
-        len: usize,
-    ) -> (u64, u64) {
-        let q = &mut self.sq[slot as usize];
-        if q.log.capacity() == 0 {
-            self.held.push(slot);
-        }
-        let no = q.posts;
-        let id = WrId::log(slot, q.gen, no);
-        q.busy = true;
-        let body: &[u8; SMALL_BODY] = (&self.inline[HEADER..HEADER + SMALL_BODY])
-            .try_into()
-            .expect("the scratch holds a small body");
-        let e = q.log.push_place();
-        (e.ep, e.qp, e.no, e.signalled, e.left) = (ei, slot, no, signalled, false);
-        (e.item.order, e.item.tries) = (order, 0);
-        match &mut e.item.work {
-            Work::Msg(Msg {
-                seq: s,
-                kind,
-                tag: t,
-                len: l,
-                store: Store::Small { len: n, bytes },
-            }) => {
-                (*s, *kind, *t, *l, *n) = (seq, Kind::Eager, tag, len as u32, len as u8);
-                bytes.copy_from_slice(body);
-            }
-            w => {
-                *w = Work::Msg(Msg {
-                    seq,
-                    kind: Kind::Eager,
-                    tag,
-                    len: len as u32,
-                    store: Store::Small {
-                        len: len as u8,
-                        bytes: *body,
-                    },
-                })
-            }
-        }
-        self.logged += 1;
-        (id, no)
     }
 
     /// Pushes message `p` into the log of its QP, whose slot is below
@@ -1100,34 +1095,36 @@ impl SendQueues {
     ) -> Option<bool> {
         let len = parts[0].len() + parts[1].len();
         let total = HEADER + len;
+        let small_class = v.iface.small_class.filter(|_| len <= SMALL_BODY)?;
+        let (cfg, fc) = (v.cfg, v.fc);
+        // The endpoint, the QP and its send side, each looked up once.
         let ep = v.eps.get_mut(ei);
         let path = ep.path.as_ref()?;
         let (slot, qpn) = (path.slot, path.qpn);
-        if !ep.pending.is_empty() || (ep.in_flight > 0 && ep.flight_slot != Some(slot)) {
-            return None;
-        }
-        let (qp, caps) = v.drv.qp(slot)?;
-        if total > caps.max_inline as usize
+        let srqn = path.srqns.get(small_class).copied();
+        if !ep.pending.is_empty()
+            || (ep.in_flight > 0 && ep.flight_slot != Some(slot))
             || slot >= LOG_SLOTS
-            || self.sq[slot as usize].used >= caps.max_send_wr
-            || self.len() >= v.iface.send_budget as usize
         {
             return None;
         }
-        let Some(small_class) = v.iface.small_class.filter(|_| len <= SMALL_BODY) else {
+        let (qp, caps) = v.drv.qp(slot)?;
+        let q = self.sq.get_mut(slot as usize)?;
+        let outstanding = self.slab.len() + self.logged;
+        let budget = v.iface.send_budget as usize;
+        if total > caps.max_inline as usize || q.used >= caps.max_send_wr || outstanding >= budget {
             return None;
-        };
+        }
         // Spent now, taken back if the QP refuses the message.
         let mut returned = 0;
-        if v.fc {
-            let cr = ep.credits.of(qpn, v.cfg.credits);
+        if fc {
+            let cr = ep.credits.of(qpn, cfg.credits);
             returned = cr.offer(MSG_CREDITS)?;
             cr.spend(returned);
         }
-        let srqn = path.srqns.get(small_class).copied();
         let seq = ep.tx.peek();
         Header {
-            src: v.cfg.rank,
+            src: cfg.rank,
             seq,
             kind: Kind::Eager,
             tag,
@@ -1136,26 +1133,46 @@ impl SendQueues {
         }
         .encode(&mut self.inline[..HEADER]);
         // The body gathered once, where it goes inline; the copy kept for
-        // a resend is taken from there at a fixed length, without a call.
+        // a resend is taken from there at a fixed length.
         let body = &mut self.inline[HEADER..HEADER + SMALL_BODY];
-        // An empty part costs no call into memcpy.
-        if !parts[0].is_empty() {
-            body[..parts[0].len()].copy_from_slice(parts[0]);
+        copy_short(&mut body[..parts[0].len()], parts[0]);
+        copy_short(&mut body[parts[0].len()..len], parts[1]);
+        // As `may_skip_signal` judges it, with what is at hand.
+        let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
+        let signalled = self.want_cover
+            || q.unsignalled as usize + 1 >= every
+            || !v.iface.bounce.plenty()
+            || outstanding >= budget / 2;
+        ep.order += 1;
+        let order = ep.order;
+        if q.log.capacity() == 0 {
+            self.held.push(slot);
         }
-        if !parts[1].is_empty() {
-            body[parts[0].len()..len].copy_from_slice(parts[1]);
-        }
-        let signalled = !self.may_skip_signal(v.iface, slot, caps);
-        let order = v.eps.next_order(ei);
-        let (wr_id, no) = self.log_small(ei, slot, signalled, order, seq, tag, len);
+        let body: &[u8; SMALL_BODY] = (&self.inline[HEADER..HEADER + SMALL_BODY])
+            .try_into()
+            .expect("the scratch holds a small body");
+        let (wr_id, no) = q.log_small(slot, ei, signalled, order, seq, tag, len, body);
+        self.logged += 1;
         match qp.post_inline(wr_id, &self.inline[..total], srqn, signalled) {
             Ok(()) => {
-                self.posted(v, ei, slot, no, signalled);
+                // As `posted` counts it.
+                q.used += 1;
+                q.posts += 1;
+                if signalled {
+                    q.last_signalled = no;
+                    self.signalled_out += 1;
+                } else {
+                    q.unsignalled += 1;
+                    v.stats.unsignalled += 1;
+                }
+                ep.in_flight += 1;
+                ep.flight_slot = Some(slot);
+                ep.tx.take();
                 v.stats.inline_sent += 1;
             }
             Err(e) => {
-                if v.fc {
-                    let cr = v.eps.get_mut(ei).credits.of(qpn, v.cfg.credits);
+                if fc {
+                    let cr = v.eps.get_mut(ei).credits.of(qpn, cfg.credits);
                     cr.unspend(returned);
                 }
                 let item = self.refused(v, wr_id, slot, e);
@@ -1164,9 +1181,9 @@ impl SendQueues {
                 }
                 // It waits in its queue, as one the general path refused.
                 v.eps.requeue(ei, item);
+                v.eps.get_mut(ei).tx.take();
             }
         }
-        v.eps.get_mut(ei).tx.take();
         v.stats.eager_sent += 1;
         Some(true)
     }

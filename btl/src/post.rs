@@ -1085,6 +1085,7 @@ impl SendQueues {
     /// Otherwise returns `Some` of what the core's `send_eager` returns: the
     /// message went, or, if the QP refused it, waits in its queue
     /// (`Some(true)`), or, with `now_only`, was dropped (`Some(false)`).
+    #[inline(always)]
     pub(crate) fn send_small<C: Context>(
         &mut self,
         v: &mut SendView<'_, C>,

@@ -38,12 +38,25 @@ impl<C: Context, H> Core<C, H> {
     /// enough to go inline, else into a bounce slot, and posted now if it
     /// can go, else queued (in a heap copy if no slot is free). With `now_only`
     /// nothing is queued: `false` if it cannot go at once.
+    ///
+    /// The latency path ([`crate::post::SendQueues::send_small`]) is
+    /// inlined into the caller, so that a short message costs one call
+    /// frame, the API's.
+    #[inline(always)]
     pub fn send_eager(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> bool {
+        let len = parts[0].len() + parts[1].len();
+        if HEADER + len <= self.cfg.max_inline as usize {
+            let (sends, mut v) = self.sends();
+            if let Some(went) = sends.send_small(&mut v, ei, tag, parts, now_only) {
+                return went;
+            }
+        }
         self.send_copy(ei, Kind::Eager, tag, parts, now_only)
     }
 
     /// [`Core::send_eager`] of a message of `kind` (an eager message or a
-    /// part of one).
+    /// part of one), by the general path.
+    #[inline(never)]
     pub(super) fn send_copy(
         &mut self,
         ei: u32,
@@ -54,12 +67,6 @@ impl<C: Context, H> Core<C, H> {
     ) -> bool {
         let len = parts[0].len() + parts[1].len();
         if HEADER + len <= self.cfg.max_inline as usize {
-            if kind == Kind::Eager {
-                let (sends, mut v) = self.sends();
-                if let Some(went) = sends.send_small(&mut v, ei, tag, parts, now_only) {
-                    return went;
-                }
-            }
             if let Some(store) = Store::small(parts) {
                 return self.send_msg(ei, kind, tag, len, store, now_only);
             }

@@ -572,12 +572,23 @@ impl SendQueues {
     /// the heap) at once, and returns the first that needs more done (its
     /// bounce slot given back, its user buffer let go), or `None` when no
     /// more are over.
+    ///
+    /// The look is inlined: most calls (credits back for a message whose
+    /// completion, unsignalled, is not seen yet) find nothing over.
+    #[inline]
     pub fn pop_arrived(&mut self, slot: u32) -> Option<PostedWr> {
-        let q = self.sq.get_mut(slot as usize)?;
-        let over = q.arrived.min(u64::from(q.left)) as usize;
-        if over == 0 {
+        let q = self.sq.get(slot as usize)?;
+        if q.arrived.min(u64::from(q.left)) == 0 {
             return None;
         }
+        self.pop_over(slot)
+    }
+
+    /// [`SendQueues::pop_arrived`] once some messages are over.
+    #[inline(never)]
+    fn pop_over(&mut self, slot: u32) -> Option<PostedWr> {
+        let q = &mut self.sq[slot as usize];
+        let over = q.arrived.min(u64::from(q.left)) as usize;
         // Those in memory go in one drain, without a move each.
         let k = q.log.range(0..over).take_while(|p| in_memory(p)).count();
         q.log.retire_front(k);

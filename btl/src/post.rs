@@ -287,6 +287,19 @@ pub(crate) struct SendView<'a, C: Context> {
 }
 
 impl SendQueue {
+    /// Counts request `no`, which it took: its send queue, and its last
+    /// signalled request or its run of unsignalled ones.
+    #[inline(always)]
+    fn count_post(&mut self, no: u64, signalled: bool) {
+        self.used += 1;
+        self.posts += 1;
+        if signalled {
+            self.last_signalled = no;
+        } else {
+            self.unsignalled += 1;
+        }
+    }
+
     /// Logs a short eager message of endpoint `ei` (header `seq` and
     /// `tag`, `len` bytes of `body`) as it is posted on this QP, in slot
     /// `slot`: written field by field in the log's next place, which most
@@ -1068,15 +1081,8 @@ impl SendQueues {
     /// [`SendQueues::posted`]'s accounting, without the counters.
     #[inline(always)]
     fn count_posted(&mut self, eps: &mut Endpoints, ei: u32, slot: u32, no: u64, signalled: bool) {
-        let q = &mut self.sq[slot as usize];
-        q.used += 1;
-        q.posts += 1;
-        if signalled {
-            q.last_signalled = no;
-            self.signalled_out += 1;
-        } else {
-            q.unsignalled += 1;
-        }
+        self.sq[slot as usize].count_post(no, signalled);
+        self.signalled_out += usize::from(signalled);
         let ep = eps.get_mut(ei);
         ep.in_flight += 1;
         ep.flight_slot = Some(slot);
@@ -1168,15 +1174,9 @@ impl SendQueues {
         match qp.post_inline(wr_id, &self.inline[..total], srqn, signalled) {
             Ok(()) => {
                 // As `posted` counts it.
-                q.used += 1;
-                q.posts += 1;
-                if signalled {
-                    q.last_signalled = no;
-                    self.signalled_out += 1;
-                } else {
-                    q.unsignalled += 1;
-                    v.stats.unsignalled += 1;
-                }
+                q.count_post(no, signalled);
+                self.signalled_out += usize::from(signalled);
+                v.stats.unsignalled += u64::from(!signalled);
                 ep.in_flight += 1;
                 ep.flight_slot = Some(slot);
                 ep.tx.take();

@@ -1175,8 +1175,11 @@ impl SendQueues {
             Ok(()) => {
                 // As `posted` counts it.
                 q.count_post(no, signalled);
-                self.signalled_out += usize::from(signalled);
-                v.stats.unsignalled += u64::from(!signalled);
+                if signalled {
+                    self.signalled_out += 1;
+                } else {
+                    v.stats.unsignalled += 1;
+                }
                 ep.in_flight += 1;
                 ep.flight_slot = Some(slot);
                 ep.tx.take();

@@ -51,6 +51,21 @@ use crate::wire::{Header, Kind, HEADER, SMALL_BODY};
 use crate::work::{copy_short, steal_slot, Item, Msg, Store, Work};
 use crate::wr_id::{WrId, LOG_SLOTS};
 
+/// What the latency path ([`SendQueues::send_small`]) did with a short
+/// message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Small {
+    /// Posted unsignalled: it left nothing for a progress call to look at
+    /// but the receive CQ (a failure still completes, and is seen on the
+    /// send CQ's next look, as any unsignalled one's).
+    Quiet,
+    /// Posted signalled (the send CQ has a completion to retire), or
+    /// refused by its QP and queued (the driver and the queue have work).
+    Busy,
+    /// Refused by its QP, and dropped (`now_only`).
+    Dropped,
+}
+
 /// The largest message posted inline (the scratch buffer it is gathered
 /// in).
 pub(crate) const INLINE_MAX: usize = 1024;
@@ -1099,9 +1114,7 @@ impl SendQueues {
     /// messages in more than one receive class, a QP slot past
     /// [`LOG_SLOTS`]): the caller then takes the general path, which
     /// decides what waits.
-    /// Otherwise returns `Some` of what the core's `send_eager` returns: the
-    /// message went, or, if the QP refused it, waits in its queue
-    /// (`Some(true)`), or, with `now_only`, was dropped (`Some(false)`).
+    /// Otherwise returns `Some` of what became of it ([`Small`]).
     #[inline(always)]
     pub(crate) fn send_small<C: Context>(
         &mut self,
@@ -1110,7 +1123,7 @@ impl SendQueues {
         tag: Tag,
         parts: [&[u8]; 2],
         now_only: bool,
-    ) -> Option<bool> {
+    ) -> Option<Small> {
         let len = parts[0].len() + parts[1].len();
         let total = HEADER + len;
         let small_class = v.iface.small_class.filter(|_| len <= SMALL_BODY)?;
@@ -1184,6 +1197,8 @@ impl SendQueues {
                 ep.flight_slot = Some(slot);
                 ep.tx.take();
                 v.stats.inline_sent += 1;
+                v.stats.eager_sent += 1;
+                return Some(if signalled { Small::Busy } else { Small::Quiet });
             }
             Err(e) => {
                 if fc {
@@ -1192,7 +1207,7 @@ impl SendQueues {
                 }
                 let item = self.refused(v, wr_id, slot, e);
                 if now_only {
-                    return Some(false);
+                    return Some(Small::Dropped);
                 }
                 // It waits in its queue, as one the general path refused.
                 v.eps.requeue(ei, item);
@@ -1200,7 +1215,7 @@ impl SendQueues {
             }
         }
         v.stats.eager_sent += 1;
-        Some(true)
+        Some(Small::Busy)
     }
 
     /// Drains the pending queues round robin: each pass gives every

@@ -125,6 +125,13 @@ impl<C: Context> Btl<C> {
         core
     }
 
+    /// Takes the lock for an eager send, which sets the slow-work word
+    /// itself ([`Core::send_eager`]): a short message posted unsignalled
+    /// leaves the next progress call quiet.
+    fn lock_to_send(&self) -> MutexGuard<'_, Core<C, Btl<C>>> {
+        self.lock_to_read()
+    }
+
     /// This rank.
     pub fn rank(&self) -> Rank {
         self.cfg.rank
@@ -364,7 +371,7 @@ impl<C: Context> Btl<C> {
     /// [`Btl::max_send_size`] bytes.
     pub fn send(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<()> {
         self.check_eager(header.len() + payload.len())?;
-        let mut core = self.lock();
+        let mut core = self.lock_to_send();
         let ei = core.endpoint(dst)?;
         if dst == self.cfg.rank {
             core.deliver_to_self(tag, [header, payload]);
@@ -380,7 +387,7 @@ impl<C: Context> Btl<C> {
     /// credit): the caller then uses [`Btl::send`] or tries later.
     pub fn sendi(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<bool> {
         self.check_eager(header.len() + payload.len())?;
-        let mut core = self.lock();
+        let mut core = self.lock_to_send();
         let ei = core.endpoint(dst)?;
         if dst == self.cfg.rank {
             core.deliver_to_self(tag, [header, payload]);

@@ -8,6 +8,7 @@ use xrcbtl_xrc_conn::Rank;
 
 use crate::callbacks::DoneFn;
 use crate::delivery::{Body, Delivery};
+use crate::post::Small;
 use crate::proto::{Local, Rdma};
 use crate::types::{OpStatus, Tag};
 use crate::wire::{Kind, HEADER};
@@ -41,16 +42,25 @@ impl<C: Context, H> Core<C, H> {
     ///
     /// The latency path ([`crate::post::SendQueues::send_small`]) is
     /// inlined into the caller, so that a short message costs one call
-    /// frame, the API's.
+    /// frame, the API's. It also keeps the slow-work word: the caller
+    /// (which takes the lock without [`Core::entered`]) leaves the next
+    /// progress call quiet when the message went unsignalled, the most
+    /// frequent case, and every other outcome asks for the full path.
     #[inline(always)]
     pub fn send_eager(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> bool {
         let len = parts[0].len() + parts[1].len();
         if HEADER + len <= self.cfg.max_inline as usize {
             let (sends, mut v) = self.sends();
-            if let Some(went) = sends.send_small(&mut v, ei, tag, parts, now_only) {
-                return went;
+            match sends.send_small(&mut v, ei, tag, parts, now_only) {
+                Some(Small::Quiet) => return true,
+                Some(done) => {
+                    self.quiet_left = 0;
+                    return done != Small::Dropped;
+                }
+                None => {}
             }
         }
+        self.quiet_left = 0;
         self.send_copy(ei, Kind::Eager, tag, parts, now_only)
     }
 

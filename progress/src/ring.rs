@@ -199,16 +199,28 @@ impl<T: Spare> Ring<T> {
         self.len -= k;
     }
 
-    /// Takes out the value at position `i`; those behind it move up one.
+    /// Takes out the value at position `i`. The values on its shorter side
+    /// move one place to close the gap: taking out the front (or the back)
+    /// moves none.
     pub fn remove(&mut self, i: usize) -> Option<T> {
         if i >= self.len {
             return None;
         }
-        for j in i..self.len - 1 {
-            let (a, b) = (self.at(j), self.at(j + 1));
-            self.buf.swap(a, b);
+        if i < self.len / 2 {
+            // Those before it move back one, and it ends at the front.
+            for j in (0..i).rev() {
+                let (a, b) = (self.at(j), self.at(j + 1));
+                self.buf.swap(a, b);
+            }
+            self.pop_front()
+        } else {
+            // Those after it move up one, and it ends at the back.
+            for j in i..self.len - 1 {
+                let (a, b) = (self.at(j), self.at(j + 1));
+                self.buf.swap(a, b);
+            }
+            self.pop_back()
         }
-        self.pop_back()
     }
 }
 

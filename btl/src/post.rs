@@ -77,6 +77,27 @@ const _: () = assert!(HEADER + SMALL_BODY <= INLINE_MAX);
 /// signalled, and its completion completes them all.
 pub(crate) const SIGNAL_EVERY: usize = 16;
 
+/// Whether a message posted now must ask for a completion, the one rule
+/// for every post that may go unsignalled. It must when a cover is wanted
+/// (`cover`), when the QP's run of unsignalled posts (`unsignalled`) would
+/// reach [`SIGNAL_EVERY`] or half its send queue (`max_send_wr`), when
+/// bounce slots are not plenty (`bounce_plenty`), or when the outstanding
+/// work (`outstanding`) has reached half the send CQ's budget (`budget`):
+/// unsignalled work holds its send queue slots, bounce slots and CQ budget
+/// until a later completion retires it.
+#[inline(always)]
+pub(crate) fn must_signal(
+    cover: bool,
+    unsignalled: u32,
+    max_send_wr: u32,
+    bounce_plenty: bool,
+    outstanding: usize,
+    budget: usize,
+) -> bool {
+    let every = SIGNAL_EVERY.min(max_send_wr as usize / 2);
+    cover || unsignalled as usize + 1 >= every || !bounce_plenty || outstanding >= budget / 2
+}
+
 /// The send side of one QP slot of the driver.
 ///
 /// The send log: every message posted on the QP and not known complete
@@ -1062,18 +1083,19 @@ impl SendQueues {
     }
 
     /// Whether an inline message posted now on QP slot `slot` may go
-    /// unsignalled: fewer than [`SIGNAL_EVERY`] (at most half the send
-    /// queue) in a row, no cover wanted, and bounce slots and the send CQ's
-    /// budget far from short (unsignalled work holds both until a later
-    /// completion).
+    /// unsignalled, by [`must_signal`]'s rule; a slot past [`LOG_SLOTS`]
+    /// keeps no log, so each of its messages is signalled.
     #[inline(always)]
     fn may_skip_signal<C: Context>(&self, iface: &Iface<C>, slot: u32, caps: QpCaps) -> bool {
-        let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
-        !self.want_cover
-            && slot < LOG_SLOTS
-            && self.sq[slot as usize].unsignalled as usize + 1 < every
-            && iface.bounce.plenty()
-            && self.len() < iface.send_budget as usize / 2
+        slot < LOG_SLOTS
+            && !must_signal(
+                self.want_cover,
+                self.sq[slot as usize].unsignalled,
+                caps.max_send_wr,
+                iface.bounce.plenty(),
+                self.len(),
+                iface.send_budget as usize,
+            )
     }
 
     /// Counts a request the QP in `slot` took: its send queue, the
@@ -1168,12 +1190,14 @@ impl SendQueues {
         let body = &mut self.inline[HEADER..HEADER + SMALL_BODY];
         copy_short(&mut body[..parts[0].len()], parts[0]);
         copy_short(&mut body[parts[0].len()..len], parts[1]);
-        // As `may_skip_signal` judges it, with what is at hand.
-        let every = SIGNAL_EVERY.min(caps.max_send_wr as usize / 2);
-        let signalled = self.want_cover
-            || q.unsignalled as usize + 1 >= every
-            || !v.iface.bounce.plenty()
-            || outstanding >= budget / 2;
+        let signalled = must_signal(
+            self.want_cover,
+            q.unsignalled,
+            caps.max_send_wr,
+            v.iface.bounce.plenty(),
+            outstanding,
+            budget,
+        );
         ep.order += 1;
         let order = ep.order;
         if q.log.capacity() == 0 {
@@ -1278,6 +1302,25 @@ impl SendQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The signal rule: a run of unsignalled posts ends at the smaller of
+    /// [`SIGNAL_EVERY`] and half the send queue, and each of a wanted
+    /// cover, short bounce slots and half the CQ budget outstanding asks
+    /// for a completion on its own.
+    #[test]
+    fn signals_by_one_rule() {
+        let quiet = |run, wr, plenty, out| !must_signal(false, run, wr, plenty, out, 64);
+        let every = SIGNAL_EVERY as u32;
+        assert!(quiet(0, 256, true, 0));
+        assert!(quiet(every - 2, 256, true, 0));
+        assert!(!quiet(every - 1, 256, true, 0), "the run ends at SIGNAL_EVERY");
+        assert!(quiet(2, 8, true, 0));
+        assert!(!quiet(3, 8, true, 0), "the run ends at half a short queue");
+        assert!(!quiet(0, 256, false, 0), "bounce slots run short");
+        assert!(quiet(0, 256, true, 31));
+        assert!(!quiet(0, 256, true, 32), "half the CQ budget is out");
+        assert!(must_signal(true, 0, 256, true, 0, 64), "a cover is wanted");
+    }
 
     /// A message with its body in `store`, posted on slot 0 for endpoint
     /// `ei` as the send path records and counts it; returns its number.

@@ -48,11 +48,9 @@ pub(crate) fn small_body(parts: [&[u8]; 2]) -> Option<[u8; SMALL_BODY]> {
         return None;
     }
     let mut bytes = [0u8; SMALL_BODY];
-    for (at, part) in [(0, parts[0]), (parts[0].len(), parts[1])] {
-        if !part.is_empty() {
-            bytes[at..at + part.len()].copy_from_slice(part);
-        }
-    }
+    let (head, tail) = bytes.split_at_mut(parts[0].len());
+    copy_short(head, parts[0]);
+    copy_short(&mut tail[..parts[1].len()], parts[1]);
     Some(bytes)
 }
 

@@ -13,7 +13,7 @@ use xrcbtl_xrc_conn::Rank;
 
 use crate::callbacks::DoneFn;
 use crate::types::{BtlError, OpResult, Tag};
-use crate::wire::SMALL_BODY;
+use crate::wire::{copy_short, SMALL_BODY};
 use crate::wr_id::RecvSlot;
 
 /// Where a delivered message's bytes are.
@@ -77,7 +77,7 @@ impl Short {
         self.src = src;
         self.tag = tag;
         self.len = body.len() as u8;
-        self.bytes[..body.len()].copy_from_slice(body);
+        copy_short(&mut self.bytes[..body.len()], body);
     }
 
     /// The body.

@@ -406,6 +406,30 @@ impl<C: Context> Iface<C> {
         Some((chunk, slot.index as usize * c.size as usize))
     }
 
+    /// The buffer a receive completed into, `slot`, to read before it is
+    /// taken: its chunk and where it starts in it, or `None` for a slot
+    /// that is not ours.
+    #[inline]
+    pub fn received(&self, slot: RecvSlot) -> Option<(&DmaBuf<C>, usize)> {
+        let c = self.classes.get(slot.class as usize)?;
+        let chunk = c.chunks.get(slot.chunk as usize)?;
+        Some((chunk, slot.index as usize * c.size as usize))
+    }
+
+    /// A receive completed into `slot` (one [`Iface::received`] found) is
+    /// read and done with at once: [`Iface::taken`] and
+    /// [`Iface::give_back`] in one step, with no chunk handed out.
+    #[inline]
+    pub fn read_whole(&mut self, slot: RecvSlot) {
+        if let Some(c) = self.classes.get_mut(slot.class as usize) {
+            if let Some(&first) = c.first.get(slot.chunk as usize) {
+                c.posted = c.posted.saturating_sub(1);
+                c.repost.push(first + slot.index);
+                self.recv_moved = true;
+            }
+        }
+    }
+
     /// A taken buffer is done with: it is posted again with the next batch.
     pub fn give_back(&mut self, slot: RecvSlot) {
         if let Some(c) = self.classes.get_mut(slot.class as usize) {

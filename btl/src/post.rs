@@ -47,8 +47,8 @@ use crate::pools::{Sink, Source};
 use crate::proto::rndv::Rndv;
 use crate::proto::{Owner, Rdma, RdmaOp};
 use crate::types::{BtlStats, Tag};
-use crate::wire::{Header, Kind, HEADER, SMALL_BODY};
-use crate::work::{copy_short, steal_slot, Item, Msg, Store, Work};
+use crate::wire::{copy_short, Header, Kind, HEADER, SMALL_BODY};
+use crate::work::{steal_slot, Item, Msg, Store, Work};
 use crate::wr_id::{WrId, LOG_SLOTS};
 
 /// What the latency path ([`SendQueues::send_small`]) did with a short
@@ -1313,7 +1313,10 @@ mod tests {
         let every = SIGNAL_EVERY as u32;
         assert!(quiet(0, 256, true, 0));
         assert!(quiet(every - 2, 256, true, 0));
-        assert!(!quiet(every - 1, 256, true, 0), "the run ends at SIGNAL_EVERY");
+        assert!(
+            !quiet(every - 1, 256, true, 0),
+            "the run ends at SIGNAL_EVERY"
+        );
         assert!(quiet(2, 8, true, 0));
         assert!(!quiet(3, 8, true, 0), "the run ends at half a short queue");
         assert!(!quiet(0, 256, false, 0), "bounce slots run short");

@@ -261,7 +261,21 @@ impl<C: Context, H> Core<C, H> {
         self.quiet_left -= 1;
         self.control_left -= 1;
         self.stats.quiet_polls += 1;
-        let n = self.poll_recv();
+        let n = self.recv.poll(&self.iface.recv_cq);
+        // The spin's usual answer: nothing arrived, and no buffer came
+        // back to post. It returns here, with no frame set up for the
+        // rest.
+        if n == 0 && !self.iface.recv_moved {
+            return 0;
+        }
+        self.quiet_found(n)
+    }
+
+    /// [`Core::poll`]'s quiet path once its poll found `n` completions, or
+    /// a consumer gave receive buffers back.
+    #[inline(never)]
+    fn quiet_found(&mut self, n: usize) -> usize {
+        self.read_recv();
         if n == 0 {
             return 0;
         }

@@ -27,6 +27,14 @@ impl<C: Context, H> Core<C, H> {
     #[inline(always)]
     pub(super) fn poll_recv(&mut self) -> usize {
         let n = self.recv.poll(&self.iface.recv_cq);
+        self.read_recv();
+        n
+    }
+
+    /// Reads what the last poll of the receive CQ found, and posts the
+    /// receive buffers due again.
+    #[inline(always)]
+    pub(super) fn read_recv(&mut self) {
         if self.recv.unread() {
             self.read_polled();
         }
@@ -35,7 +43,6 @@ impl<C: Context, H> Core<C, H> {
         if self.iface.repost_due(self.cfg.srq_refill).is_err() {
             self.stats.no_resource += 1;
         }
-        n
     }
 
     /// Reads what the last poll found. Out of line, as is rendezvous

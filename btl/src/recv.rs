@@ -115,6 +115,12 @@ impl Recv {
     pub fn poll<Q: Cq>(&mut self, cq: &Q) -> usize {
         debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
         let n = cq.poll_quick(&mut self.wcs);
+        if n == 0 {
+            // Read whole, the last poll left `read` equal to `polled`:
+            // nothing more to set for an empty one.
+            self.dry = true;
+            return 0;
+        }
         assert!(n <= self.wcs.len(), "a poll wrote past its buffer");
         self.polled = n;
         self.read = 0;

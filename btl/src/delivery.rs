@@ -174,6 +174,12 @@ impl<C: Context, H> Deliveries<C, H> {
         }
     }
 
+    /// Whether a short message waits in its own slot.
+    #[inline]
+    pub fn has_short(&self) -> bool {
+        self.short_held
+    }
+
     /// Takes the short message waiting in its own slot: when there is one,
     /// it is the oldest delivery.
     #[inline]

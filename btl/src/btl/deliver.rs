@@ -39,8 +39,30 @@ impl<C: Context> Btl<C> {
     /// caller: the first delivery is taken under it, and it is let go
     /// before any callback runs.
     #[inline(never)]
-    pub(super) fn deliver_all(&self, held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
-        let mut held = Some(held);
+    pub(super) fn deliver_all(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
+        // The usual case, on a line of its own: a short message waits in
+        // its slot (the oldest delivery) and no one else is delivering.
+        if held.has_short() && !self.delivering.swap(true, Ordering::SeqCst) {
+            let flag = Delivering(&self.delivering);
+            let s = held.next_short().expect("a short message waits");
+            let cb = held.am(s.tag);
+            drop(held);
+            self.run_short(&s, cb);
+            drop(flag);
+            // What was queued while the flag was up is ours to run, as at
+            // the end of the loop below.
+            if self.queued.load(Ordering::SeqCst) == 0 {
+                return 1;
+            }
+            return 1 + self.deliver_loop(None);
+        }
+        self.deliver_loop(Some(held))
+    }
+
+    /// [`Btl::deliver_all`]'s loop: runs deliveries while any are queued
+    /// and no one else runs them, starting under `held` when the caller
+    /// holds the lock.
+    fn deliver_loop(&self, mut held: Option<MutexGuard<'_, Core<C, Btl<C>>>>) -> usize {
         let mut n = 0;
         loop {
             // Whoever queues a delivery runs this afterwards: nothing

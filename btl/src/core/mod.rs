@@ -197,6 +197,13 @@ impl<C: Context, H> Core<C, H> {
         self.deliveries.pop()
     }
 
+    /// Whether a short message waits in a slot of its own (see
+    /// [`Core::next_short`]).
+    #[inline]
+    pub fn has_short(&self) -> bool {
+        self.deliveries.has_short()
+    }
+
     /// Takes the short message waiting in a slot of its own, ahead of
     /// every other delivery, if one does.
     #[inline]

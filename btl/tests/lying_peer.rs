@@ -33,6 +33,15 @@ fn a_claimed_rank_is_checked_against_the_qp(device: SimDevice, force_rc: bool, e
     });
     assert_eq!(c.btl(0).mode(), expect);
     c.connect_all(LIMIT);
+    // One true message from each, rank 0's last: rank 2 has seen which QP
+    // carries rank 0's messages, and expects the same number from both
+    // next, so that only the claimed rank gives the lie away (the receive
+    // side's fast path must check it too).
+    for (from, i) in [(1, 200), (0, 201)] {
+        let before = c.got_count(2);
+        c.btl(from).send(2, TAG, &[], &pattern(i, 64)).unwrap();
+        c.run_until(LIMIT, |c| c.got_count(2) == before + 1);
+    }
     c.sim.tamper(Some(Box::new(|from, to, msg: &mut Vec<u8>| {
         if from == 0 && to == 1 && msg.len() >= 16 && u32_at(msg, SRC) == 0 {
             msg[SRC..SRC + 4].copy_from_slice(&1u32.to_le_bytes());
@@ -49,11 +58,13 @@ fn a_claimed_rank_is_checked_against_the_qp(device: SimDevice, force_rc: bool, e
     for i in 0..N {
         c.btl(1).send(2, TAG, &[], &pattern(100 + i, 64)).unwrap();
     }
-    c.run_until(LIMIT, |c| c.got_count(2) == N as usize);
+    c.run_until(LIMIT, |c| c.got_count(2) == N as usize + 2);
     let got = c.got(2);
+    assert_eq!(got.iter().map(|g| g.src).collect::<Vec<_>>()[..2], [1, 0]);
+    let got = &got[2..];
     assert!(got.iter().all(|g| g.src == 1), "a lie was delivered");
     let want: Vec<Vec<u8>> = (0..N).map(|i| pattern(100 + i, 64)).collect();
-    let data: Vec<Vec<u8>> = got.into_iter().map(|g| g.data).collect();
+    let data: Vec<Vec<u8>> = got.iter().map(|g| g.data.clone()).collect();
     assert_eq!(data, want, "rank 1's stream was disturbed");
     let s = c.btl(2).stats();
     assert_eq!(s.duplicates, 0, "{s:?}");

@@ -270,8 +270,7 @@ impl<C: Context, H> Core<C, H> {
         self.stats.quiet_polls += 1;
         let n = self.recv.poll(&self.iface.recv_cq);
         // The spin's usual answer: nothing arrived, and no buffer came
-        // back to post. It returns here, with no frame set up for the
-        // rest.
+        // back to post. It returns here, at the cost of one more test.
         if n == 0 && !self.iface.recv_moved {
             return 0;
         }
@@ -279,8 +278,11 @@ impl<C: Context, H> Core<C, H> {
     }
 
     /// [`Core::poll`]'s quiet path once its poll found `n` completions, or
-    /// a consumer gave receive buffers back.
-    #[inline(never)]
+    /// a consumer gave receive buffers back. Inline: the progress call's
+    /// frame is set up for its empty answer already (measured: out of
+    /// line, a receiving call paid for a second frame, and an empty one
+    /// saved nothing).
+    #[inline(always)]
     fn quiet_found(&mut self, n: usize) -> usize {
         self.read_recv();
         if n == 0 {

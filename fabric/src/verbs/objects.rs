@@ -443,6 +443,22 @@ impl VerbsCq {
         }
     }
 
+    /// One `ibv_poll_cq` of at most `want` entries (no more than `raw`
+    /// holds) into `raw`: what the provider answered.
+    #[inline(always)]
+    fn poll_into(&self, raw: &mut [std::mem::MaybeUninit<sys::ibv_wc>; 32], want: usize) -> i32 {
+        let want = want.min(raw.len());
+        // SAFETY: the CQ is live; `raw` has room for `want` entries
+        // (MaybeUninit<ibv_wc> has ibv_wc's layout).
+        unsafe {
+            sys::ibv_poll_cq(
+                self.0.cq,
+                want as i32,
+                raw.as_mut_ptr().cast::<sys::ibv_wc>(),
+            )
+        }
+    }
+
     #[inline]
     fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         // Left uninitialised: this runs on every spin of a progress loop,
@@ -452,15 +468,7 @@ impl VerbsCq {
         if want == 0 {
             return Ok(0);
         }
-        // SAFETY: the CQ is live; `raw` has room for `want` entries
-        // (MaybeUninit<ibv_wc> has ibv_wc's layout).
-        let n = unsafe {
-            sys::ibv_poll_cq(
-                self.0.cq,
-                want as i32,
-                raw.as_mut_ptr().cast::<sys::ibv_wc>(),
-            )
-        };
+        let n = self.poll_into(&mut raw, want);
         if n == 0 {
             // Empty, the usual answer of a spinning poll: nothing more to
             // do, and the rest (conversion, polling on) kept out of line.
@@ -510,14 +518,7 @@ impl VerbsCq {
             if want == 0 {
                 return Ok(done);
             }
-            // SAFETY: as in poll_raw, for `want` entries.
-            let n = unsafe {
-                sys::ibv_poll_cq(
-                    self.0.cq,
-                    want as i32,
-                    raw.as_mut_ptr().cast::<sys::ibv_wc>(),
-                )
-            };
+            let n = self.poll_into(raw, want);
             if n < 0 {
                 // The entries taken already are not lost: they go up now,
                 // and the next poll meets the error.
@@ -596,16 +597,8 @@ impl Cq for VerbsCq {
             return self.poll_rare(out).unwrap_or(0);
         }
         let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; 32];
-        let want = out.len().min(raw.len());
-        // SAFETY: as in poll_raw, for `want` entries (an empty `out` asks
-        // for none, and the provider answers 0).
-        let n = unsafe {
-            sys::ibv_poll_cq(
-                self.0.cq,
-                want as i32,
-                raw.as_mut_ptr().cast::<sys::ibv_wc>(),
-            )
-        };
+        // An empty `out` asks for no entry, and the provider answers 0.
+        let n = self.poll_into(&mut raw, out.len());
         if n == 0 {
             return 0;
         }

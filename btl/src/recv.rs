@@ -204,18 +204,11 @@ impl Recv {
                 return None;
             }
             ep.rx.arrive(h.seq);
-            let mut returned = None;
-            if fc {
-                let cap = cfg.credits;
-                let cr = ep.credits.of(wc.qp_num, cap);
-                cr.take_returned(h.credits);
-                if cr.owe(cap) {
-                    eps.requeue(ei, Item::credit());
-                }
-                if h.credits > 0 {
-                    returned = Some((ei, wc.qp_num, h.credits));
-                }
-            }
+            let returned = if fc {
+                settle(eps, ei, wc.qp_num, cfg.credits, h.credits, false)
+            } else {
+                None
+            };
             deliveries.push_short(h.src, h.tag, &bytes[HEADER..]);
             Some((h.len, returned))
         });
@@ -326,15 +319,7 @@ impl Recv {
             // credit is owed back once that receive is free again, now or,
             // for a message delivered in place, when its consumer is done.
             // Returns to us ride on it.
-            let cap = v.cfg.credits;
-            let cr = ep.credits.of(rx.qpn, cap);
-            cr.take_returned(h.credits);
-            if !keep && cr.owe(cap) {
-                v.eps.requeue(ei, Item::credit());
-            }
-            if h.credits > 0 {
-                got.returned = Some((ei, rx.qpn, h.credits));
-            }
+            got.returned = settle(v.eps, ei, rx.qpn, v.cfg.credits, h.credits, keep);
         }
         match arrival {
             None => return (false, nonempty(got)),
@@ -457,6 +442,28 @@ impl Recv {
             end,
         });
     }
+}
+
+/// The credits of one message from endpoint `ei` on `qpn`: the returns
+/// it carries (`returned`) are taken, and the receive it used is owed back
+/// now, unless a delivery keeps that receive (`keep`: it is owed when its
+/// consumer is done). A credit message is queued once enough is owed.
+/// Returns the returns as [`Got::returned`] has them.
+#[inline(always)]
+fn settle(
+    eps: &mut Endpoints,
+    ei: u32,
+    qpn: u32,
+    cap: u32,
+    returned: u16,
+    keep: bool,
+) -> Option<(u32, u32, u16)> {
+    let cr = eps.get_mut(ei).credits.of(qpn, cap);
+    cr.take_returned(returned);
+    if !keep && cr.owe(cap) {
+        eps.requeue(ei, Item::credit());
+    }
+    (returned > 0).then_some((ei, qpn, returned))
 }
 
 /// `got`, unless it brings nothing at all.

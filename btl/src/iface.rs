@@ -399,41 +399,54 @@ impl<C: Context> Iface<C> {
     /// where the buffer starts in it, or `None` for a slot that is not
     /// ours.
     pub fn taken(&mut self, slot: RecvSlot) -> Option<(Arc<DmaBuf<C>>, usize)> {
-        let c = self.classes.get_mut(slot.class as usize)?;
-        let chunk = c.chunks.get(slot.chunk as usize)?.clone();
-        c.posted = c.posted.saturating_sub(1);
+        let (chunk, at) = self.received(slot)?;
+        let chunk = chunk.clone();
+        self.took(slot);
+        Some((chunk, at))
+    }
+
+    /// A receive completed into `slot`: one fewer is posted in its class.
+    #[inline(always)]
+    fn took(&mut self, slot: RecvSlot) {
+        if let Some(c) = self.classes.get_mut(slot.class as usize) {
+            c.posted = c.posted.saturating_sub(1);
+        }
         self.recv_moved = true;
-        Some((chunk, slot.index as usize * c.size as usize))
     }
 
     /// The buffer a receive completed into, `slot`, to read before it is
     /// taken: its chunk and where it starts in it, or `None` for a slot
     /// that is not ours.
     #[inline]
-    pub fn received(&self, slot: RecvSlot) -> Option<(&DmaBuf<C>, usize)> {
+    pub fn received(&self, slot: RecvSlot) -> Option<(&Arc<DmaBuf<C>>, usize)> {
         let c = self.classes.get(slot.class as usize)?;
         let chunk = c.chunks.get(slot.chunk as usize)?;
         Some((chunk, slot.index as usize * c.size as usize))
     }
 
     /// A receive completed into `slot` (one [`Iface::received`] found) is
-    /// read and done with at once: [`Iface::taken`] and
-    /// [`Iface::give_back`] in one step, with no chunk handed out.
+    /// read and done with at once: the accounting of [`Iface::taken`],
+    /// then [`Iface::give_back`], with no chunk handed out.
     #[inline]
     pub fn read_whole(&mut self, slot: RecvSlot) {
-        if let Some(c) = self.classes.get_mut(slot.class as usize) {
-            if let Some(&first) = c.first.get(slot.chunk as usize) {
-                c.posted = c.posted.saturating_sub(1);
-                c.repost.push(first + slot.index);
-                self.recv_moved = true;
-            }
-        }
+        self.put_back(slot, true);
     }
 
     /// A taken buffer is done with: it is posted again with the next batch.
+    #[inline]
     pub fn give_back(&mut self, slot: RecvSlot) {
+        self.put_back(slot, false);
+    }
+
+    /// `slot`'s buffer goes on its class's list to post again; `taking`
+    /// says it is taken here too, so one fewer is posted.
+    #[inline(always)]
+    fn put_back(&mut self, slot: RecvSlot, taking: bool) {
         if let Some(c) = self.classes.get_mut(slot.class as usize) {
             if let Some(&first) = c.first.get(slot.chunk as usize) {
+                if taking {
+                    c.posted = c.posted.saturating_sub(1);
+                }
                 c.repost.push(first + slot.index);
                 self.recv_moved = true;
             }

@@ -377,6 +377,21 @@ fn wc_opcode(o: sys::ibv_wc_opcode) -> WcOpcode {
     }
 }
 
+/// How many entries one `ibv_poll_cq` takes at most: the room on the
+/// stack of a poll.
+const RAW_WCS: usize = 32;
+
+/// A poll's room on the stack for the provider's entries, written by the
+/// provider before they are read.
+type RawWcs = [std::mem::MaybeUninit<sys::ibv_wc>; RAW_WCS];
+
+/// How many entries a poll asks the provider for when `room` are free in
+/// its caller's slice: the one clamp of every `ibv_poll_cq` call.
+#[inline(always)]
+fn asked(room: usize) -> usize {
+    room.min(RAW_WCS)
+}
+
 /// Converts the entries `ibv_poll_cq` wrote (`raw`, as many as `out`).
 #[inline]
 fn convert_all(out: &mut [WorkCompletion], raw: &[std::mem::MaybeUninit<sys::ibv_wc>]) {
@@ -443,17 +458,16 @@ impl VerbsCq {
         }
     }
 
-    /// One `ibv_poll_cq` of at most `want` entries (no more than `raw`
-    /// holds) into `raw`: what the provider answered.
+    /// One `ibv_poll_cq` of [`asked`]`(room)` entries into `raw`: what the
+    /// provider answered.
     #[inline(always)]
-    fn poll_into(&self, raw: &mut [std::mem::MaybeUninit<sys::ibv_wc>; 32], want: usize) -> i32 {
-        let want = want.min(raw.len());
-        // SAFETY: the CQ is live; `raw` has room for `want` entries
+    fn poll_into(&self, raw: &mut RawWcs, room: usize) -> i32 {
+        // SAFETY: the CQ is live; `raw` has room for `asked(room)` entries
         // (MaybeUninit<ibv_wc> has ibv_wc's layout).
         unsafe {
             sys::ibv_poll_cq(
                 self.0.cq,
-                want as i32,
+                asked(room) as i32,
                 raw.as_mut_ptr().cast::<sys::ibv_wc>(),
             )
         }
@@ -463,12 +477,9 @@ impl VerbsCq {
     fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         // Left uninitialised: this runs on every spin of a progress loop,
         // and the provider writes each entry it returns.
-        let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; 32];
-        let want = out.len().min(raw.len());
-        if want == 0 {
-            return Ok(0);
-        }
-        let n = self.poll_into(&mut raw, want);
+        let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; RAW_WCS];
+        // An empty `out` asks for no entry, and the provider answers 0.
+        let n = self.poll_into(&mut raw, out.len());
         if n == 0 {
             // Empty, the usual answer of a spinning poll: nothing more to
             // do, and the rest (conversion, polling on) kept out of line.
@@ -483,17 +494,12 @@ impl VerbsCq {
     /// polls on ([`VerbsCq::poll_more`]); the usual one, a few entries, is
     /// done here.
     #[inline(never)]
-    fn poll_found(
-        &self,
-        out: &mut [WorkCompletion],
-        raw: &mut [std::mem::MaybeUninit<sys::ibv_wc>; 32],
-        n: i32,
-    ) -> Result<usize> {
+    fn poll_found(&self, out: &mut [WorkCompletion], raw: &mut RawWcs, n: i32) -> Result<usize> {
         if n < 0 {
             return Err(self.poll_error(n));
         }
         let n = n as usize;
-        let want = out.len().min(raw.len());
+        let want = asked(out.len());
         // The provider returns at most what it was asked for.
         assert!(n <= want, "ibv_poll_cq returned more than asked");
         convert_all(&mut out[..n], &raw[..n]);
@@ -510,28 +516,34 @@ impl VerbsCq {
     fn poll_more(
         &self,
         out: &mut [WorkCompletion],
-        raw: &mut [std::mem::MaybeUninit<sys::ibv_wc>; 32],
+        raw: &mut RawWcs,
         mut done: usize,
     ) -> Result<usize> {
-        loop {
-            let want = (out.len() - done).min(raw.len());
-            if want == 0 {
-                return Ok(done);
-            }
-            let n = self.poll_into(raw, want);
+        while done < out.len() {
+            let room = out.len() - done;
+            let n = self.poll_into(raw, room);
             if n < 0 {
                 // The entries taken already are not lost: they go up now,
                 // and the next poll meets the error.
                 return Ok(done);
             }
             let n = n as usize;
+            let want = asked(room);
             assert!(n <= want, "ibv_poll_cq returned more than asked");
             convert_all(&mut out[done..done + n], &raw[..n]);
             done += n;
             if n < want {
-                return Ok(done);
+                break;
             }
         }
+        Ok(done)
+    }
+
+    /// Whether [`Cq::poll`] must take [`VerbsCq::poll_rare`]: the CQ
+    /// overran, or a completion waits in the stash.
+    #[inline(always)]
+    fn rare(&self) -> bool {
+        self.0.overrun.load(Ordering::Acquire) || self.0.stashed.load(Ordering::Acquire)
     }
 
     /// [`Cq::poll`] when the CQ overran, a completion waits in the stash
@@ -580,10 +592,7 @@ impl Cq for VerbsCq {
     /// nothing, then costs no call frame of its own.
     #[inline]
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        if self.0.overrun.load(Ordering::Acquire)
-            || self.0.stashed.load(Ordering::Acquire)
-            || out.is_empty()
-        {
+        if self.rare() || out.is_empty() {
             return self.poll_rare(out);
         }
         self.poll_raw(out)
@@ -593,16 +602,10 @@ impl Cq for VerbsCq {
     /// the provider's.
     #[inline]
     fn poll_quick(&self, out: &mut [WorkCompletion]) -> usize {
-        if self.0.overrun.load(Ordering::Acquire) || self.0.stashed.load(Ordering::Acquire) {
+        if self.rare() {
             return self.poll_rare(out).unwrap_or(0);
         }
-        let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; 32];
-        // An empty `out` asks for no entry, and the provider answers 0.
-        let n = self.poll_into(&mut raw, out.len());
-        if n == 0 {
-            return 0;
-        }
-        self.poll_found(out, &mut raw, n).unwrap_or(0)
+        self.poll_raw(out).unwrap_or(0)
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool> {

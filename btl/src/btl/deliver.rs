@@ -45,9 +45,7 @@ impl<C: Context> Btl<C> {
         if held.has_short() && !self.delivering.swap(true, Ordering::SeqCst) {
             let flag = Delivering(&self.delivering);
             let s = held.next_short().expect("a short message waits");
-            let cb = held.am(s.tag);
-            drop(held);
-            self.run_short(&s, cb);
+            self.run_short(held, &s);
             drop(flag);
             // What was queued while the flag was up is ours to run, as at
             // the end of the loop below.
@@ -82,10 +80,8 @@ impl<C: Context> Btl<C> {
                 // The short message in its own slot, the oldest when there
                 // is one: taken out whole, with nothing to give back.
                 if let Some(s) = core.next_short() {
-                    let cb = core.am(s.tag);
-                    drop(core);
                     n += 1;
-                    self.run_short(&s, cb);
+                    self.run_short(core, &s);
                 } else {
                     let Some(d) = core.next_delivery() else { break };
                     let found = find(&mut core, &d);
@@ -128,7 +124,7 @@ impl<C: Context> Btl<C> {
             }
             Delivery::Short(s) => {
                 if let Found::Am(cb) = found {
-                    self.run_short(&s, cb);
+                    self.call_short(&s, cb);
                 }
                 None
             }
@@ -153,10 +149,20 @@ impl<C: Context> Btl<C> {
 }
 
 impl<C: Context> Btl<C> {
+    /// Hands short message `s`, taken out under `core`, to its tag's
+    /// callback: looked up under the lock, which is let go before the
+    /// callback runs.
+    #[inline(always)]
+    fn run_short(&self, mut core: MutexGuard<'_, Core<C, Btl<C>>>, s: &Short) {
+        let cb = core.am(s.tag);
+        drop(core);
+        self.call_short(s, cb);
+    }
+
     /// Hands short message `s` to its tag's callback `cb`, if it has one
     /// (no lock held).
     #[inline]
-    fn run_short(&self, s: &Short, cb: Option<AmCallback<C>>) {
+    fn call_short(&self, s: &Short, cb: Option<AmCallback<C>>) {
         if let Some(cb) = cb {
             let (src, tag) = (s.src, s.tag);
             cb(

@@ -599,13 +599,21 @@ impl Cq for VerbsCq {
     }
 
     /// As [`VerbsCq::poll`], with the empty answer returned straight from
-    /// the provider's.
+    /// the provider's: its own test of it, not [`VerbsCq::poll_raw`]'s,
+    /// so that the caller's test of the count folds into it (through
+    /// `poll_raw`, the empty progress call set a zero and tested it again:
+    /// 3 more instructions, seen in the disassembly).
     #[inline]
     fn poll_quick(&self, out: &mut [WorkCompletion]) -> usize {
         if self.rare() {
             return self.poll_rare(out).unwrap_or(0);
         }
-        self.poll_raw(out).unwrap_or(0)
+        let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; RAW_WCS];
+        let n = self.poll_into(&mut raw, out.len());
+        if n == 0 {
+            return 0;
+        }
+        self.poll_found(out, &mut raw, n).unwrap_or(0)
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool> {

@@ -599,7 +599,7 @@ impl Cq for VerbsCq {
     }
 
     /// As [`VerbsCq::poll`], with the empty answer returned straight from
-    /// the provider's: its own test of it, not [`VerbsCq::poll_raw`]'s,
+    /// the provider's: its own test of it, not `VerbsCq::poll_raw`'s,
     /// so that the caller's test of the count folds into it (through
     /// `poll_raw`, the empty progress call set a zero and tested it again:
     /// 3 more instructions, seen in the disassembly).

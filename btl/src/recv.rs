@@ -128,6 +128,22 @@ impl Recv {
         n
     }
 
+    /// Takes the `n` completions a poll made without the lock wrote into
+    /// `wcs` (as many entries as its own buffer) as its last poll, to be
+    /// read with [`Recv::next`]; `wcs` gets its own buffer, read whole.
+    #[inline]
+    pub fn take_polled(&mut self, wcs: &mut Vec<WorkCompletion>, n: usize) {
+        debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
+        assert!(
+            n <= wcs.len() && wcs.len() == self.wcs.len(),
+            "a poll wrote past its buffer"
+        );
+        std::mem::swap(&mut self.wcs, wcs);
+        self.polled = n;
+        self.read = 0;
+        self.dry = n < self.wcs.len();
+    }
+
     /// Whether completions of the last poll are still to be read by
     /// [`Recv::next`].
     #[inline]

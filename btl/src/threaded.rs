@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use xrcbtl_fabric::{Context, Cq, Result};
+use xrcbtl_fabric::{Context, Result};
 use xrcbtl_progress::{ProgressThread, ThreadConfig};
 
 use crate::btl::Btl;
@@ -29,8 +29,8 @@ impl<C: Context> std::fmt::Debug for Threaded<C> {
 impl<C: Context> Threaded<C> {
     /// Starts a progress thread named `name` for `btl`.
     pub fn spawn(btl: Arc<Btl<C>>, name: &str, cfg: ThreadConfig) -> Result<Threaded<C>> {
-        let cq = btl.recv_cq();
         let b = btl.clone();
+        let waiter = btl.clone();
         let mut placement = Some(btl.placed().placement.clone());
         let thread = ProgressThread::spawn(
             name,
@@ -44,7 +44,7 @@ impl<C: Context> Threaded<C> {
             },
             move |d| {
                 // A failed wait only means the thread polls again sooner.
-                let _ = cq.wait(d);
+                let _ = waiter.wait_for_work(d);
             },
         )
         .map_err(|e| xrcbtl_fabric::Error::Verbs {

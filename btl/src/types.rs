@@ -472,7 +472,9 @@ pub struct BtlStats {
     /// failed its sender's operation.
     pub rndv_refused: u64,
     /// Times the BTL's lock was taken: API calls (this one's included),
-    /// progress calls, and the hand-over of queued callbacks.
+    /// progress calls but the quiet ones that found nothing
+    /// ([`BtlStats::unlocked_polls`]), and the hand-over of queued
+    /// callbacks.
     pub locks: u64,
     /// Deliveries for the user (messages, finished operations, failures,
     /// releases) that waited in the queue behind another: the oldest one
@@ -487,4 +489,7 @@ pub struct BtlStats {
     /// waiting (on devices whose events cost system calls: between two
     /// looks at connection events).
     pub quiet_polls: u64,
+    /// Quiet progress calls that found the receive CQ empty and so took
+    /// no lock but the poller's (see [`crate::Btl::progress`]).
+    pub unlocked_polls: u64,
 }

@@ -262,10 +262,19 @@ pub trait Cq: Clone + Send + Sync {
         self.poll(out).unwrap_or(0)
     }
 
-    /// Blocks until the queue holds a completion or `timeout` passes (on
-    /// real verbs through the CQ's completion channel; on the simulator in
-    /// virtual time). Returns whether completions are ready to poll.
-    fn wait(&self, timeout: std::time::Duration) -> Result<bool>;
+    /// Arms the queue: the next completion added to it wakes
+    /// [`Cq::sleep`]. One that came before the arming does not, so a
+    /// caller about to sleep arms, polls once more (and acts on what that
+    /// finds) and only then sleeps. Nothing is taken off the queue: its
+    /// poller keeps every completion, in order.
+    fn arm(&self) -> Result<()>;
+
+    /// Blocks until the queue, armed by [`Cq::arm`], has a completion to
+    /// report or `timeout` passes (on real verbs through the CQ's
+    /// completion channel; on the simulator in virtual time, where a
+    /// completion already queued also counts). Returns whether it woke for
+    /// a completion; either way, the next poll tells.
+    fn sleep(&self, timeout: std::time::Duration) -> Result<bool>;
 }
 
 /// A shared receive queue (plain or XRC).

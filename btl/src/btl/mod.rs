@@ -19,10 +19,16 @@
 //!
 //! Threads: every method takes `&self`. The state lives behind one lock,
 //! held only inside the BTL and never while user code runs. Progress may
-//! run on several threads at once: each polls under the lock, and what the
-//! user must hear of is queued; callbacks then run outside the lock, one at
-//! a time (whichever thread finds the queue free runs them, in order), so
-//! a callback may send, add endpoints, start operations or call progress
+//! run on several threads at once: one at a time polls the receive CQ,
+//! holding the poller (a second lock, always taken before the first and
+//! never by anything but progress), and what it found is read under the
+//! state's lock before the poller is let go, so that no other thread can
+//! poll later completions of the same QP and act on them first. While
+//! nothing rare waits (the slow-work word), a progress call that finds
+//! the CQ empty takes no other lock. What the user must hear of is
+//! queued; callbacks then run outside both locks, one at a time
+//! (whichever thread finds the queue free runs them, in order), so a
+//! callback may send, add endpoints, start operations or call progress
 //! (which then only polls: the callbacks it finds run after the current
 //! one returns).
 
@@ -30,13 +36,13 @@ mod deliver;
 mod rdma;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::{Mutex, MutexGuard};
-use xrcbtl_fabric::{Context, Cq, DeviceCaps, Error, IbAddr, Result};
+use xrcbtl_fabric::{Context, Cq, DeviceCaps, Error, IbAddr, Result, WorkCompletion};
 use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
 use crate::callbacks::{AmFn, DoneFn, ErrFn};
@@ -64,19 +70,39 @@ pub type ErrorCallback<C> = ErrFn<Btl<C>>;
 /// when the operation ends.
 pub type OnDone<C> = DoneFn<Btl<C>>;
 
+/// What the one progress call polling the receive CQ holds (the poller,
+/// [`Btl::progress`]): the buffer a poll without the state's lock fills,
+/// and the counts only progress keeps.
+struct Poller {
+    /// Completions of a quiet poll, until the core takes them.
+    wcs: Vec<WorkCompletion>,
+    /// Progress calls left before the next look at connection events.
+    left: u32,
+    /// Empty progress calls in a row, and how many make the caller yield
+    /// ([`BtlConfig::idle_yield`]; `u32::MAX`: never).
+    empties: u32,
+    yield_after: u32,
+    /// Times it yielded.
+    yields: u64,
+    /// Quiet progress calls, and those of them that found completions
+    /// (and so took the state's lock).
+    quiet: u64,
+    found: u64,
+}
+
 /// The byte transfer layer of one rank on one device.
 pub struct Btl<C: Context> {
+    /// The receive CQ's poller: taken by progress calls only, before
+    /// `core`.
+    poller: Mutex<Poller>,
     core: Mutex<Core<C, Btl<C>>>,
+    /// The core's slow-work word ([`Core::raise`]), read without its lock.
+    rare: Arc<AtomicBool>,
     delivering: AtomicBool,
     queued: Arc<AtomicUsize>,
     cfg: BtlConfig,
     /// The device and connections, as set up (read without the lock).
     facts: Facts<C>,
-    /// Empty progress calls in a row after which the caller yields (0:
-    /// never), and the count so far.
-    yield_after: u32,
-    empties: AtomicU32,
-    yields: AtomicU64,
 }
 
 impl<C: Context> std::fmt::Debug for Btl<C> {
@@ -92,13 +118,25 @@ impl<C: Context> Btl<C> {
     pub fn new(ctx: C, cfg: BtlConfig) -> Result<Self> {
         cfg.validate()?;
         let queued = Arc::new(AtomicUsize::new(0));
-        let core = Core::new(ctx, cfg.clone(), queued.clone())?;
+        let rare = Arc::new(AtomicBool::new(true));
+        let core = Core::new(ctx, cfg.clone(), queued.clone(), rare.clone())?;
         let facts = core.facts();
+        let yield_after = match cfg.idle_yield.after(&facts.caps) {
+            0 => u32::MAX,
+            n => n,
+        };
         Ok(Btl {
-            yield_after: cfg.idle_yield.after(&facts.caps),
+            poller: Mutex::new(Poller {
+                wcs: vec![WorkCompletion::default(); cfg.cq_batch.max(1)],
+                left: 0,
+                empties: 0,
+                yield_after,
+                yields: 0,
+                quiet: 0,
+                found: 0,
+            }),
             facts,
-            empties: AtomicU32::new(0),
-            yields: AtomicU64::new(0),
+            rare,
             core: Mutex::new(core),
             delivering: AtomicBool::new(false),
             queued,
@@ -202,8 +240,15 @@ impl<C: Context> Btl<C> {
 
     /// What the BTL counted.
     pub fn stats(&self) -> BtlStats {
+        // The poller first, as progress takes the two locks.
+        let (yields, quiet, found) = {
+            let p = self.poller.lock();
+            (p.yields, p.quiet, p.found)
+        };
         BtlStats {
-            idle_yields: self.yields.load(Ordering::Relaxed),
+            idle_yields: yields,
+            quiet_polls: quiet,
+            unlocked_polls: quiet - found,
             ..self.lock_to_read().stats()
         }
     }
@@ -477,39 +522,107 @@ impl<C: Context> Btl<C> {
     /// Does everything that is due: connection events, completions,
     /// pending work, then the callbacks of what arrived. Returns how much it
     /// found.
+    ///
+    /// While nothing rare waits (the core's slow-work word) and no look at
+    /// connection events is due, the call is quiet: it polls the receive
+    /// CQ holding the poller alone, and takes the core's lock only when it
+    /// found completions. The empty answer, a spinning caller's usual one,
+    /// then costs no lock but the poller's.
     pub fn progress(&self) -> usize {
-        // Not `lock`: a progress call leaves the slow-work word as it is.
-        let mut core = self.core.lock();
-        core.count_lock();
-        let n = core.poll();
-        // Most calls have nothing to deliver: they pay for no more than
-        // this look.
-        let n = if self.queued.load(Ordering::SeqCst) == 0 {
-            drop(core);
-            n
-        } else {
-            n + self.deliver_all(core)
-        };
-        if self.yield_after > 0 {
-            self.after_progress(n);
+        let mut p = self.poller.lock();
+        if p.left == 0 || self.rare.load(Ordering::Relaxed) {
+            return self.progress_full(p);
         }
-        n
+        p.left -= 1;
+        p.quiet += 1;
+        let n = self.facts.recv_cq.poll_quick(&mut p.wcs);
+        if n == 0 {
+            p.empties += 1;
+            if p.empties < p.yield_after {
+                return 0;
+            }
+            self.idle_yield(p);
+            return 0;
+        }
+        self.progress_found(p, n)
     }
 
-    /// Counts empty progress calls in a row and yields the CPU after
-    /// [`BtlConfig::idle_yield`] of them: on a device the host's kernel
+    /// [`Btl::progress`]'s quiet call when its poll found `n` completions:
+    /// the core reads them under its lock, taken before the poller is let
+    /// go (no other thread may poll later completions of the same QPs
+    /// and act on them first).
+    #[inline(never)]
+    fn progress_found(&self, mut p: MutexGuard<'_, Poller>, n: usize) -> usize {
+        p.found += 1;
+        p.empties = 0;
+        let mut core = self.core.lock();
+        core.count_lock();
+        let n = core.quiet_found(&mut p.wcs, n);
+        drop(p);
+        self.deliver_after(core, n)
+    }
+
+    /// [`Btl::progress`]'s full call: everything due, under both locks.
+    #[inline(never)]
+    fn progress_full(&self, mut p: MutexGuard<'_, Poller>) -> usize {
+        let mut core = self.core.lock();
+        core.count_lock();
+        let n = core.poll_full(&mut p.left);
+        if n > 0 {
+            p.empties = 0;
+            drop(p);
+        } else {
+            p.empties += 1;
+            if p.empties >= p.yield_after {
+                drop(core);
+                self.idle_yield(p);
+                return 0;
+            }
+            drop(p);
+        }
+        self.deliver_after(core, n)
+    }
+
+    /// The end of a progress call that found `n` under `core`: runs the
+    /// callbacks of what it queued, if anything was queued.
+    #[inline(always)]
+    fn deliver_after(&self, core: MutexGuard<'_, Core<C, Btl<C>>>, n: usize) -> usize {
+        // Most calls have nothing to deliver: they pay for no more than
+        // this look.
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            drop(core);
+            return n;
+        }
+        n + self.deliver_all(core)
+    }
+
+    /// Yields the CPU after [`BtlConfig::idle_yield`] empty progress calls
+    /// in a row (`p` holds the count): on a device the host's kernel
     /// emulates, the completion this rank spins for is produced by a kernel
     /// thread that needs a CPU, and with every CPU spinning it waits for
     /// the scheduler to preempt one (measured on Soft-RoCE in a 2-CPU
     /// guest: osu_latency's 8 B average fell from about 105 to 77 us).
-    fn after_progress(&self, work: usize) {
-        if work > 0 {
-            self.empties.store(0, Ordering::Relaxed);
-        } else if self.empties.fetch_add(1, Ordering::Relaxed) + 1 >= self.yield_after {
-            self.empties.store(0, Ordering::Relaxed);
-            self.yields.fetch_add(1, Ordering::Relaxed);
-            std::thread::yield_now();
+    #[cold]
+    #[inline(never)]
+    fn idle_yield(&self, mut p: MutexGuard<'_, Poller>) {
+        p.empties = 0;
+        p.yields += 1;
+        drop(p);
+        std::thread::yield_now();
+    }
+
+    /// Blocks until the receive CQ has a completion or `timeout` passes,
+    /// for a caller with nothing else to do (a progress thread, idle): it
+    /// arms the CQ, makes one more progress call for what came before
+    /// the arming, and only if that found nothing, sleeps on the CQ.
+    /// Returns whether the progress call found work.
+    pub fn wait_for_work(&self, timeout: Duration) -> Result<bool> {
+        self.facts.recv_cq.arm()?;
+        if self.progress() > 0 {
+            return Ok(true);
         }
+        self.facts.recv_cq.sleep(timeout)?;
+        Ok(false)
     }
 
     /// Progresses until [`Btl::is_idle`], or fails after `timeout` of the
@@ -523,7 +636,7 @@ impl<C: Context> Btl<C> {
                     return Err(Error::Timeout("flush"));
                 }
                 // Nothing to do: the answer is on the wire.
-                let _ = self.facts.recv_cq.wait(Duration::from_micros(100));
+                let _ = self.wait_for_work(Duration::from_micros(100));
             }
         }
         Ok(())
@@ -540,7 +653,9 @@ impl<C: Context> Btl<C> {
         self.lock().is_drained()
     }
 
-    /// The receive CQ (a progress thread blocks on it when idle).
+    /// The receive CQ (a caller with nothing to do blocks through
+    /// [`Btl::wait_for_work`], not on the CQ itself: a poll of it outside
+    /// [`Btl::progress`] could take completions out of order).
     pub fn recv_cq(&self) -> C::Cq {
         self.facts.recv_cq.clone()
     }

@@ -26,11 +26,11 @@ mod send;
 mod user;
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use xrcbtl_fabric::{Context, DeviceCaps, MemCache, Result, Xrcd};
+use xrcbtl_fabric::{Context, DeviceCaps, MemCache, Result, WorkCompletion, Xrcd};
 use xrcbtl_xrc_conn::Mode;
 
 use crate::callbacks::{DoneFn, Registry};
@@ -104,17 +104,16 @@ pub(crate) struct Core<C: Context, H> {
     /// What the user must hear of, until the lock is released.
     deliveries: Deliveries<C, H>,
     stats: BtlStats,
-    /// Progress calls left before the next look at connection events.
-    control_left: u32,
-    /// The slow-work word: progress calls left that may look at the
-    /// receive CQ alone ([`Core::poll`]'s quiet path). Set by a full call
-    /// that found nothing rare waiting (no control tick due or asked for,
-    /// no signalled work out, no cover asked, no QP draining, no rendezvous
-    /// step, no pending work) to the calls left before the next control
-    /// tick; cleared by every other taking of the lock ([`Core::entered`]);
-    /// set again by a quiet call that found a message, once it has done
-    /// what the message brought.
-    quiet_left: u32,
+    /// The slow-work word, shared with the BTL, which reads it without the
+    /// lock: `false` while nothing rare waits (no control look asked for,
+    /// no signalled work out, no cover asked, no receive buffer to post
+    /// again, no QP draining, no rendezvous step, no pending work), when a
+    /// progress call may poll the receive CQ alone, without this lock
+    /// ([`crate::Btl::progress`]'s quiet path). Set by every progress call
+    /// that took the lock, once it has done its work ([`Core::set_quiet`]),
+    /// and raised by every other taking of the lock ([`Core::entered`])
+    /// and by whatever leaves work behind without it.
+    rare: Arc<AtomicBool>,
     control_every: u32,
     /// When to look for silent peers next.
     probe_at: Duration,
@@ -125,7 +124,12 @@ pub(crate) struct Core<C: Context, H> {
 
 impl<C: Context, H> Core<C, H> {
     /// Sets the rank up on its device.
-    pub fn new(ctx: C, cfg: BtlConfig, queued: Arc<AtomicUsize>) -> Result<Self> {
+    pub fn new(
+        ctx: C,
+        cfg: BtlConfig,
+        queued: Arc<AtomicUsize>,
+        rare: Arc<AtomicBool>,
+    ) -> Result<Self> {
         let iface = Iface::new(ctx.clone(), &cfg)?;
         let drv = ConnDriver::new(iface.lend(), &cfg)?;
         let control_every = if ctx.events_cost_syscalls() {
@@ -179,8 +183,7 @@ impl<C: Context, H> Core<C, H> {
                 received_by_class: vec![0; classes],
                 ..BtlStats::default()
             },
-            control_left: 0,
-            quiet_left: 0,
+            rare,
             probe_at: Duration::ZERO,
             control_every,
             drained: false,
@@ -256,44 +259,31 @@ impl<C: Context, H> Core<C, H> {
         sends.drain_pending(&mut v)
     }
 
-    /// Does what is due: connection events, completions, pending work.
-    /// Returns how much it found. While nothing rare waits (the slow-work
-    /// word, `quiet_left`, is not zero), only the receive CQ is looked at,
-    /// and what a message found there brought.
-    #[inline]
-    pub fn poll(&mut self) -> usize {
-        if self.quiet_left == 0 {
-            return self.poll_full();
-        }
-        self.quiet_left -= 1;
-        self.control_left -= 1;
-        self.stats.quiet_polls += 1;
-        let n = self.recv.poll(&self.iface.recv_cq);
-        // The spin's usual answer: nothing arrived, and no buffer came
-        // back to post. It returns here, at the cost of one more test.
-        if n == 0 && !self.iface.recv_moved {
-            return 0;
-        }
-        self.quiet_found(n)
-    }
-
-    /// [`Core::poll`]'s quiet path once its poll found `n` completions, or
-    /// a consumer gave receive buffers back. Inline: the progress call's
-    /// frame is set up for its empty answer already (measured: out of
-    /// line, a receiving call paid for a second frame, and an empty one
-    /// saved nothing).
+    /// The rest of a quiet progress call ([`crate::Btl::progress`]),
+    /// whose poll of the receive CQ, made without this lock, found `n`
+    /// completions in `wcs`: the receive side takes them (`wcs` gets its
+    /// old buffer, read whole) and reads them, then what they brought is
+    /// done. Returns how much it found.
     #[inline(always)]
-    fn quiet_found(&mut self, n: usize) -> usize {
+    pub fn quiet_found(&mut self, wcs: &mut Vec<WorkCompletion>, n: usize) -> usize {
+        self.recv.take_polled(wcs, n);
         self.read_recv();
-        if n == 0 {
-            return 0;
-        }
         n + self.after_recv()
     }
 
-    /// [`Core::poll`]'s full path.
+    /// The slow-work word ([`Core::rare`]'s doc): raised, so that the next
+    /// progress call takes the full path.
+    #[inline(always)]
+    pub(crate) fn raise(&self) {
+        self.rare.store(true, Ordering::Relaxed);
+    }
+
+    /// Does what is due: connection events (when `left`, the progress
+    /// calls before the next look, kept by the caller, has run out),
+    /// completions, pending work. Returns how much it found. Then sets the
+    /// slow-work word.
     #[inline(never)]
-    fn poll_full(&mut self) -> usize {
+    pub fn poll_full(&mut self, left: &mut u32) -> usize {
         // Connection and async events cost system calls (the CM's and the
         // device's event descriptors); completions do not. A progress loop
         // spinning on a CQ looks at them every `CONTROL_EVERY` calls only,
@@ -301,7 +291,7 @@ impl<C: Context, H> Core<C, H> {
         // departure under way: judged at each look) `CONTROL_SETTLED` times
         // less often still. Work a command just gave the driver (a connect,
         // a failed send) is looked at on the next call.
-        let due = self.control_left == 0 || self.drv.wants_look();
+        let due = *left == 0 || self.drv.wants_look();
         let mut n = 0;
         if due {
             n += self.control_now();
@@ -310,9 +300,9 @@ impl<C: Context, H> Core<C, H> {
             } else {
                 self.control_every
             };
-            self.control_left = every - 1;
+            *left = every - 1;
         } else {
-            self.control_left -= 1;
+            *left -= 1;
         }
         // The send CQ holds completions of signalled work (and, rarely, of
         // the driver's hello, seen on the control ticks).
@@ -358,15 +348,17 @@ impl<C: Context, H> Core<C, H> {
         n
     }
 
-    /// Sets the slow-work word: the next calls skip the control look
-    /// unless the driver, a signalled send, a cover or `rare` work waits.
+    /// Sets the slow-work word: the next calls may poll the receive CQ
+    /// alone until the control look is due unless the driver, a signalled
+    /// send, a cover, receive buffers to post again or `rare` work waits.
     #[inline]
     fn set_quiet(&mut self, rare: bool) {
         let quiet = !rare
             && !self.drv.wants_look()
             && self.sends.signalled_out() == 0
-            && !self.sends.wants_cover();
-        self.quiet_left = if quiet { self.control_left } else { 0 };
+            && !self.sends.wants_cover()
+            && !self.iface.recv_moved;
+        self.rare.store(!quiet, Ordering::Relaxed);
     }
 
     /// Looks at connection and async events now.

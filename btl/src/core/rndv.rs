@@ -22,8 +22,9 @@ use crate::work::{Item, Msg, Store, Work};
 use super::Core;
 
 impl<C: Context, H> Core<C, H> {
-    /// Polls the receive CQ and reads what it found. Inline in both of
-    /// [`Core::poll`]'s paths: the quiet one is little else.
+    /// Polls the receive CQ and reads what it found: the full path's poll
+    /// ([`Core::poll_full`]; the quiet path's is made without the lock, and
+    /// read by [`Core::quiet_found`]).
     #[inline(always)]
     pub(super) fn poll_recv(&mut self) -> usize {
         let n = self.recv.poll(&self.iface.recv_cq);

@@ -25,6 +25,9 @@ impl<C: Context, H> Core<C, H> {
         buf.extend_from_slice(parts[1]);
         self.stats.bytes_received += buf.len() as u64;
         let (src, end) = (self.cfg.rank, buf.len());
+        // Taken under the send's lock, which leaves the slow-work word
+        // alone: raised, so that the next progress call delivers it.
+        self.raise();
         self.deliver(Delivery::Message {
             src,
             tag,
@@ -54,13 +57,13 @@ impl<C: Context, H> Core<C, H> {
             match sends.send_small(&mut v, ei, tag, parts, now_only) {
                 Some(Small::Quiet) => return true,
                 Some(done) => {
-                    self.quiet_left = 0;
+                    self.raise();
                     return done != Small::Dropped;
                 }
                 None => {}
             }
         }
-        self.quiet_left = 0;
+        self.raise();
         self.send_copy(ei, Kind::Eager, tag, parts, now_only)
     }
 

@@ -49,7 +49,7 @@ impl<C: Context, H> Core<C, H> {
     #[inline]
     pub fn entered(&mut self) {
         self.stats.locks += 1;
-        self.quiet_left = 0;
+        self.raise();
     }
 
     /// The NUMA node of each of the BTL's own buffers

@@ -613,7 +613,12 @@ impl Cq for SimCq {
         Ok(n)
     }
 
-    fn wait(&self, timeout: std::time::Duration) -> Result<bool> {
+    fn arm(&self) -> Result<()> {
+        // Sleeping looks at the queue itself: nothing to arm.
+        Ok(())
+    }
+
+    fn sleep(&self, timeout: std::time::Duration) -> Result<bool> {
         let mut w = self.0.ctx.world();
         // Waiting is being idle.
         w.polled(self.0.ctx.0.id, false);

@@ -536,7 +536,7 @@ impl SimFabric {
     /// next scheduled event, moving time to it, which suits one agent
     /// busy-polling. Manual: polls run only what is due now, and time moves
     /// only through [`SimFabric::step`], [`SimFabric::advance`] or a blocking
-    /// [`crate::Cq::wait`]; a harness driving many processes steps the clock
+    /// [`crate::Cq::sleep`]; a harness driving many processes steps the clock
     /// when a whole round of them found nothing to do, so that no process's
     /// polling runs out another's timers before it could react.
     pub fn set_auto_advance(&self, auto: bool) {

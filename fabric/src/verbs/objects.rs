@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::sys;
@@ -312,14 +312,10 @@ pub(crate) struct CqInner {
     pub(crate) cq: *mut sys::ibv_cq,
     chan: *mut sys::ibv_comp_channel,
     overrun: Arc<AtomicBool>,
-    /// A completion `wait` took off the queue to see whether one was there.
-    stash: Mutex<Option<WorkCompletion>>,
-    stashed: AtomicBool,
     cap: u32,
 }
 
-// SAFETY: CQs and completion channels are thread-safe verbs objects; the
-// stash is behind a mutex.
+// SAFETY: CQs and completion channels are thread-safe verbs objects.
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
 unsafe impl Sync for CqInner {}
@@ -451,8 +447,6 @@ impl VerbsCq {
                 cq,
                 chan,
                 overrun,
-                stash: Mutex::new(None),
-                stashed: AtomicBool::new(false),
                 cap: (*cq).cqe.max(0) as u32,
             })))
         }
@@ -540,33 +534,20 @@ impl VerbsCq {
     }
 
     /// Whether [`Cq::poll`] must take [`VerbsCq::poll_rare`]: the CQ
-    /// overran, or a completion waits in the stash.
+    /// overran.
     #[inline(always)]
     fn rare(&self) -> bool {
-        self.0.overrun.load(Ordering::Acquire) || self.0.stashed.load(Ordering::Acquire)
+        self.0.overrun.load(Ordering::Acquire)
     }
 
-    /// [`Cq::poll`] when the CQ overran, a completion waits in the stash
-    /// (taken by [`Cq::wait`]), or `out` has no room.
+    /// [`Cq::poll`] when the CQ overran or `out` has no room.
     #[cold]
     #[inline(never)]
-    fn poll_rare(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+    fn poll_rare(&self) -> Result<usize> {
         if self.0.overrun.load(Ordering::Acquire) {
             return Err(Error::CqOverrun);
         }
-        if out.is_empty() {
-            return Ok(0);
-        }
-        let mut first = 0;
-        if self.0.stashed.load(Ordering::Acquire) {
-            let mut s = self.0.stash.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(wc) = s.take() {
-                out[0] = wc;
-                first = 1;
-            }
-            self.0.stashed.store(false, Ordering::Release);
-        }
-        Ok(first + self.poll_raw(&mut out[first..])?)
+        Ok(0)
     }
 
     /// The error of an `ibv_poll_cq` that answered `n` < 0.
@@ -593,7 +574,7 @@ impl Cq for VerbsCq {
     #[inline]
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         if self.rare() || out.is_empty() {
-            return self.poll_rare(out);
+            return self.poll_rare();
         }
         self.poll_raw(out)
     }
@@ -606,7 +587,7 @@ impl Cq for VerbsCq {
     #[inline]
     fn poll_quick(&self, out: &mut [WorkCompletion]) -> usize {
         if self.rare() {
-            return self.poll_rare(out).unwrap_or(0);
+            return self.poll_rare().unwrap_or(0);
         }
         let mut raw = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; RAW_WCS];
         let n = self.poll_into(&mut raw, out.len());
@@ -616,21 +597,14 @@ impl Cq for VerbsCq {
         self.poll_found(out, &mut raw, n).unwrap_or(0)
     }
 
-    fn wait(&self, timeout: Duration) -> Result<bool> {
-        if self.0.stashed.load(Ordering::Acquire) {
-            return Ok(true);
-        }
+    fn arm(&self) -> Result<()> {
         // SAFETY: the CQ is live.
         check("ibv_req_notify_cq", unsafe {
             sys::ibv_req_notify_cq(self.0.cq, 0)
-        })?;
-        // A completion may have arrived before the CQ was armed: look once.
-        let mut one = [WorkCompletion::default()];
-        if self.poll_raw(&mut one)? == 1 {
-            *self.0.stash.lock().unwrap_or_else(|e| e.into_inner()) = Some(one[0]);
-            self.0.stashed.store(true, Ordering::Release);
-            return Ok(true);
-        }
+        })
+    }
+
+    fn sleep(&self, timeout: Duration) -> Result<bool> {
         let mut pfd = libc::pollfd {
             // SAFETY: the channel is live.
             fd: unsafe { (*self.0.chan).fd },

@@ -57,8 +57,9 @@ pub(crate) struct Got {
 
 /// The receive side of a BTL.
 pub(crate) struct Recv {
-    /// The completions of the last poll, and how far they are read.
-    wcs: Vec<WorkCompletion>,
+    /// How many completions the last poll found, and how far they are
+    /// read (the buffer is the poller's, [`crate::Btl::progress`]'s: lent
+    /// to each call that reads it).
     polled: usize,
     read: usize,
     /// The last poll found the CQ empty before the batch was full.
@@ -88,11 +89,10 @@ pub(crate) struct RecvView<'a, C: Context, H> {
 }
 
 impl Recv {
-    /// A receive side polling `batch` completions at a time, joining
-    /// trains in buffers made for `train_cap` bytes.
-    pub fn new(batch: usize, train_cap: usize) -> Self {
+    /// A receive side joining trains in buffers made for `train_cap`
+    /// bytes.
+    pub fn new(train_cap: usize) -> Self {
         Recv {
-            wcs: vec![WorkCompletion::default(); batch.max(1)],
             polled: 0,
             read: 0,
             dry: true,
@@ -107,41 +107,33 @@ impl Recv {
         self.dry
     }
 
-    /// Polls the receive CQ, `cq`, once; its completions are then read
-    /// with [`Recv::next`]. Returns how many it took. Inlined into the
-    /// progress call: an empty poll, the most frequent, then costs no call
-    /// frame of its own.
+    /// Polls the receive CQ, `cq`, once into `wcs`; its completions are
+    /// then read with [`Recv::next`] from the same buffer. Returns how
+    /// many it took.
     #[inline(always)]
-    pub fn poll<Q: Cq>(&mut self, cq: &Q) -> usize {
-        debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
-        let n = cq.poll_quick(&mut self.wcs);
+    pub fn poll<Q: Cq>(&mut self, cq: &Q, wcs: &mut [WorkCompletion]) -> usize {
+        let n = cq.poll_quick(wcs);
         if n == 0 {
             // Read whole, the last poll left `read` equal to `polled`:
             // nothing more to set for an empty one.
+            debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
             self.dry = true;
             return 0;
         }
-        assert!(n <= self.wcs.len(), "a poll wrote past its buffer");
-        self.polled = n;
-        self.read = 0;
-        self.dry = n < self.wcs.len();
+        self.took(n, wcs.len());
         n
     }
 
-    /// Takes the `n` completions a poll made without the lock wrote into
-    /// `wcs` (as many entries as its own buffer) as its last poll, to be
-    /// read with [`Recv::next`]; `wcs` gets its own buffer, read whole.
-    #[inline]
-    pub fn take_polled(&mut self, wcs: &mut Vec<WorkCompletion>, n: usize) {
+    /// The last poll, made into a buffer of `batch` entries (by
+    /// [`Recv::poll`], or without the lock by a quiet progress call),
+    /// found `n` completions: they are read with [`Recv::next`] from that
+    /// buffer.
+    #[inline(always)]
+    pub fn took(&mut self, n: usize, batch: usize) {
         debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
-        assert!(
-            n <= wcs.len() && wcs.len() == self.wcs.len(),
-            "a poll wrote past its buffer"
-        );
-        std::mem::swap(&mut self.wcs, wcs);
         self.polled = n;
         self.read = 0;
-        self.dry = n < self.wcs.len();
+        self.dry = n < batch;
     }
 
     /// Whether completions of the last poll are still to be read by
@@ -151,12 +143,17 @@ impl Recv {
         self.read < self.polled
     }
 
-    /// The next message of the last poll that brings the core something
-    /// to do; what brings nothing (a failed receive, the iWARP hello, a
-    /// message refused, a part of a train) is dealt with on the way.
-    pub fn next<C: Context, H>(&mut self, v: &mut RecvView<'_, C, H>) -> Option<Got> {
+    /// The next message of the last poll (whose completions are in
+    /// `wcs`) that brings the core something to do; what brings nothing
+    /// (a failed receive, the iWARP hello, a message refused, a part of a
+    /// train) is dealt with on the way.
+    pub fn next<C: Context, H>(
+        &mut self,
+        wcs: &[WorkCompletion],
+        v: &mut RecvView<'_, C, H>,
+    ) -> Option<Got> {
         while self.read < self.polled {
-            let wc = self.wcs[self.read];
+            let wc = wcs[self.read];
             self.read += 1;
             if let Some(returned) = self.short_eager(v, &wc) {
                 if returned.is_some() {

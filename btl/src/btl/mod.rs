@@ -74,7 +74,8 @@ pub type OnDone<C> = DoneFn<Btl<C>>;
 /// [`Btl::progress`]): the buffer a poll without the state's lock fills,
 /// and the counts only progress keeps.
 struct Poller {
-    /// Completions of a quiet poll, until the core takes them.
+    /// The receive CQ's completions, as a poll found them, until the core
+    /// has read them (under its lock, before the poller is let go).
     wcs: Vec<WorkCompletion>,
     /// Progress calls left before the next look at connection events.
     left: u32,
@@ -557,7 +558,7 @@ impl<C: Context> Btl<C> {
         p.empties = 0;
         let mut core = self.core.lock();
         core.count_lock();
-        let n = core.quiet_found(&mut p.wcs, n);
+        let n = core.quiet_found(&p.wcs, n);
         drop(p);
         self.deliver_after(core, n)
     }
@@ -567,7 +568,8 @@ impl<C: Context> Btl<C> {
     fn progress_full(&self, mut p: MutexGuard<'_, Poller>) -> usize {
         let mut core = self.core.lock();
         core.count_lock();
-        let n = core.poll_full(&mut p.left);
+        let poller = &mut *p;
+        let n = core.poll_full(&mut poller.left, &mut poller.wcs);
         if n > 0 {
             p.empties = 0;
             drop(p);

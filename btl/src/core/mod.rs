@@ -163,10 +163,7 @@ impl<C: Context, H> Core<C, H> {
         let classes = iface.classes.len();
         Ok(Core {
             sends: SendQueues::new(cfg.cq_batch),
-            recv: Recv::new(
-                cfg.cq_batch,
-                cfg.split_limit.bytes().max(2 * iface.max_message()),
-            ),
+            recv: Recv::new(cfg.split_limit.bytes().max(2 * iface.max_message())),
             cfg,
             iface,
             drv,
@@ -261,13 +258,12 @@ impl<C: Context, H> Core<C, H> {
 
     /// The rest of a quiet progress call ([`crate::Btl::progress`]),
     /// whose poll of the receive CQ, made without this lock, found `n`
-    /// completions in `wcs`: the receive side takes them (`wcs` gets its
-    /// old buffer, read whole) and reads them, then what they brought is
-    /// done. Returns how much it found.
+    /// completions in `wcs`: the receive side reads them, then what they
+    /// brought is done. Returns how much it found.
     #[inline(always)]
-    pub fn quiet_found(&mut self, wcs: &mut Vec<WorkCompletion>, n: usize) -> usize {
-        self.recv.take_polled(wcs, n);
-        self.read_recv();
+    pub fn quiet_found(&mut self, wcs: &[WorkCompletion], n: usize) -> usize {
+        self.recv.took(n, wcs.len());
+        self.read_recv(wcs);
         n + self.after_recv()
     }
 
@@ -280,10 +276,10 @@ impl<C: Context, H> Core<C, H> {
 
     /// Does what is due: connection events (when `left`, the progress
     /// calls before the next look, kept by the caller, has run out),
-    /// completions, pending work. Returns how much it found. Then sets the
-    /// slow-work word.
+    /// completions (the receive CQ's polled into `wcs`), pending work.
+    /// Returns how much it found. Then sets the slow-work word.
     #[inline(never)]
-    pub fn poll_full(&mut self, left: &mut u32) -> usize {
+    pub fn poll_full(&mut self, left: &mut u32, wcs: &mut [WorkCompletion]) -> usize {
         // Connection and async events cost system calls (the CM's and the
         // device's event descriptors); completions do not. A progress loop
         // spinning on a CQ looks at them every `CONTROL_EVERY` calls only,
@@ -312,7 +308,7 @@ impl<C: Context, H> Core<C, H> {
         if self.sends.wants_cover() {
             self.sends.cover_unsignalled(&mut self.eps);
         }
-        n += self.poll_recv();
+        n += self.poll_recv(wcs);
         n + self.after_recv()
     }
 

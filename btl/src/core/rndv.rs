@@ -5,7 +5,7 @@
 //! deliveries).
 
 use bytes::Bytes;
-use xrcbtl_fabric::{Access, Context, Result};
+use xrcbtl_fabric::{Access, Context, Result, WorkCompletion};
 use xrcbtl_xrc_conn::Rank;
 
 use crate::callbacks::DoneFn;
@@ -26,18 +26,18 @@ impl<C: Context, H> Core<C, H> {
     /// ([`Core::poll_full`]; the quiet path's is made without the lock, and
     /// read by [`Core::quiet_found`]).
     #[inline(always)]
-    pub(super) fn poll_recv(&mut self) -> usize {
-        let n = self.recv.poll(&self.iface.recv_cq);
-        self.read_recv();
+    pub(super) fn poll_recv(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        let n = self.recv.poll(&self.iface.recv_cq, wcs);
+        self.read_recv(wcs);
         n
     }
 
-    /// Reads what the last poll of the receive CQ found, and posts the
-    /// receive buffers due again.
+    /// Reads what the last poll of the receive CQ found (in `wcs`), and
+    /// posts the receive buffers due again.
     #[inline(always)]
-    pub(super) fn read_recv(&mut self) {
+    pub(super) fn read_recv(&mut self, wcs: &[WorkCompletion]) {
         if self.recv.unread() {
-            self.read_polled();
+            self.read_polled(wcs);
         }
         // Also with nothing new: buffers come back from deliveries after
         // the poll that found their messages.
@@ -50,12 +50,12 @@ impl<C: Context, H> Core<C, H> {
     /// control: an empty poll, the most frequent, then sets up no frame
     /// for them.
     #[inline(never)]
-    fn read_polled(&mut self) {
+    fn read_polled(&mut self, wcs: &[WorkCompletion]) {
         // A view is lent only while completions are left to read: the
         // message that ends a batch needs no other.
         while self.recv.unread() {
             let (recv, mut v) = self.recv();
-            let Some(got) = recv.next(&mut v) else { break };
+            let Some(got) = recv.next(wcs, &mut v) else { break };
             self.on_got(got);
         }
     }

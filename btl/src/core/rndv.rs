@@ -55,7 +55,9 @@ impl<C: Context, H> Core<C, H> {
         // message that ends a batch needs no other.
         while self.recv.unread() {
             let (recv, mut v) = self.recv();
-            let Some(got) = recv.next(wcs, &mut v) else { break };
+            let Some(got) = recv.next(wcs, &mut v) else {
+                break;
+            };
             self.on_got(got);
         }
     }

@@ -79,9 +79,11 @@ struct Poller {
     wcs: Vec<WorkCompletion>,
     /// Progress calls left before the next look at connection events.
     left: u32,
-    /// Empty progress calls in a row, and how many make the caller yield
-    /// ([`BtlConfig::idle_yield`]; `u32::MAX`: never).
-    empties: u32,
+    /// Empty progress calls left before the caller yields, counted down
+    /// from `yield_after` ([`BtlConfig::idle_yield`]; `u32::MAX` when it
+    /// never yields: then once every 2^32 empty calls in a row) and set
+    /// back by a call that found work.
+    idle_left: u32,
     yield_after: u32,
     /// Times it yielded.
     yields: u64,
@@ -130,7 +132,7 @@ impl<C: Context> Btl<C> {
             poller: Mutex::new(Poller {
                 wcs: vec![WorkCompletion::default(); cfg.cq_batch.max(1)],
                 left: 0,
-                empties: 0,
+                idle_left: yield_after,
                 yield_after,
                 yields: 0,
                 quiet: 0,
@@ -538,8 +540,8 @@ impl<C: Context> Btl<C> {
         p.quiet += 1;
         let n = self.facts.recv_cq.poll_quick(&mut p.wcs);
         if n == 0 {
-            p.empties += 1;
-            if p.empties < p.yield_after {
+            p.idle_left -= 1;
+            if p.idle_left != 0 {
                 return 0;
             }
             self.idle_yield(p);
@@ -552,10 +554,10 @@ impl<C: Context> Btl<C> {
     /// the core reads them under its lock, taken before the poller is let
     /// go (no other thread may poll later completions of the same QPs
     /// and act on them first).
-    #[inline(never)]
+    #[inline(always)]
     fn progress_found(&self, mut p: MutexGuard<'_, Poller>, n: usize) -> usize {
         p.found += 1;
-        p.empties = 0;
+        p.idle_left = p.yield_after;
         let mut core = self.core.lock();
         core.count_lock();
         let n = core.quiet_found(&p.wcs, n);
@@ -571,11 +573,11 @@ impl<C: Context> Btl<C> {
         let poller = &mut *p;
         let n = core.poll_full(&mut poller.left, &mut poller.wcs);
         if n > 0 {
-            p.empties = 0;
+            p.idle_left = p.yield_after;
             drop(p);
         } else {
-            p.empties += 1;
-            if p.empties >= p.yield_after {
+            p.idle_left -= 1;
+            if p.idle_left == 0 {
                 drop(core);
                 self.idle_yield(p);
                 return 0;
@@ -607,7 +609,7 @@ impl<C: Context> Btl<C> {
     #[cold]
     #[inline(never)]
     fn idle_yield(&self, mut p: MutexGuard<'_, Poller>) {
-        p.empties = 0;
+        p.idle_left = p.yield_after;
         p.yields += 1;
         drop(p);
         std::thread::yield_now();

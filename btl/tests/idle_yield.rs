@@ -89,3 +89,38 @@ fn the_setting_reads_auto_off_and_counts() {
     let err = parse("sometimes").unwrap_err().to_string();
     assert!(err.contains("XRCBTL_IDLE_YIELD"), "{err}");
 }
+
+/// A message to itself is delivered by the next progress call even when
+/// that call found nothing else and yields (the delivery is work): once
+/// the call had yielded without delivering, the next calls took the quiet
+/// path, which does not look at deliveries, and the message waited for
+/// good (seen through Open MPI 5's collectives, whose ranks send to
+/// themselves, on rxe and siw, which yield after every empty call).
+#[test]
+fn a_message_to_itself_is_delivered_when_every_empty_call_yields() {
+    for costly in [false, true] {
+        let mut device = SimDevice::ib("sim0");
+        device.costly_events = costly;
+        let cfg = SimConfig::new(5, 2).with_devices(vec![device]);
+        let mut job = SimJob::with(cfg, 1, |c| c.idle_yield = IdleYield::After(1)).unwrap();
+        let btl = job.btl(0).clone();
+        let got = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let g = got.clone();
+        btl.register_am(9, move |_, _| {
+            g.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        for _ in 0..50 {
+            btl.progress();
+        }
+        for i in 0..20u32 {
+            assert!(btl.sendi(0, 9, &i.to_le_bytes(), &[]).unwrap());
+            btl.progress();
+            btl.progress();
+            assert_eq!(
+                got.load(std::sync::atomic::Ordering::SeqCst),
+                i + 1,
+                "costly events {costly}: message {i} to itself not delivered by two progress calls"
+            );
+        }
+    }
+}

@@ -572,19 +572,21 @@ impl<C: Context> Btl<C> {
         core.count_lock();
         let poller = &mut *p;
         let n = core.poll_full(&mut poller.left, &mut poller.wcs);
-        if n > 0 {
+        // Deliveries waiting are work too (a message to itself, queued by
+        // a send): this call runs them, since the quiet calls after it
+        // will not look.
+        if n > 0 || self.queued.load(Ordering::SeqCst) != 0 {
             p.idle_left = p.yield_after;
             drop(p);
-        } else {
-            p.idle_left -= 1;
-            if p.idle_left == 0 {
-                drop(core);
-                self.idle_yield(p);
-                return 0;
-            }
-            drop(p);
+            return self.deliver_after(core, n);
         }
-        self.deliver_after(core, n)
+        p.idle_left -= 1;
+        if p.idle_left == 0 {
+            drop(core);
+            self.idle_yield(p);
+            return 0;
+        }
+        0
     }
 
     /// The end of a progress call that found `n` under `core`: runs the

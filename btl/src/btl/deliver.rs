@@ -24,16 +24,42 @@ enum Found<C: Context> {
     Nothing,
 }
 
-/// Clears the delivery flag when the deliverer is done, or panics.
-struct Delivering<'a>(&'a AtomicBool);
+/// The delivery flag, up while its deliverer runs callbacks: cleared by
+/// [`Delivering::done`], or when a callback panics, by its drop, which
+/// also raises the slow-work word (`rare`). What was queued behind the
+/// panicking callback is then run by the next progress call, which would
+/// otherwise be quiet and not look at the queue.
+struct Delivering<'a> {
+    flag: &'a AtomicBool,
+    rare: &'a AtomicBool,
+}
+
+impl Delivering<'_> {
+    /// The deliverer is done: the flag goes down, the word stays.
+    #[inline(always)]
+    fn done(self) {
+        self.flag.store(false, Ordering::SeqCst);
+        std::mem::forget(self);
+    }
+}
 
 impl Drop for Delivering<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
+        self.rare.store(true, Ordering::SeqCst);
+        self.flag.store(false, Ordering::SeqCst);
     }
 }
 
 impl<C: Context> Btl<C> {
+    /// The delivery flag's guard, for a thread that raised it.
+    #[inline(always)]
+    fn delivering_flag(&self) -> Delivering<'_> {
+        Delivering {
+            flag: &self.delivering,
+            rare: &self.rare,
+        }
+    }
+
     /// Runs queued deliveries, unless another thread (or a caller up this
     /// thread's stack) is running them. `held` is the lock, taken by the
     /// caller: the first delivery is taken under it, and it is let go
@@ -43,10 +69,10 @@ impl<C: Context> Btl<C> {
         // The usual case, on a line of its own: a short message waits in
         // its slot (the oldest delivery) and no one else is delivering.
         if held.has_short() && !self.delivering.swap(true, Ordering::SeqCst) {
-            let flag = Delivering(&self.delivering);
+            let flag = self.delivering_flag();
             let s = held.next_short().expect("a short message waits");
             self.run_short(held, &s);
-            drop(flag);
+            flag.done();
             // What was queued while the flag was up is ours to run, as at
             // the end of the loop below.
             if self.queued.load(Ordering::SeqCst) == 0 {
@@ -70,7 +96,7 @@ impl<C: Context> Btl<C> {
             {
                 return n;
             }
-            let flag = Delivering(&self.delivering);
+            let flag = self.delivering_flag();
             let mut spent = None;
             loop {
                 let mut core = held.take().unwrap_or_else(|| self.lock());
@@ -96,7 +122,7 @@ impl<C: Context> Btl<C> {
                     break;
                 }
             }
-            drop(flag);
+            flag.done();
             // Something queued after the last look, while the flag was
             // still up, is ours to run.
             if self.queued.load(Ordering::SeqCst) == 0 {

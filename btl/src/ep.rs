@@ -267,6 +267,7 @@ impl Endpoints {
             tries: 0,
             work,
         };
+        first_room(&mut e.pending);
         e.pending.push_back(item);
         self.pending_now += 1;
         self.pending_max = self.pending_max.max(self.pending_now);
@@ -284,29 +285,39 @@ impl Endpoints {
     /// Puts an item that could not be posted back at its place (the front,
     /// unless a credit message was queued meanwhile).
     pub fn unpop(&mut self, i: u32, item: Item) {
-        let e = &mut self.list[i as usize];
-        let at = e.pending.partition_point(|x| x.order < item.order);
-        e.pending.insert(at, item);
-        self.pending_now += 1;
-        self.pending_max = self.pending_max.max(self.pending_now);
+        self.put(i, item);
     }
 
     /// Queues an item that was never queued, or that failed in flight, at
     /// its place in the order.
     pub fn requeue(&mut self, i: u32, item: Item) {
+        self.put(i, item);
+        self.mark_ready(i);
+    }
+
+    /// Puts `item` in endpoint `i`'s queue at its place in the order.
+    fn put(&mut self, i: u32, item: Item) {
         let e = &mut self.list[i as usize];
+        first_room(&mut e.pending);
         let at = e.pending.partition_point(|x| x.order < item.order);
         e.pending.insert(at, item);
         self.pending_now += 1;
         self.pending_max = self.pending_max.max(self.pending_now);
-        self.mark_ready(i);
     }
 
     /// Takes the head of endpoint `i`'s queue.
     pub fn pop(&mut self, i: u32) -> Option<Item> {
-        let item = self.list[i as usize].pending.pop_front();
+        let pending = &mut self.list[i as usize].pending;
+        let item = pending.pop_front();
         if item.is_some() {
             self.pending_now -= 1;
+            // The one item's room of a queue that never held more goes
+            // back with its item (a burst of one message to every peer
+            // leaves nothing queued behind); a queue that grew keeps its
+            // room, for the next burst to that peer.
+            if pending.is_empty() && pending.capacity() == 1 {
+                *pending = VecDeque::new();
+            }
         }
         item
     }
@@ -366,5 +377,17 @@ mod tests {
         assert_eq!(eps.get(a).rank, 5, "the slot stays");
         assert_eq!(eps.add(5), 3, "made afresh");
         assert_eq!(eps.len(), 2);
+    }
+}
+
+/// Gives an endpoint's queue that holds no memory room for one item: a
+/// burst to every peer of a large job (one message each, queued behind
+/// the CQ budget) then holds one item's room per endpoint, not the four a
+/// first push would make, and gives it back as each drains
+/// ([`Endpoints::pop`]).
+#[inline]
+fn first_room(pending: &mut VecDeque<Item>) {
+    if pending.capacity() == 0 {
+        pending.reserve_exact(1);
     }
 }

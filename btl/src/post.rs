@@ -153,6 +153,8 @@ pub(crate) struct SendQueue {
     arrived: u64,
     /// A cover is queued and not yet posted.
     pub cover_queued: bool,
+    /// In [`SendQueues::uncovered`].
+    listed: bool,
 }
 
 /// Work posted and not completed.
@@ -232,6 +234,10 @@ pub(crate) struct SendQueues {
     waiting: usize,
     /// The slots whose logs hold memory, to give back once they are empty.
     held: Vec<u32>,
+    /// The slots that posted unsignalled work since they were last found
+    /// with none out: what a cover pass looks at, rather than every QP
+    /// (one per peer under RC).
+    uncovered: Vec<u32>,
     /// The send side of each QP slot of the driver.
     sq: Vec<SendQueue>,
     /// Signalled work requests posted and not completed: the send CQ is
@@ -397,6 +403,7 @@ impl SendQueues {
             logged: 0,
             waiting: 0,
             held: Vec::new(),
+            uncovered: Vec::new(),
             sq: Vec::new(),
             signalled_out: 0,
             want_cover: false,
@@ -826,13 +833,18 @@ impl SendQueues {
     /// that has nothing signalled after it, so that all of it completes.
     pub fn cover_unsignalled(&mut self, eps: &mut Endpoints) {
         let mut any = false;
-        for q in &mut self.sq {
+        let mut i = 0;
+        while let Some(&slot) = self.uncovered.get(i) {
+            let q = &mut self.sq[slot as usize];
             // Messages that left need no cover.
             let out = q.log.range(q.left as usize..q.log.len());
             let Some(last) = out.rev().find(|p| !p.signalled) else {
                 q.cover_queued = false;
+                q.listed = false;
+                self.uncovered.swap_remove(i);
                 continue;
             };
+            i += 1;
             any = true;
             if q.cover_queued || q.last_signalled > last.no {
                 continue;
@@ -1118,7 +1130,12 @@ impl SendQueues {
     /// [`SendQueues::posted`]'s accounting, without the counters.
     #[inline(always)]
     fn count_posted(&mut self, eps: &mut Endpoints, ei: u32, slot: u32, no: u64, signalled: bool) {
-        self.sq[slot as usize].count_post(no, signalled);
+        let q = &mut self.sq[slot as usize];
+        q.count_post(no, signalled);
+        if !signalled && !q.listed {
+            q.listed = true;
+            self.uncovered.push(slot);
+        }
         self.signalled_out += usize::from(signalled);
         let ep = eps.get_mut(ei);
         ep.in_flight += 1;
@@ -1216,6 +1233,10 @@ impl SendQueues {
                     self.signalled_out += 1;
                 } else {
                     v.stats.unsignalled += 1;
+                    if !q.listed {
+                        q.listed = true;
+                        self.uncovered.push(slot);
+                    }
                 }
                 ep.in_flight += 1;
                 ep.flight_slot = Some(slot);
@@ -1262,6 +1283,8 @@ impl SendQueues {
             let mut blocked = std::mem::take(&mut self.ring_blocked);
             let mut served = std::mem::take(&mut self.ring_served);
             let mut posted = false;
+            let budget = v.iface.send_budget as usize;
+            let mut full = false;
             while let Some(ei) = ring.pop_front() {
                 v.eps.get_mut(ei).queued = false;
                 if !v.eps.get(ei).is_open() {
@@ -1279,10 +1302,27 @@ impl SendQueues {
                     Err(item) => {
                         v.eps.unpop(ei, item);
                         blocked.push_back(ei);
+                        // The CQ budget is every QP's: past it, no other
+                        // endpoint can post either, and trying each of
+                        // them (thousands, after a burst to every peer)
+                        // on every call would cost the job's size per call.
+                        if self.len() >= budget {
+                            full = true;
+                            break;
+                        }
                     }
                 }
             }
-            for ei in blocked.drain(..).chain(served.drain(..)) {
+            // The blocked keep their places at the front, ahead of those
+            // the pass did not reach, which stay ahead of the served.
+            for ei in blocked.drain(..).rev() {
+                let e = v.eps.get_mut(ei);
+                if !e.queued && e.is_open() && !e.pending.is_empty() {
+                    e.queued = true;
+                    ring.push_front(ei);
+                }
+            }
+            for ei in served.drain(..) {
                 let e = v.eps.get_mut(ei);
                 if !e.queued && e.is_open() && !e.pending.is_empty() {
                     e.queued = true;
@@ -1292,7 +1332,7 @@ impl SendQueues {
             self.ring_blocked = blocked;
             self.ring_served = served;
             v.eps.restore_ready(ring);
-            if !posted {
+            if !posted || full {
                 return work;
             }
         }
@@ -1425,5 +1465,46 @@ mod tests {
         assert_eq!((sq.len(), sq.waiting(), sq.signalled_out()), (0, 0, 0));
         assert_eq!(eps.get(ei).in_flight, 0);
         assert_eq!(sq.leave(&mut eps, 0, 0, d, |_| {}), 0, "an old generation");
+    }
+
+    /// A cover pass looks at the QPs that posted unsignalled work, not at
+    /// every QP (under RC, one per peer: a pass over a million QPs per
+    /// progress call while a cover is wanted), and forgets a QP once its
+    /// unsignalled work is complete.
+    #[test]
+    fn covers_look_only_at_qps_with_unsignalled_work() {
+        let mut eps = Endpoints::default();
+        let ei = eps.add(1);
+        let mut sq = SendQueues::new(16);
+        for slot in 0..1000 {
+            sq.slot_ready(slot);
+        }
+        let log =
+            |sq: &mut SendQueues, eps: &mut Endpoints, slot: u32, no: u64, signalled: bool| {
+                sq.record(PostedWr {
+                    ep: ei,
+                    qp: slot,
+                    no,
+                    signalled,
+                    left: false,
+                    item: Item::credit(),
+                });
+                sq.count_posted(eps, ei, slot, no, signalled);
+            };
+        log(&mut sq, &mut eps, 7, 0, false);
+        log(&mut sq, &mut eps, 7, 1, false);
+        log(&mut sq, &mut eps, 500, 0, true);
+        assert_eq!(sq.uncovered, [7], "listed once, signalled work not");
+        assert!(sq.ask_cover(&mut eps));
+        assert!(sq.wants_cover());
+        let cover = eps.pop(ei).expect("a cover queued");
+        assert!(matches!(&cover.work, Work::Msg(m) if m.is_cover()));
+        assert!(eps.pop(ei).is_none(), "one cover, for QP 7 alone");
+        // The cover's completion retires QP 7's log.
+        log(&mut sq, &mut eps, 7, 2, true);
+        sq.retire_left(&mut eps, 7, 0, 2);
+        sq.cover_unsignalled(&mut eps);
+        assert!(sq.uncovered.is_empty(), "QP 7 has nothing left to cover");
+        assert!(!sq.wants_cover());
     }
 }

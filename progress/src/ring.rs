@@ -122,12 +122,13 @@ impl<T> Ring<T> {
 }
 
 impl<T: Spare> Ring<T> {
-    /// Doubles the capacity (to 4 from none), keeping the values in order
-    /// from the buffer's start.
+    /// Doubles the capacity (to 1 from none: a ring per QP of a large job
+    /// that carried one message holds one place), keeping the values in
+    /// order from the buffer's start.
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        let cap = (self.buf.len() * 2).max(4);
+        let cap = (self.buf.len() * 2).max(1);
         let mut buf = Vec::with_capacity(cap);
         for i in 0..self.len {
             let at = self.at(i);

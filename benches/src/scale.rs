@@ -38,6 +38,13 @@ pub type Rank = u32;
 /// known costs at most 512 (btl/tests/footprint.rs).
 pub const BUDGET: f64 = 1536.0;
 
+/// The tag of the observed process's messages (no callback: each
+/// receiver drops them).
+const TAG: u8 = 7;
+
+/// The bytes of each receive buffer a responder posts ([`Spec::send`]).
+const RESPONDER_RECEIVE: u32 = 128;
+
 /// The port every rank listens on: the base plus its index on its node.
 const PORT_BASE: u16 = 7000;
 
@@ -95,7 +102,10 @@ pub struct Spec {
     /// The BTL's window of CM exchanges in flight per process
     /// (`BtlConfig::connect_window`; 0: no limit).
     pub connect_window: usize,
-    /// After start-up, the observed process leaves cleanly ([`Exit`]).
+    /// After start-up, the observed process sends one 8-byte message to
+    /// every peer it talks to ([`Sent`]): what its send logs keep.
+    pub send: bool,
+    /// Then it leaves cleanly ([`Exit`]).
     pub exit: bool,
     /// How long its exit waits for the next peer's acknowledgement
     /// (`BtlConfig::leave_timeout`).
@@ -119,6 +129,7 @@ impl Spec {
             max_qp: 1 << 24,
             cm_timeout: Duration::from_millis(4096),
             connect_window: xrcbtl_xrc_conn::DEFAULT_CONNECT_WINDOW,
+            send: true,
             exit: false,
             leave_timeout: xrcbtl_xrc_conn::DEFAULT_LEAVE_TIMEOUT,
         }
@@ -172,8 +183,38 @@ pub struct Row {
     pub responders: usize,
     /// Wall-clock time of the run.
     pub wall: Duration,
+    /// The observed process's message to every peer, if the spec asked
+    /// for it.
+    pub sent: Option<Sent>,
     /// The observed process's clean exit, if the spec asked for it.
     pub exit: Option<Exit>,
+}
+
+/// After start-up, the observed process sends one 8-byte message to every
+/// peer it talks to, at once, and progresses until all of them are
+/// complete ([`Btl::is_idle`]): every QP it sends on (an INI QP per node
+/// under XRC, an RC QP per peer) has then carried a message, and kept
+/// its send log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    /// Messages sent.
+    pub messages: u64,
+    /// Heap bytes the process kept from it, counted as
+    /// [`Row::state_bytes`] is (the send logs, which give their memory
+    /// back only once idle since the BTL's last look).
+    pub bytes: i64,
+    /// Posts it refused for the CQ budget meanwhile
+    /// ([`xrcbtl_btl::BtlStats::cq_full`]): most messages of the burst
+    /// wait for room in the CQ, and each pass over the waiting endpoints
+    /// stops at its first refusal.
+    pub cq_full: u64,
+    /// Times it took its BTL's lock meanwhile (its sends and progress
+    /// calls).
+    pub locks: u64,
+    /// Virtual time until every message was complete.
+    pub time: Duration,
+    /// Wall-clock time it took.
+    pub wall: Duration,
 }
 
 /// The observed process's clean exit after start-up ([`Btl::shutdown`]
@@ -411,8 +452,14 @@ impl Job {
             let cfg = config(&self.spec, r, ip, &self.sim);
             let a = self.addrs.clone();
             let dir: Directory = Arc::new(move |q| a.peer(q));
-            let resp = Responder::new(&self.sim, &self.device, &cfg, dir)
+            let mut resp = Responder::new(&self.sim, &self.device, &cfg, dir)
                 .map_err(|e| format!("rank {r}: {e}"))?;
+            if self.spec.send {
+                // Room for the observed process's message (header and 8
+                // bytes) in each of its SRQs.
+                resp.post_receives(RESPONDER_RECEIVE)
+                    .map_err(|e| format!("rank {r}: {e}"))?;
+            }
             self.rank_of_pid.insert(resp.proc().pid(), r);
             self.remote[i] = Some(Box::new(resp));
         }
@@ -568,7 +615,11 @@ pub fn run(spec: &Spec) -> Result<Row, String> {
     let mut job = Job::new(spec.clone())?;
     // Who talks to whom: each active rank to its partners, each partner
     // back to it.
+    let mut peers = Vec::new();
     for (r, to) in plan(spec) {
+        if r == 0 {
+            peers = to.clone();
+        }
         job.talk(r, &to)?;
     }
     let startup = job.run(Duration::from_secs(3600))?;
@@ -601,12 +652,48 @@ pub fn run(spec: &Spec) -> Result<Row, String> {
         startup,
         responders: job.remote.iter().filter(|r| r.is_some()).count(),
         wall: wall.elapsed(),
+        sent: None,
         exit: None,
     };
+    if spec.send {
+        row.sent = Some(send(&mut job, &peers)?);
+    }
     if spec.exit {
         row.exit = Some(exit(&mut job)?);
     }
     Ok(row)
+}
+
+/// The observed process (rank 0) sends one 8-byte message to each of
+/// `peers`; what its state kept from that.
+fn send(job: &mut Job, peers: &[Rank]) -> Result<Sent, String> {
+    let wall = Instant::now();
+    let start = job.sim.now();
+    let btl = job.local[0].btl.clone();
+    let before = job.bytes;
+    let stats = btl.stats();
+    job.observed(0, || {
+        peers
+            .iter()
+            .try_for_each(|&q| btl.send(q, TAG, &[], &[0; 8]))
+            .map_err(|e| format!("send: {e}"))
+    })?;
+    job.dirty.insert(0);
+    job.run_until(Duration::from_secs(3600), |_| btl.is_idle())
+        .map_err(|e| format!("send: {e}: {}", btl.busy()))?;
+    let after = btl.stats();
+    let sent = after.eager_sent - stats.eager_sent;
+    if sent < peers.len() as u64 {
+        return Err(format!("send: {sent} of {} messages sent", peers.len()));
+    }
+    Ok(Sent {
+        messages: peers.len() as u64,
+        bytes: job.bytes - before,
+        cq_full: after.cq_full - stats.cq_full,
+        locks: after.locks - stats.locks,
+        time: job.sim.now() - start,
+        wall: wall.elapsed(),
+    })
 }
 
 /// The observed process (rank 0) leaves cleanly; what that cost it.

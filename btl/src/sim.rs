@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xrcbtl_fabric::sim::{SimConfig, SimContext, SimDevice, SimFabric, SimProcess};
-use xrcbtl_fabric::{Context, Fabric, Result, Srq as _, SrqAttr, XrcdKey};
+use xrcbtl_fabric::{
+    Access, Context, Cq as _, DmaBuf, Fabric, RecvWr, Result, Srq as _, SrqAttr, WcOpcode,
+    WcStatus, WorkCompletion, XrcdKey,
+};
 use xrcbtl_xrc_conn::{Mode, Notice, Rank};
 
 use crate::btl::Btl;
@@ -488,18 +491,23 @@ pub type Directory = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
 /// scale simulations stand one in for each rank outside the node they
 /// observe, made when the pattern first needs it.
 ///
-/// No message may be sent to it (nothing is posted on its SRQs) and it
-/// sends none; the TGT QPs it holds are not swept for errors
-/// ([`Responder::next_timer`] leaves the sweep out).
+/// It sends no message, and none may be sent to it until
+/// [`Responder::post_receives`] has given its SRQs a buffer each, which
+/// it throws away what lands in and posts again. The TGT QPs it holds are
+/// not swept for errors ([`Responder::next_timer`] leaves the sweep out).
 pub struct Responder {
     proc: SimProcess,
+    ctx: SimContext,
     driver: ConnDriver<SimContext>,
     directory: Directory,
+    /// One receive buffer of `.1` bytes per SRQ, in SRQ order, once
+    /// [`Responder::post_receives`] made them.
+    receives: Option<(DmaBuf<SimContext>, u32)>,
     // What the driver's QPs live on; dropped after it.
-    _srqs: Vec<<SimContext as Context>::Srq>,
+    srqs: Vec<<SimContext as Context>::Srq>,
     _xrcd: Option<<SimContext as Context>::Xrcd>,
-    _cq: <SimContext as Context>::Cq,
-    _pd: <SimContext as Context>::Pd,
+    cq: <SimContext as Context>::Cq,
+    pd: <SimContext as Context>::Pd,
 }
 
 impl std::fmt::Debug for Responder {
@@ -555,12 +563,14 @@ impl Responder {
         let driver = ConnDriver::new(lent, cfg)?;
         Ok(Responder {
             proc,
+            ctx,
             driver,
             directory,
-            _srqs: srqs,
+            receives: None,
+            srqs,
             _xrcd: xrcd,
-            _cq: cq,
-            _pd: pd,
+            cq,
+            pd,
         })
     }
 
@@ -580,10 +590,55 @@ impl Responder {
         self.driver.connect(now, rank);
     }
 
-    /// Does whatever is pending (CM and async events, due retries);
-    /// returns how much work it found.
+    /// Posts one receive buffer of `size` bytes on each of its SRQs, so
+    /// that ranks may send it messages of up to `size` bytes (header
+    /// included): [`Responder::progress`] throws away what lands and posts
+    /// the buffer again. Called once; the buffers live as long as it.
+    pub fn post_receives(&mut self, size: u32) -> Result<()> {
+        if self.receives.is_some() {
+            return Ok(());
+        }
+        let n = self.srqs.len();
+        let buf = DmaBuf::new(&self.ctx, &self.pd, n * size as usize, Access::LOCAL_WRITE)?;
+        for i in 0..n {
+            post_one(&self.srqs, &buf, size, i)?;
+        }
+        self.receives = Some((buf, size));
+        Ok(())
+    }
+
+    /// Reads its CQ: each message that landed is thrown away and its
+    /// buffer posted again. Returns how many landed.
+    fn take_messages(&self) -> Result<usize> {
+        let Some((buf, size)) = &self.receives else {
+            return Ok(0);
+        };
+        let mut wcs = [WorkCompletion::default(); 8];
+        let mut landed = 0;
+        loop {
+            let n = self.cq.poll(&mut wcs)?;
+            if n == 0 {
+                return Ok(landed);
+            }
+            for wc in &wcs[..n] {
+                // Receives flushed by a QP's end are not messages (and it
+                // sends none of its own).
+                if wc.status == WcStatus::Success && wc.opcode == WcOpcode::Recv {
+                    landed += 1;
+                    post_one(&self.srqs, buf, *size, wc.wr_id as usize)?;
+                }
+            }
+        }
+    }
+
+    /// Does whatever is pending (CM and async events, due retries, the
+    /// messages that landed); returns how much work it found.
     pub fn progress(&mut self, now: Duration) -> usize {
-        let mut work = self.driver.progress(now);
+        // A CQ that fails here has overrun: the scale runs that send to
+        // it keep it far below its depth, and a failure shows as the
+        // sender's.
+        let mut work = self.take_messages().unwrap_or(0);
+        work += self.driver.progress(now);
         while let Some(ev) = self.driver.poll_event() {
             work += 1;
             // Only a rank asking while unknown needs an answer; the rest
@@ -613,4 +668,18 @@ impl Responder {
     pub fn manager(&self) -> &xrcbtl_xrc_conn::ConnManager {
         self.driver.manager()
     }
+}
+
+/// Posts receive buffer `i` of `buf` (`size` bytes each) on SRQ `i` of
+/// `srqs`, with its index as the work request's id.
+fn post_one(
+    srqs: &[<SimContext as Context>::Srq],
+    buf: &DmaBuf<SimContext>,
+    size: u32,
+    i: usize,
+) -> Result<()> {
+    srqs[i].post_recv(&RecvWr {
+        wr_id: i as u64,
+        sgl: &[buf.sge(i * size as usize, size)],
+    })
 }

@@ -1,7 +1,9 @@
 //! One row of the scale table: a simulated job of `--nodes` × `--per-node`
 //! ranks whose node 0 is whole, running `--pattern` under `--mode`, printed
 //! as a tab-separated line (`--header` prints the column names first).
-//! With `--exit` the observed process then leaves cleanly, and the `exit_`
+//! After start-up the observed process sends one 8-byte message to every
+//! peer, and the `sent_` columns say what its state kept from that (empty
+//! with `--no-send`). With `--exit` it then leaves cleanly, and the `exit_`
 //! columns say what that cost it (empty without).
 //! `scripts/scale` runs every row and writes docs/scale.md.
 
@@ -16,7 +18,7 @@ static ALLOC: CountingAlloc = CountingAlloc;
 
 const USAGE: &str = "usage: scale --nodes N [--per-node 128] [--mode xrc|rc] \
 [--pattern all-to-all|sparse] [--active K] [--seed S] [--max-qp Q] \
-[--cm-timeout-ms 4096] [--connect-window 64] [--exit] [--header]
+[--cm-timeout-ms 4096] [--connect-window 64] [--no-send] [--exit] [--header]
        scale --columns (the column names only)";
 
 /// The column names, in the order [`line()`] prints them.
@@ -43,6 +45,10 @@ const COLUMNS: &[&str] = &[
     "startup_ms",
     "responders",
     "wall_s",
+    "sent_messages",
+    "sent_bytes",
+    "sent_ms",
+    "sent_wall_s",
     "exit_ms",
     "exit_wall_s",
     "exit_cm_sent",
@@ -79,6 +85,15 @@ fn line(r: &Row) -> String {
         format!("{:.1}", r.wall.as_secs_f64()),
     ]
     .into_iter()
+    .chain(match &r.sent {
+        Some(x) => [
+            x.messages.to_string(),
+            x.bytes.to_string(),
+            format!("{:.3}", x.time.as_secs_f64() * 1e3),
+            format!("{:.1}", x.wall.as_secs_f64()),
+        ],
+        None => Default::default(),
+    })
     .chain(match &r.exit {
         Some(e) => [
             format!("{:.3}", e.time.as_secs_f64() * 1e3),
@@ -129,6 +144,7 @@ fn parse(args: &[String]) -> Result<(Spec, bool), String> {
                 }
             }
             "--exit" => spec.exit = true,
+            "--no-send" => spec.send = false,
             "--header" => header = true,
             "--columns" => {
                 println!("{}", COLUMNS.join("\t"));

@@ -47,6 +47,8 @@ const COLUMNS: &[&str] = &[
     "wall_s",
     "sent_messages",
     "sent_bytes",
+    "sent_cq_full",
+    "sent_locks",
     "sent_ms",
     "sent_wall_s",
     "exit_ms",
@@ -89,6 +91,8 @@ fn line(r: &Row) -> String {
         Some(x) => [
             x.messages.to_string(),
             x.bytes.to_string(),
+            x.cq_full.to_string(),
+            x.locks.to_string(),
             format!("{:.3}", x.time.as_secs_f64() * 1e3),
             format!("{:.1}", x.wall.as_secs_f64()),
         ],

@@ -347,6 +347,18 @@ impl Endpoints {
     }
 }
 
+/// Gives an endpoint's queue that holds no memory room for one item: a
+/// burst to every peer of a large job (one message each, queued behind
+/// the CQ budget) then holds one item's room per endpoint, not the four a
+/// first push would make, and gives it back as each drains
+/// ([`Endpoints::pop`]).
+#[inline]
+fn first_room(pending: &mut VecDeque<Item>) {
+    if pending.capacity() == 0 {
+        pending.reserve_exact(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,17 +389,5 @@ mod tests {
         assert_eq!(eps.get(a).rank, 5, "the slot stays");
         assert_eq!(eps.add(5), 3, "made afresh");
         assert_eq!(eps.len(), 2);
-    }
-}
-
-/// Gives an endpoint's queue that holds no memory room for one item: a
-/// burst to every peer of a large job (one message each, queued behind
-/// the CQ budget) then holds one item's room per endpoint, not the four a
-/// first push would make, and gives it back as each drains
-/// ([`Endpoints::pop`]).
-#[inline]
-fn first_room(pending: &mut VecDeque<Item>) {
-    if pending.capacity() == 0 {
-        pending.reserve_exact(1);
     }
 }

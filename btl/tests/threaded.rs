@@ -313,6 +313,21 @@ fn quiet_progress_from_two_threads_per_rank_loses_and_reorders_nothing() {
     }
 }
 
+/// Registers for `tag` a callback that panics on its first message and
+/// keeps the first byte of each one after it, in the returned list.
+fn panics_once_then_keeps(btl: &Btl<SimContext>, tag: u8) -> Arc<Mutex<Vec<u8>>> {
+    let got: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let first = AtomicBool::new(true);
+    let g = got.clone();
+    btl.register_am(tag, move |_, m| {
+        if first.swap(false, Ordering::SeqCst) {
+            panic!("the user's callback panics (expected by this test)");
+        }
+        g.lock().unwrap().push(m.data[0]);
+    });
+    got
+}
+
 /// A callback that panics leaves the BTL working: the panic reaches the
 /// caller of progress, and the next messages, short (copied out) and
 /// longer (read in place), still arrive, in order.
@@ -322,15 +337,7 @@ fn a_callback_that_panics_once_does_not_wedge_the_btl() {
         let job = SimJob::new(1, 2, 1, SimDevice::ib("sim0")).unwrap();
         job.sim.set_auto_advance(true);
         let (a, b) = (job.peek(0).clone(), job.peek(1).clone());
-        let got: Arc<Mutex<Vec<u8>>> = Arc::default();
-        let first = AtomicBool::new(true);
-        let g = got.clone();
-        b.register_am(3, move |_, m| {
-            if first.swap(false, Ordering::SeqCst) {
-                panic!("the user's callback panics (expected by this test)");
-            }
-            g.lock().unwrap().push(m.data[0]);
-        });
+        let got = panics_once_then_keeps(&b, 3);
         let pad = vec![0u8; len - 1];
         for i in 0..20u8 {
             a.send(1, 3, &[i], &pad).unwrap();
@@ -366,15 +373,7 @@ fn deliveries_queued_behind_a_panicking_callback_run_on_the_next_call() {
         dev.costly_events = costly;
         let mut job = SimJob::new(1, 1, 1, dev).unwrap();
         let btl = job.btl(0).clone();
-        let got: Arc<Mutex<Vec<u8>>> = Arc::default();
-        let first = AtomicBool::new(true);
-        let g = got.clone();
-        btl.register_am(3, move |_, m| {
-            if first.swap(false, Ordering::SeqCst) {
-                panic!("the user's callback panics (expected by this test)");
-            }
-            g.lock().unwrap().push(m.data[0]);
-        });
+        let got = panics_once_then_keeps(&btl, 3);
         // Settled: the calls from here on may be quiet.
         for _ in 0..50 {
             btl.progress();

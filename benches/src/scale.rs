@@ -4,9 +4,9 @@
 //! The observed node (node 0) is whole: each of its ranks is a real
 //! [`Btl`] with its receive buffers. Every other rank the traffic pattern
 //! involves is a [`Responder`]: the same connection driver and manager on
-//! a process of its own, with SRQs that hold no buffers, made when the
-//! pattern first needs it. Ranks the pattern does not involve are never
-//! made.
+//! a process of its own, with one receive buffer per SRQ (for the
+//! observed process's message, thrown away), made when the pattern first
+//! needs it. Ranks the pattern does not involve are never made.
 //!
 //! The traffic is a set of *active* ranks of the observed node, each of
 //! which talks to its partners under a [`Pattern`], every partner talking
@@ -15,7 +15,8 @@
 //! is over when every such endpoint is ready.
 //!
 //! What a row reports is measured on the first active rank (its process)
-//! and on the observed node, after start-up; see [`Row`].
+//! and on the observed node, after start-up, then after that rank has
+//! sent one message to every peer ([`Sent`]); see [`Row`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};

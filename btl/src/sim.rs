@@ -483,7 +483,8 @@ pub type Directory = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
 
 /// The connection side of a rank without its data path: the real
 /// [`ConnDriver`] and [`xrcbtl_xrc_conn::ConnManager`] on a protection
-/// domain, one CQ and SRQs that hold no receive buffers, with its listener.
+/// domain, one CQ and SRQs (without receive buffers until
+/// [`Responder::post_receives`]), with its listener.
 /// It answers connection requests (creating or opening TGT QPs, accepting
 /// RC connections) and makes connections of its own, as a rank of the job
 /// does, in kilobytes instead of a rank's megabytes of buffers (about 16
@@ -492,8 +493,8 @@ pub type Directory = Arc<dyn Fn(Rank) -> Option<Peer> + Send + Sync>;
 /// observe, made when the pattern first needs it.
 ///
 /// It sends no message, and none may be sent to it until
-/// [`Responder::post_receives`] has given its SRQs a buffer each, which
-/// it throws away what lands in and posts again. The TGT QPs it holds are
+/// [`Responder::post_receives`] has given each of its SRQs a buffer: it
+/// throws away what lands there and posts the buffer again. The TGT QPs it holds are
 /// not swept for errors ([`Responder::next_timer`] leaves the sweep out).
 pub struct Responder {
     proc: SimProcess,

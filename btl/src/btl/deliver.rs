@@ -50,6 +50,33 @@ impl Drop for Delivering<'_> {
     }
 }
 
+/// A message body lent to a callback: handed back to the caller when the
+/// callback returns ([`GiveBack::keep`]), given back to the core by the
+/// drop when it panics, so that its receive buffer is posted again (and,
+/// where credits flow, the credit its sender spent returned).
+struct GiveBack<'a, C: Context> {
+    btl: &'a Btl<C>,
+    body: Option<Body<C>>,
+}
+
+impl<C: Context> GiveBack<'_, C> {
+    /// The callback returned: the body goes back to the caller.
+    #[inline(always)]
+    fn keep(mut self) -> Option<Body<C>> {
+        self.body.take()
+    }
+}
+
+impl<C: Context> Drop for GiveBack<'_, C> {
+    fn drop(&mut self) {
+        // Only a panic leaves the body here; no lock is held while a
+        // callback runs.
+        if let Some(body) = self.body.take() {
+            self.btl.lock().consumed(body);
+        }
+    }
+}
+
 impl<C: Context> Btl<C> {
     /// The delivery flag's guard, for a thread that raised it.
     #[inline(always)]
@@ -144,7 +171,13 @@ impl<C: Context> Btl<C> {
                 end,
             } => {
                 if let Found::Am(Some(cb)) = found {
+                    let back = GiveBack {
+                        btl: self,
+                        body: Some(body),
+                    };
+                    let body = back.body.as_ref().expect("just put");
                     body.with(start, end, |data| cb(self, &Incoming { src, tag, data }));
+                    return back.keep();
                 }
                 Some(body)
             }

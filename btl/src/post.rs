@@ -330,15 +330,20 @@ pub(crate) struct SendView<'a, C: Context> {
 
 impl SendQueue {
     /// Counts request `no`, which it took: its send queue, and its last
-    /// signalled request or its run of unsignalled ones.
+    /// signalled request or its run of unsignalled ones. An unsignalled
+    /// one lists the QP, in slot `slot`, in `uncovered` (once).
     #[inline(always)]
-    fn count_post(&mut self, no: u64, signalled: bool) {
+    fn count_post(&mut self, no: u64, signalled: bool, slot: u32, uncovered: &mut Vec<u32>) {
         self.used += 1;
         self.posts += 1;
         if signalled {
             self.last_signalled = no;
         } else {
             self.unsignalled += 1;
+            if !self.listed {
+                self.listed = true;
+                uncovered.push(slot);
+            }
         }
     }
 
@@ -1130,12 +1135,7 @@ impl SendQueues {
     /// [`SendQueues::posted`]'s accounting, without the counters.
     #[inline(always)]
     fn count_posted(&mut self, eps: &mut Endpoints, ei: u32, slot: u32, no: u64, signalled: bool) {
-        let q = &mut self.sq[slot as usize];
-        q.count_post(no, signalled);
-        if !signalled && !q.listed {
-            q.listed = true;
-            self.uncovered.push(slot);
-        }
+        self.sq[slot as usize].count_post(no, signalled, slot, &mut self.uncovered);
         self.signalled_out += usize::from(signalled);
         let ep = eps.get_mut(ei);
         ep.in_flight += 1;
@@ -1228,15 +1228,11 @@ impl SendQueues {
         match qp.post_inline(wr_id, &self.inline[..total], srqn, signalled) {
             Ok(()) => {
                 // As `posted` counts it.
-                q.count_post(no, signalled);
+                q.count_post(no, signalled, slot, &mut self.uncovered);
                 if signalled {
                     self.signalled_out += 1;
                 } else {
                     v.stats.unsignalled += 1;
-                    if !q.listed {
-                        q.listed = true;
-                        self.uncovered.push(slot);
-                    }
                 }
                 ep.in_flight += 1;
                 ep.flight_slot = Some(slot);

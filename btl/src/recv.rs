@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use xrcbtl_fabric::{Context, Cq, DmaBuf, WcOpcode, WcStatus, WorkCompletion};
+use xrcbtl_fabric::{Context, Cq, DmaBuf, ReadInPlace, WcOpcode, WcStatus, WorkCompletion};
 use xrcbtl_xrc_conn::Rank;
 
 use crate::config::BtlConfig;
@@ -53,6 +53,18 @@ pub(crate) struct Got {
     pub returned: Option<(u32, u32, u16)>,
     /// Rendezvous control from `.0`, with tag `.1`.
     pub ctl: Option<(Rank, Tag, Control)>,
+}
+
+/// What [`Recv::next`] read next.
+pub(crate) enum Read {
+    /// The last poll is read whole.
+    Done,
+    /// Credits the peer of endpoint `.0` returned on local QP `.1`, all
+    /// that the message brought: the straight line's one answer, returned
+    /// without the weight of a [`Got`].
+    Returned(u32, u32, u16),
+    /// A message that brought more.
+    Got(Got),
 }
 
 /// The receive side of a BTL.
@@ -146,29 +158,28 @@ impl Recv {
     /// The next message of the last poll (whose completions are in
     /// `wcs`) that brings the core something to do; what brings nothing
     /// (a failed receive, the iWARP hello, a message refused, a part of a
-    /// train) is dealt with on the way.
+    /// train) is dealt with on the way. Inline, with the straight line
+    /// ([`Recv::short_eager`]); the general path is not.
+    #[inline(always)]
     pub fn next<C: Context, H>(
         &mut self,
         wcs: &[WorkCompletion],
         v: &mut RecvView<'_, C, H>,
-    ) -> Option<Got> {
+    ) -> Read {
         while self.read < self.polled {
-            let wc = wcs[self.read];
+            let wc = &wcs[self.read];
             self.read += 1;
-            if let Some(returned) = self.short_eager(v, &wc) {
-                if returned.is_some() {
-                    return Some(Got {
-                        returned,
-                        ctl: None,
-                    });
+            if let Some(returned) = self.short_eager(v, wc) {
+                if let Some((ei, qpn, n)) = returned {
+                    return Read::Returned(ei, qpn, n);
                 }
                 continue;
             }
-            if let Some(got) = self.on_completion(v, &wc) {
-                return Some(got);
+            if let Some(got) = self.on_completion(v, wc) {
+                return Read::Got(got);
             }
         }
-        None
+        Read::Done
     }
 
     /// Endpoint `ei` failed: its train, if one was open, is dropped.
@@ -208,24 +219,15 @@ impl Recv {
             return None;
         }
         let (chunk, at) = v.iface.received(slot)?;
-        let (eps, deliveries, cfg, fc) = (&mut *v.eps, &mut *v.deliveries, v.cfg, v.fc);
-        let h = chunk.with_slice(at, len, |bytes| {
-            let h = Header::decode(bytes).filter(|h| h.kind == Kind::Eager && h.src == sender)?;
-            let ei = eps.find(h.src)?;
-            let ep = eps.get_mut(ei);
-            if !ep.is_open() || ep.rx.expected() != h.seq {
-                return None;
-            }
-            ep.rx.arrive(h.seq);
-            let returned = if fc {
-                settle(eps, ei, wc.qp_num, cfg.credits, h.credits, false)
-            } else {
-                None
-            };
-            deliveries.push_short(h.src, h.tag, &bytes[HEADER..]);
-            Some((h.len, returned))
-        });
-        let (body_len, returned) = h?;
+        let body = ShortBody {
+            eps: &mut *v.eps,
+            deliveries: &mut *v.deliveries,
+            cap: v.cfg.credits,
+            fc: v.fc,
+            sender,
+            qpn: wc.qp_num,
+        };
+        let (body_len, returned) = chunk.read_in_place(at, len, body)?;
         v.iface.read_whole(slot);
         if let Some(c) = v.stats.received_by_class.get_mut(usize::from(slot.class)) {
             *c += 1;
@@ -235,6 +237,7 @@ impl Recv {
         Some(returned)
     }
 
+    #[inline(never)]
     fn on_completion<C: Context, H>(
         &mut self,
         v: &mut RecvView<'_, C, H>,
@@ -477,6 +480,56 @@ fn settle(
         eps.requeue(ei, Item::credit());
     }
     (returned > 0).then_some((ei, qpn, returned))
+}
+
+/// [`Recv::short_eager`]'s look at the message that came from `sender` on
+/// local QP `qpn`, read in place ([`ShortBody::read`]). A type rather
+/// than a closure, so that its reading is inlined into the straight line
+/// (a closure of this size was called out of line, and its frame cost the
+/// receiving call about 20 instructions).
+struct ShortBody<'a, C: Context, H> {
+    eps: &'a mut Endpoints,
+    deliveries: &'a mut Deliveries<C, H>,
+    /// A connection's credits.
+    cap: u32,
+    /// Credits flow.
+    fc: bool,
+    sender: Rank,
+    qpn: u32,
+}
+
+impl<C: Context, H> ReadInPlace for ShortBody<'_, C, H> {
+    type Out = Option<(u32, Option<(u32, u32, u16)>)>;
+
+    /// A short eager message next in the sequence of an open endpoint is
+    /// queued for delivery, and the credits it spends and returns are
+    /// settled. Returns its body's length and the credits returned, or
+    /// `None`, having changed nothing, for any other message.
+    #[inline(always)]
+    fn read(self, bytes: &[u8]) -> Self::Out {
+        let ShortBody {
+            eps,
+            deliveries,
+            cap,
+            fc,
+            sender,
+            qpn,
+        } = self;
+        let h = Header::decode(bytes).filter(|h| h.kind == Kind::Eager && h.src == sender)?;
+        let ei = eps.find(h.src)?;
+        let ep = eps.get_mut(ei);
+        if !ep.is_open() || ep.rx.expected() != h.seq {
+            return None;
+        }
+        ep.rx.arrive(h.seq);
+        let returned = if fc {
+            settle(eps, ei, qpn, cap, h.credits, false)
+        } else {
+            None
+        };
+        deliveries.push_short(h.src, h.tag, &bytes[HEADER..]);
+        Some((h.len, returned))
+    }
 }
 
 /// `got`, unless it brings nothing at all.

@@ -286,20 +286,46 @@ impl<C: Context> DmaBuf<C> {
     /// receive buffer from the CPU, and posts it again only after the
     /// message's consumer has returned).
     pub fn with_slice<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.read_in_place(offset, len, f)
+    }
+
+    /// [`DmaBuf::with_slice`] for a [`ReadInPlace`], whose
+    /// [`ReadInPlace::read`] may be inlined where a closure's body may not
+    /// (a closure cannot be marked `#[inline]`).
+    #[inline(always)]
+    pub fn read_in_place<Rd: ReadInPlace>(&self, offset: usize, len: usize, rd: Rd) -> Rd::Out {
         self.check(offset, len);
         // SAFETY: the range is inside the allocation (checked) and stays
         // allocated while `self` is borrowed; the CPU writes the buffer
         // only through `&self` methods that copy, which the caller does not
-        // call on this range while `f` holds it; the device does not write
-        // it (the rule above). The reference does not outlive `f`.
+        // call on this range while `rd` holds it; the device does not write
+        // it (the rule above). The reference does not outlive `rd.read`.
         let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
-        f(bytes)
+        rd.read(bytes)
     }
 
     /// Sets every byte to `byte`.
     pub fn fill(&self, byte: u8) {
         // SAFETY: the whole allocation, no references into it exist.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), byte, self.len) };
+    }
+}
+
+/// What reads bytes of a [`DmaBuf`] in place, once
+/// ([`DmaBuf::read_in_place`]): a closure (`FnOnce(&[u8]) -> R`), or a
+/// type of the caller's whose `read` is marked to be inlined.
+pub trait ReadInPlace {
+    /// What the reading returns.
+    type Out;
+    /// Reads `bytes`, lent for the call only.
+    fn read(self, bytes: &[u8]) -> Self::Out;
+}
+
+impl<R, F: FnOnce(&[u8]) -> R> ReadInPlace for F {
+    type Out = R;
+    #[inline(always)]
+    fn read(self, bytes: &[u8]) -> R {
+        self(bytes)
     }
 }
 

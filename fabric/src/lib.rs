@@ -29,7 +29,7 @@ mod usermem;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use buf::{DmaBuf, NUMA_NODE_MAX};
+pub use buf::{DmaBuf, ReadInPlace, NUMA_NODE_MAX};
 pub use cm::{
     max_private_data, CmEvent, CmEventKind, CmMessage, CmRoute, ConnParam, IbAddr, PathRecord,
     PortSpace, RejectReason, DEFAULT_PKEY,

@@ -128,6 +128,7 @@ impl<C: Context, H> Core<C, H> {
     /// `n` credits came back from endpoint `ei` on local QP `qpn`: as many
     /// more of the messages sent on it arrived, and those that have left
     /// need not be kept.
+    #[inline(always)]
     pub(super) fn arrived(&mut self, ei: u32, qpn: u32, n: u16) {
         let slot = match &self.eps.get(ei).path {
             Some(p) if p.qpn == qpn => p.slot,

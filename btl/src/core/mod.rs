@@ -263,7 +263,7 @@ impl<C: Context, H> Core<C, H> {
     #[inline(always)]
     pub fn quiet_found(&mut self, wcs: &[WorkCompletion], n: usize) -> usize {
         self.recv.took(n, wcs.len());
-        self.read_recv(wcs);
+        self.read_found(wcs);
         n + self.after_recv()
     }
 

@@ -14,7 +14,7 @@ use crate::delivery::{Body, Delivery};
 use crate::pools::{sink_start, Sink, Source};
 use crate::proto::rndv::{Act, Control};
 use crate::proto::Local;
-use crate::recv::Got;
+use crate::recv::{Got, Read};
 use crate::types::{BtlError, Tag};
 use crate::wire::{self, HEADER};
 use crate::work::{Item, Msg, Store, Work};
@@ -39,26 +39,50 @@ impl<C: Context, H> Core<C, H> {
         if self.recv.unread() {
             self.read_polled(wcs);
         }
-        // Also with nothing new: buffers come back from deliveries after
-        // the poll that found their messages.
+        self.repost_due();
+    }
+
+    /// [`Core::read_recv`] for a quiet progress call, whose poll found
+    /// completions: read in the caller's frame. That call saves every
+    /// register it may use on entry, the empty ones too, so a frame of
+    /// the reading's own would cost the receiving call its set-up and
+    /// save nothing on the others.
+    #[inline(always)]
+    pub(super) fn read_found(&mut self, wcs: &[WorkCompletion]) {
+        self.read_all(wcs);
+        self.repost_due();
+    }
+
+    /// Posts the receive buffers due again. Also after a poll that found
+    /// nothing: buffers come back from deliveries after the poll that
+    /// found their messages.
+    #[inline(always)]
+    fn repost_due(&mut self) {
         if self.iface.repost_due(self.cfg.srq_refill).is_err() {
             self.stats.no_resource += 1;
         }
     }
 
-    /// Reads what the last poll found. Out of line, as is rendezvous
-    /// control: an empty poll, the most frequent, then sets up no frame
-    /// for them.
+    /// Reads what the last poll found, for the full path. Out of line, as
+    /// is rendezvous control: an empty poll then sets up no frame for
+    /// them.
     #[inline(never)]
     fn read_polled(&mut self, wcs: &[WorkCompletion]) {
+        self.read_all(wcs);
+    }
+
+    /// Reads the completions of the last poll still unread.
+    #[inline(always)]
+    fn read_all(&mut self, wcs: &[WorkCompletion]) {
         // A view is lent only while completions are left to read: the
         // message that ends a batch needs no other.
         while self.recv.unread() {
             let (recv, mut v) = self.recv();
-            let Some(got) = recv.next(wcs, &mut v) else {
-                break;
-            };
-            self.on_got(got);
+            match recv.next(wcs, &mut v) {
+                Read::Done => break,
+                Read::Returned(ei, qpn, n) => self.arrived(ei, qpn, n),
+                Read::Got(got) => self.on_got(got),
+            }
         }
     }
 

@@ -55,18 +55,6 @@ pub(crate) struct Got {
     pub ctl: Option<(Rank, Tag, Control)>,
 }
 
-/// What [`Recv::next`] read next.
-pub(crate) enum Read {
-    /// The last poll is read whole.
-    Done,
-    /// Credits the peer of endpoint `.0` returned on local QP `.1`, all
-    /// that the message brought: the straight line's one answer, returned
-    /// without the weight of a [`Got`].
-    Returned(u32, u32, u16),
-    /// A message that brought more.
-    Got(Got),
-}
-
 /// The receive side of a BTL.
 pub(crate) struct Recv {
     /// How many completions the last poll found, and how far they are
@@ -96,6 +84,23 @@ pub(crate) struct RecvView<'a, C: Context, H> {
     /// Where messages for the user go.
     pub deliveries: &'a mut Deliveries<C, H>,
     pub stats: &'a mut BtlStats,
+    /// Credit flow control: the device has no RNR (iWARP).
+    pub fc: bool,
+}
+
+/// What the straight line ([`Recv::short_eager`]) works through: only
+/// what it needs, lent by the core per completion. Never passed out of
+/// line, so the compiler keeps it in registers, where a [`RecvView`]
+/// (handed to the general path, out of line) is stored whole.
+pub(crate) struct ShortView<'a, C: Context, H> {
+    pub iface: &'a mut Iface<C>,
+    /// The driver's [`ConnDriver::qp_gen`].
+    pub qp_gen: u64,
+    pub eps: &'a mut Endpoints,
+    pub deliveries: &'a mut Deliveries<C, H>,
+    pub stats: &'a mut BtlStats,
+    /// A connection's credits.
+    pub cap: u32,
     /// Credit flow control: the device has no RNR (iWARP).
     pub fc: bool,
 }
@@ -155,31 +160,17 @@ impl Recv {
         self.read < self.polled
     }
 
-    /// The next message of the last poll (whose completions are in
-    /// `wcs`) that brings the core something to do; what brings nothing
-    /// (a failed receive, the iWARP hello, a message refused, a part of a
-    /// train) is dealt with on the way. Inline, with the straight line
-    /// ([`Recv::short_eager`]); the general path is not.
+    /// The next completion of the last poll (whose completions are in
+    /// `wcs`) still unread, taken: judged by [`Recv::short_eager`], else
+    /// by [`Recv::on_completion`].
     #[inline(always)]
-    pub fn next<C: Context, H>(
-        &mut self,
-        wcs: &[WorkCompletion],
-        v: &mut RecvView<'_, C, H>,
-    ) -> Read {
-        while self.read < self.polled {
-            let wc = &wcs[self.read];
-            self.read += 1;
-            if let Some(returned) = self.short_eager(v, wc) {
-                if let Some((ei, qpn, n)) = returned {
-                    return Read::Returned(ei, qpn, n);
-                }
-                continue;
-            }
-            if let Some(got) = self.on_completion(v, wc) {
-                return Read::Got(got);
-            }
+    pub fn take<'w>(&mut self, wcs: &'w [WorkCompletion]) -> Option<&'w WorkCompletion> {
+        if self.read >= self.polled {
+            return None;
         }
-        Read::Done
+        let wc = wcs.get(self.read)?;
+        self.read += 1;
+        Some(wc)
     }
 
     /// Endpoint `ei` failed: its train, if one was open, is dropped.
@@ -200,9 +191,9 @@ impl Recv {
     /// as [`Got::returned`] has them.
     #[inline(always)]
     #[allow(clippy::option_option)]
-    fn short_eager<C: Context, H>(
+    pub fn short_eager<C: Context, H>(
         &mut self,
-        v: &mut RecvView<'_, C, H>,
+        v: &mut ShortView<'_, C, H>,
         wc: &WorkCompletion,
     ) -> Option<Option<(u32, u32, u16)>> {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
@@ -213,7 +204,7 @@ impl Recv {
         if wc.status != WcStatus::Success
             || wc.opcode != WcOpcode::Recv
             || !(HEADER..=HEADER + SMALL_BODY).contains(&len)
-            || (seen_gen, seen_qpn) != (v.drv.qp_gen(), wc.qp_num)
+            || (seen_gen, seen_qpn) != (v.qp_gen, wc.qp_num)
             || !self.trains.is_empty()
         {
             return None;
@@ -222,7 +213,7 @@ impl Recv {
         let body = ShortBody {
             eps: &mut *v.eps,
             deliveries: &mut *v.deliveries,
-            cap: v.cfg.credits,
+            cap: v.cap,
             fc: v.fc,
             sender,
             qpn: wc.qp_num,
@@ -237,8 +228,10 @@ impl Recv {
         Some(returned)
     }
 
+    /// The general path: judges completion `wc` step by step, and
+    /// returns what its message brought the core, if anything.
     #[inline(never)]
-    fn on_completion<C: Context, H>(
+    pub fn on_completion<C: Context, H>(
         &mut self,
         v: &mut RecvView<'_, C, H>,
         wc: &WorkCompletion,

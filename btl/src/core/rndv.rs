@@ -14,7 +14,7 @@ use crate::delivery::{Body, Delivery};
 use crate::pools::{sink_start, Sink, Source};
 use crate::proto::rndv::{Act, Control};
 use crate::proto::Local;
-use crate::recv::{Got, Read};
+use crate::recv::{Got, ShortView};
 use crate::types::{BtlError, Tag};
 use crate::wire::{self, HEADER};
 use crate::work::{Item, Msg, Store, Work};
@@ -71,17 +71,30 @@ impl<C: Context, H> Core<C, H> {
         self.read_all(wcs);
     }
 
-    /// Reads the completions of the last poll still unread.
+    /// Reads the completions of the last poll still unread: each by the
+    /// straight line, else by the general path.
     #[inline(always)]
     fn read_all(&mut self, wcs: &[WorkCompletion]) {
-        // A view is lent only while completions are left to read: the
-        // message that ends a batch needs no other.
-        while self.recv.unread() {
-            let (recv, mut v) = self.recv();
-            match recv.next(wcs, &mut v) {
-                Read::Done => break,
-                Read::Returned(ei, qpn, n) => self.arrived(ei, qpn, n),
-                Read::Got(got) => self.on_got(got),
+        while let Some(wc) = self.recv.take(wcs) {
+            let fc = self.iface.credits();
+            let mut short = ShortView {
+                iface: &mut self.iface,
+                qp_gen: self.drv.qp_gen(),
+                eps: &mut self.eps,
+                deliveries: &mut self.deliveries,
+                stats: &mut self.stats,
+                cap: self.cfg.credits,
+                fc,
+            };
+            match self.recv.short_eager(&mut short, wc) {
+                Some(Some((ei, qpn, n))) => self.arrived(ei, qpn, n),
+                Some(None) => {}
+                None => {
+                    let (recv, mut v) = self.recv();
+                    if let Some(got) = recv.on_completion(&mut v, wc) {
+                        self.on_got(got);
+                    }
+                }
             }
         }
     }

@@ -192,6 +192,16 @@ impl<C: Context, H> Deliveries<C, H> {
         Some(self.short)
     }
 
+    /// [`Deliveries::pop_short`] when [`Deliveries::has_short`] said one
+    /// waits: its test is not made again.
+    #[inline]
+    pub fn take_short(&mut self) -> Short {
+        debug_assert!(self.short_held, "a short message waits");
+        self.short_held = false;
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        self.short
+    }
+
     /// Deliveries that ever waited behind another.
     pub fn pushed(&self) -> u64 {
         self.pushed

@@ -92,12 +92,20 @@ impl<C: Context> Btl<C> {
     /// caller: the first delivery is taken under it, and it is let go
     /// before any callback runs.
     #[inline(never)]
-    pub(super) fn deliver_all(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
+    pub(super) fn deliver_all(&self, held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
+        self.deliver_here(held)
+    }
+
+    /// [`Btl::deliver_all`] in the caller's frame: for the quiet progress
+    /// call that received, whose short message then reaches its callback
+    /// without a frame of its own between them.
+    #[inline(always)]
+    pub(super) fn deliver_here(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
         // The usual case, on a line of its own: a short message waits in
         // its slot (the oldest delivery) and no one else is delivering.
         if held.has_short() && !self.delivering.swap(true, Ordering::SeqCst) {
             let flag = self.delivering_flag();
-            let s = held.next_short().expect("a short message waits");
+            let s = held.next_short_held();
             self.run_short(held, &s);
             flag.done();
             // What was queued while the flag was up is ours to run, as at
@@ -113,6 +121,7 @@ impl<C: Context> Btl<C> {
     /// [`Btl::deliver_all`]'s loop: runs deliveries while any are queued
     /// and no one else runs them, starting under `held` when the caller
     /// holds the lock.
+    #[inline(never)]
     fn deliver_loop(&self, mut held: Option<MutexGuard<'_, Core<C, Btl<C>>>>) -> usize {
         let mut n = 0;
         loop {

@@ -211,6 +211,12 @@ impl<C: Context, H> Core<C, H> {
         self.deliveries.pop_short()
     }
 
+    /// [`Core::next_short`] when [`Core::has_short`] said one waits.
+    #[inline]
+    pub fn next_short_held(&mut self) -> Short {
+        self.deliveries.take_short()
+    }
+
     /// The send queues, with what they work through lent for one call.
     fn sends(&mut self) -> (&mut SendQueues, SendView<'_, C>) {
         let view = SendView {

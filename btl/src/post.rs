@@ -621,11 +621,15 @@ impl SendQueues {
 
     /// Where credits flow: the peer's credits show that `n` more of the
     /// messages posted on QP slot `slot` arrived ([`SendQueues::pop_arrived`]
-    /// then retires those that have also left).
-    pub fn arrive(&mut self, slot: u32, n: u64) {
-        if let Some(q) = self.sq.get_mut(slot as usize) {
-            q.arrived += n;
-        }
+    /// then retires those that have also left). Returns whether some have
+    /// now both left and arrived.
+    #[inline]
+    pub fn arrive(&mut self, slot: u32, n: u64) -> bool {
+        let Some(q) = self.sq.get_mut(slot as usize) else {
+            return false;
+        };
+        q.arrived += n;
+        q.arrived.min(u64::from(q.left)) != 0
     }
 
     /// Retires, from the front of QP slot `slot`'s log, the messages that
@@ -1428,20 +1432,20 @@ mod tests {
         assert_eq!((sq.len(), sq.signalled_out(), sq.waiting()), (0, 0, 3));
         assert_eq!((eps.get(ei).in_flight, sq.sq[0].used), (0, 0));
         assert!(sq.pop_arrived(0).is_none(), "nothing arrived yet");
-        sq.arrive(0, 2);
+        assert!(sq.arrive(0, 2), "two left and arrived");
         assert!(
             sq.pop_arrived(0).is_none(),
             "in memory, and a credit's place"
         );
         assert_eq!(sq.waiting(), 1);
-        sq.arrive(0, 1);
+        assert!(sq.arrive(0, 1));
         assert_eq!(sq.pop_arrived(0).map(|p| order(&p)), Some(2));
         assert_eq!(sq.waiting(), 0);
 
         // Arrived before their completion was seen.
         let a = post(&mut sq, &mut eps, ei, Store::Slot(6), false);
         let b = post(&mut sq, &mut eps, ei, Store::Slot(7), true);
-        sq.arrive(0, 2);
+        assert!(!sq.arrive(0, 2), "arrived, not left yet");
         assert!(sq.pop_arrived(0).is_none(), "not left yet");
         assert_eq!(sq.leave(&mut eps, 0, 0, a, |_| spared += 1), 1);
         assert_eq!(sq.pop_arrived(0).map(|p| order(&p)), Some(u64::from(a)));

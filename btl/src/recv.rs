@@ -45,12 +45,22 @@ struct Received<'a, C: Context> {
     qpn: u32,
 }
 
+/// Credits a peer returned with a message: `n` for the messages sent on
+/// local QP `qpn`, which have arrived.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Returned {
+    pub qpn: u32,
+    pub n: u16,
+    /// The driver's slot of that QP, when it is the endpoint's path (the
+    /// usual case, found with the credits); else the core looks it up.
+    pub slot: Option<u32>,
+}
+
 /// What a message brought that the core must act on.
 pub(crate) struct Got {
-    /// Credits the peer of endpoint `.0` returned on local QP `.1` (any
-    /// message may carry them, a duplicate too): the messages they cover
-    /// have arrived.
-    pub returned: Option<(u32, u32, u16)>,
+    /// Credits the peer returned (any message may carry them, a
+    /// duplicate too).
+    pub returned: Option<Returned>,
     /// Rendezvous control from `.0`, with tag `.1`.
     pub ctl: Option<(Rank, Tag, Control)>,
 }
@@ -187,15 +197,14 @@ impl Recv {
     /// open. Its body is copied out for delivery and its buffer goes back
     /// at once. Returns `None`, having changed nothing, for any other
     /// completion: [`Recv::on_completion`] then judges it step by step.
-    /// Otherwise returns `Some` of the credits the peer returned with it,
-    /// as [`Got::returned`] has them.
+    /// Otherwise returns `Some` of the credits the peer returned with it.
     #[inline(always)]
     #[allow(clippy::option_option)]
     pub fn short_eager<C: Context, H>(
         &mut self,
         v: &mut ShortView<'_, C, H>,
         wc: &WorkCompletion,
-    ) -> Option<Option<(u32, u32, u16)>> {
+    ) -> Option<Option<Returned>> {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
             return None;
         };
@@ -457,7 +466,7 @@ impl Recv {
 /// it carries (`returned`) are taken, and the receive it used is owed back
 /// now, unless a delivery keeps that receive (`keep`: it is owed when its
 /// consumer is done). A credit message is queued once enough is owed.
-/// Returns the returns as [`Got::returned`] has them.
+/// Returns the returns, if any.
 #[inline(always)]
 fn settle(
     eps: &mut Endpoints,
@@ -466,13 +475,22 @@ fn settle(
     cap: u32,
     returned: u16,
     keep: bool,
-) -> Option<(u32, u32, u16)> {
-    let cr = eps.get_mut(ei).credits.of(qpn, cap);
+) -> Option<Returned> {
+    let ep = eps.get_mut(ei);
+    let slot = match &ep.path {
+        Some(p) if p.qpn == qpn => Some(p.slot),
+        _ => None,
+    };
+    let cr = ep.credits.of(qpn, cap);
     cr.take_returned(returned);
     if !keep && cr.owe(cap) {
         eps.requeue(ei, Item::credit());
     }
-    (returned > 0).then_some((ei, qpn, returned))
+    (returned > 0).then_some(Returned {
+        qpn,
+        n: returned,
+        slot,
+    })
 }
 
 /// [`Recv::short_eager`]'s look at the message that came from `sender` on
@@ -492,7 +510,7 @@ struct ShortBody<'a, C: Context, H> {
 }
 
 impl<C: Context, H> ReadInPlace for ShortBody<'_, C, H> {
-    type Out = Option<(u32, Option<(u32, u32, u16)>)>;
+    type Out = Option<(u32, Option<Returned>)>;
 
     /// A short eager message next in the sequence of an open endpoint is
     /// queued for delivery, and the credits it spends and returns are

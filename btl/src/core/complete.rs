@@ -13,6 +13,7 @@ use crate::iface::Iface;
 use crate::post::PostedWr;
 use crate::proto::rndv::Control;
 use crate::proto::{Owner, Rdma};
+use crate::recv::Returned;
 use crate::types::{BtlError, OpResult};
 use crate::wire::{self, Kind, HEADER};
 use crate::work::{Item, Store, Work};
@@ -125,21 +126,21 @@ impl<C: Context, H> Core<C, H> {
             .leave(&mut self.eps, slot, gen, no, |item| spare_slot(iface, item));
     }
 
-    /// `n` credits came back from endpoint `ei` on local QP `qpn`: as many
-    /// more of the messages sent on it arrived, and those that have left
-    /// need not be kept.
+    /// Credits came back for the messages sent on a local QP: as many more
+    /// of them arrived, and those that have left need not be kept.
     #[inline(always)]
-    pub(super) fn arrived(&mut self, ei: u32, qpn: u32, n: u16) {
-        let slot = match &self.eps.get(ei).path {
-            Some(p) if p.qpn == qpn => p.slot,
-            _ => match self.drv.slot_of_num(qpn) {
+    pub(super) fn arrived(&mut self, r: Returned) {
+        let slot = match r.slot {
+            Some(slot) => slot,
+            None => match self.drv.slot_of_num(r.qpn) {
                 Some(slot) => slot,
                 // A QP gone meanwhile took its log with it.
                 None => return,
             },
         };
-        self.sends.arrive(slot, u64::from(n));
-        self.retire_arrived(slot);
+        if self.sends.arrive(slot, u64::from(r.n)) {
+            self.retire_arrived(slot);
+        }
     }
 
     /// Retires the messages of QP slot `slot` that have left and arrived.

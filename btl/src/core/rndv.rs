@@ -87,7 +87,7 @@ impl<C: Context, H> Core<C, H> {
                 fc,
             };
             match self.recv.short_eager(&mut short, wc) {
-                Some(Some((ei, qpn, n))) => self.arrived(ei, qpn, n),
+                Some(Some(returned)) => self.arrived(returned),
                 Some(None) => {}
                 None => {
                     let (recv, mut v) = self.recv();
@@ -102,8 +102,8 @@ impl<C: Context, H> Core<C, H> {
     /// Acts on what a message brought: credits returned, then rendezvous
     /// control.
     pub(super) fn on_got(&mut self, got: Got) {
-        if let Some((ei, qpn, n)) = got.returned {
-            self.arrived(ei, qpn, n);
+        if let Some(returned) = got.returned {
+            self.arrived(returned);
         }
         if let Some((src, tag, ctl)) = got.ctl {
             self.on_control(src, tag, ctl);

@@ -163,15 +163,21 @@ impl<C: Context, H> Deliveries<C, H> {
     /// Queues the short message `body` (at most [`SMALL_BODY`] bytes) from
     /// `src` with `tag`: copied into its own slot when nothing waits, else
     /// queued behind what does.
-    #[inline]
+    #[inline(always)]
     pub fn push_short(&mut self, src: Rank, tag: Tag, body: &[u8]) {
         if !self.short_held && self.first.is_none() {
             self.short.fill(src, tag, body);
             self.short_held = true;
             self.queued.fetch_add(1, Ordering::SeqCst);
         } else {
-            self.push(Delivery::Short(Short::new(src, tag, body)));
+            self.push_short_behind(src, tag, body);
         }
+    }
+
+    /// [`Deliveries::push_short`] when something waits: queued behind it.
+    #[inline(never)]
+    fn push_short_behind(&mut self, src: Rank, tag: Tag, body: &[u8]) {
+        self.push(Delivery::Short(Short::new(src, tag, body)));
     }
 
     /// Whether a short message waits in its own slot.

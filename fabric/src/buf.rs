@@ -6,8 +6,9 @@
 //! copies stay on one socket.
 //!
 //! The CPU side reads and writes through copies, or through a shared
-//! reference lent to a closure for as long as it runs
-//! ([`DmaBuf::with_slice`]), never through references it could keep: the
+//! reference lent to a closure, or to a [`ReadInPlace`], for as long as
+//! it runs ([`DmaBuf::with_slice`], [`DmaBuf::read_in_place`]), never
+//! through references it could keep: the
 //! device may write the memory whenever a receive or an RDMA operation
 //! targeting it is outstanding. Read what the device wrote only after
 //! polling the completion that covers it, and only while nothing is posted

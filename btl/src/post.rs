@@ -328,6 +328,26 @@ pub(crate) struct SendView<'a, C: Context> {
     pub fc: bool,
 }
 
+impl<C: Context> SendView<'_, C> {
+    /// A fresh view over the same borrows, for a cold path that takes the
+    /// view by reference. Handing over the caller's own view would take its
+    /// address, and the compiler then stores the whole view on the stack
+    /// before the hot path's first test; a view lent anew is built only
+    /// where the cold path runs.
+    #[cold]
+    fn relend(&mut self) -> SendView<'_, C> {
+        SendView {
+            cfg: self.cfg,
+            iface: &mut *self.iface,
+            drv: &mut *self.drv,
+            eps: &mut *self.eps,
+            rndv: &mut *self.rndv,
+            stats: &mut *self.stats,
+            fc: self.fc,
+        }
+    }
+}
+
 impl SendQueue {
     /// Counts request `no`, which it took: its send queue, and its last
     /// signalled request or its run of unsignalled ones. An unsignalled
@@ -1250,7 +1270,9 @@ impl SendQueues {
                     let cr = v.eps.get_mut(ei).credits.of(qpn, cfg.credits);
                     cr.unspend(returned);
                 }
-                let item = self.refused(v, wr_id, slot, e);
+                // A view lent anew, so that `v` keeps its fields in
+                // registers on the path that posts.
+                let item = self.refused(&mut v.relend(), wr_id, slot, e);
                 if now_only {
                     return Some(Small::Dropped);
                 }

@@ -193,9 +193,7 @@ impl<C: Context, H> Deliveries<C, H> {
         if !self.short_held {
             return None;
         }
-        self.short_held = false;
-        self.queued.fetch_sub(1, Ordering::SeqCst);
-        Some(self.short)
+        Some(self.take_short())
     }
 
     /// [`Deliveries::pop_short`] when [`Deliveries::has_short`] said one

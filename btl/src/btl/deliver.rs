@@ -90,17 +90,11 @@ impl<C: Context> Btl<C> {
     /// Runs queued deliveries, unless another thread (or a caller up this
     /// thread's stack) is running them. `held` is the lock, taken by the
     /// caller: the first delivery is taken under it, and it is let go
-    /// before any callback runs.
-    #[inline(never)]
-    pub(super) fn deliver_all(&self, held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
-        self.deliver_here(held)
-    }
-
-    /// [`Btl::deliver_all`] in the caller's frame: for the quiet progress
-    /// call that received, whose short message then reaches its callback
-    /// without a frame of its own between them.
+    /// before any callback runs. Inline, so that a short message reaches
+    /// its callback from the progress call's own frame; the loop for the
+    /// rest is out of line.
     #[inline(always)]
-    pub(super) fn deliver_here(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
+    pub(super) fn deliver_all(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
         // The usual case, on a line of its own: a short message waits in
         // its slot (the oldest delivery) and no one else is delivering.
         if held.has_short() && !self.delivering.swap(true, Ordering::SeqCst) {

@@ -563,11 +563,7 @@ impl<C: Context> Btl<C> {
         core.count_lock();
         let n = core.quiet_found(&p.wcs, n);
         drop(p);
-        if self.queued.load(Ordering::SeqCst) == 0 {
-            drop(core);
-            return n;
-        }
-        n + self.deliver_here(core)
+        self.deliver_after(core, n)
     }
 
     /// [`Btl::progress`]'s full call: everything due, under both locks.

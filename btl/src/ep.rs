@@ -237,6 +237,12 @@ impl Endpoints {
         &mut self.list[i as usize]
     }
 
+    /// Endpoint `i`, mutably, if one was ever made with that index.
+    #[inline]
+    pub fn try_get_mut(&mut self, i: u32) -> Option<&mut Endpoint> {
+        self.list.get_mut(i as usize)
+    }
+
     /// Known (not deleted) endpoints.
     pub fn len(&self) -> usize {
         self.known

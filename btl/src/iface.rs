@@ -18,8 +18,8 @@
 use std::sync::Arc;
 
 use xrcbtl_fabric::{
-    Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, RecvSet as _, Result, Sge, Srq, SrqAttr,
-    Transport,
+    Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, ReadInPlace, RecvSet as _, Result, Sge,
+    Srq, SrqAttr, Transport,
 };
 use xrcbtl_xrc_conn::Mode;
 
@@ -94,6 +94,14 @@ pub(crate) struct RecvClass<C: Context> {
 }
 
 impl<C: Context> RecvClass<C> {
+    /// Whether its consumed buffers are due to be posted again: a batch
+    /// of `refill` waits, or the SRQ runs low (twice its limit or fewer
+    /// posted).
+    #[inline(always)]
+    fn due(&self, refill: u32) -> bool {
+        self.repost.len() as u32 >= refill || self.posted <= self.limit * 2
+    }
+
     /// Prepares the receives of `chunk`, the class's newest, of `n`
     /// buffers, and marks them all to be posted.
     fn prepare(&mut self, class: u16, chunk: u16, n: u32) {
@@ -232,9 +240,13 @@ pub(crate) struct Iface<C: Context> {
     pub fence_sink: Option<DmaBuf<C>>,
     /// Where the device is and what was placed near it.
     pub placed: crate::place::Placed,
-    /// A receive was taken or given back since [`Iface::repost_due`] last
-    /// looked: nothing else makes a repost due.
-    pub recv_moved: bool,
+    /// A class has a batch of consumed buffers waiting, or runs low: set
+    /// where a receive is taken or given back (nothing else makes a repost
+    /// due), cleared by an [`Iface::repost_due`] that posted them all.
+    pub repost_wanted: bool,
+    /// Consumed buffers of a class that make a batch to post again
+    /// ([`BtlConfig::srq_refill`]).
+    refill: u32,
 }
 
 impl<C: Context> Iface<C> {
@@ -331,7 +343,8 @@ impl<C: Context> Iface<C> {
             results,
             fence_sink,
             placed,
-            recv_moved: false,
+            repost_wanted: false,
+            refill: cfg.srq_refill,
         };
         let c = iface.class_for(HEADER);
         iface.small_class = (iface.class_for(HEADER + SMALL_BODY) == c).then_some(c);
@@ -410,64 +423,76 @@ impl<C: Context> Iface<C> {
     fn took(&mut self, slot: RecvSlot) {
         if let Some(c) = self.classes.get_mut(slot.class as usize) {
             c.posted = c.posted.saturating_sub(1);
+            self.repost_wanted |= c.due(self.refill);
         }
-        self.recv_moved = true;
     }
 
-    /// The buffer a receive completed into, `slot`, to read before it is
-    /// taken: its chunk and where it starts in it, or `None` for a slot
-    /// that is not ours.
+    /// The buffer a receive completed into, `slot`: its chunk and where it
+    /// starts in it, or `None` for a slot that is not ours.
     #[inline]
-    pub fn received(&self, slot: RecvSlot) -> Option<(&Arc<DmaBuf<C>>, usize)> {
+    fn received(&self, slot: RecvSlot) -> Option<(&Arc<DmaBuf<C>>, usize)> {
         let c = self.classes.get(slot.class as usize)?;
         let chunk = c.chunks.get(slot.chunk as usize)?;
         Some((chunk, slot.index as usize * c.size as usize))
     }
 
-    /// A receive completed into `slot` (one [`Iface::received`] found) is
-    /// read and done with at once: the accounting of [`Iface::taken`],
-    /// then [`Iface::give_back`], with no chunk handed out.
-    #[inline]
-    pub fn read_whole(&mut self, slot: RecvSlot) {
-        self.put_back(slot, true);
+    /// Reads the first `len` bytes of the buffer a receive completed into,
+    /// `slot`, in place with `rd`. A reading that takes the message
+    /// (`Some`) is done with the buffer at once: the accounting of
+    /// [`Iface::taken`], then [`Iface::give_back`], with no chunk handed
+    /// out and the slot looked up once. Returns `None`, having changed
+    /// nothing, for a slot that is not ours or a reading that declined.
+    #[inline(always)]
+    pub fn read_whole<T, Rd: ReadInPlace<Out = Option<T>>>(
+        &mut self,
+        slot: RecvSlot,
+        len: usize,
+        rd: Rd,
+    ) -> Option<T> {
+        let c = self.classes.get_mut(slot.class as usize)?;
+        let chunk = c.chunks.get(slot.chunk as usize)?;
+        let first = *c.first.get(slot.chunk as usize)?;
+        let out = chunk.read_in_place(slot.index as usize * c.size as usize, len, rd)?;
+        c.posted = c.posted.saturating_sub(1);
+        c.repost.push(first + slot.index);
+        self.repost_wanted |= c.due(self.refill);
+        Some(out)
     }
 
-    /// A taken buffer is done with: it is posted again with the next batch.
+    /// A taken buffer is done with: it goes on its class's list, to be
+    /// posted again with the next batch.
     #[inline]
     pub fn give_back(&mut self, slot: RecvSlot) {
-        self.put_back(slot, false);
-    }
-
-    /// `slot`'s buffer goes on its class's list to post again; `taking`
-    /// says it is taken here too, so one fewer is posted.
-    #[inline(always)]
-    fn put_back(&mut self, slot: RecvSlot, taking: bool) {
         if let Some(c) = self.classes.get_mut(slot.class as usize) {
             if let Some(&first) = c.first.get(slot.chunk as usize) {
-                if taking {
-                    c.posted = c.posted.saturating_sub(1);
-                }
                 c.repost.push(first + slot.index);
-                self.recv_moved = true;
+                self.repost_wanted |= c.due(self.refill);
             }
         }
     }
 
     /// Reposts consumed buffers of every class that has a batch of them
-    /// waiting or runs low (looked at only when a receive was taken or
-    /// given back since the last look that did not fail).
-    #[inline]
-    pub fn repost_due(&mut self, batch: u32) -> Result<()> {
-        if !self.recv_moved {
+    /// waiting or runs low. Most calls find no class due, and test one
+    /// flag ([`Iface::repost_wanted`]); after a failed post the flag stays
+    /// up, and the next call tries again.
+    #[inline(always)]
+    pub fn repost_due(&mut self) -> Result<()> {
+        if !self.repost_wanted {
             return Ok(());
         }
+        self.repost_classes()
+    }
+
+    /// [`Iface::repost_due`] when a class is due: out of line, one call in
+    /// a batch's worth of receives.
+    #[inline(never)]
+    fn repost_classes(&mut self) -> Result<()> {
         for class in 0..self.classes.len() {
-            let c = &self.classes[class];
-            if c.repost.len() as u32 >= batch || c.posted <= c.limit * 2 {
+            if self.classes[class].due(self.refill) {
                 self.repost(class)?;
             }
         }
-        self.recv_moved = false;
+        self.repost_wanted = false;
         Ok(())
     }
 

@@ -16,7 +16,7 @@ use xrcbtl_xrc_conn::Rank;
 use crate::config::BtlConfig;
 use crate::conn::ConnDriver;
 use crate::delivery::{Body, Deliveries, Delivery};
-use crate::ep::{Endpoints, EpState};
+use crate::ep::{Endpoint, Endpoints, EpState};
 use crate::iface::Iface;
 use crate::pools::Pools;
 use crate::proto::eager::Arrival;
@@ -67,11 +67,6 @@ pub(crate) struct Got {
 
 /// The receive side of a BTL.
 pub(crate) struct Recv {
-    /// How many completions the last poll found, and how far they are
-    /// read (the buffer is the poller's, [`crate::Btl::progress`]'s: lent
-    /// to each call that reads it).
-    polled: usize,
-    read: usize,
     /// The last poll found the CQ empty before the batch was full.
     dry: bool,
     /// Messages being joined from their parts, by endpoint (at most one
@@ -79,10 +74,26 @@ pub(crate) struct Recv {
     trains: HashMap<u32, Train>,
     /// The most bytes a new train's buffer is made for.
     train_cap: usize,
-    /// The last QP number whose sender was looked up, with the driver's
-    /// [`ConnDriver::qp_gen`] then and the sender.
-    sender_seen: (u64, u32, Rank),
+    /// The last QP whose sender was looked up.
+    sender_seen: SenderSeen,
 }
+
+/// The last QP number whose sender was looked up ([`Recv::sent_by`]), with
+/// the driver's [`ConnDriver::qp_gen`] then, the sender, and the index of
+/// the sender's endpoint when a message was last believed from it
+/// ([`NO_EP`] before). An index is never given to another rank (a
+/// deleted endpoint's slot stays, gone), so the straight line reads the
+/// endpoint at that index without looking the rank up.
+#[derive(Clone, Copy)]
+struct SenderSeen {
+    gen: u64,
+    qpn: u32,
+    sender: Rank,
+    ei: u32,
+}
+
+/// No endpoint known yet, in [`SenderSeen::ei`].
+const NO_EP: u32 = u32::MAX;
 
 /// What the receive side works through, lent by the core for one call.
 pub(crate) struct RecvView<'a, C: Context, H> {
@@ -120,12 +131,15 @@ impl Recv {
     /// bytes.
     pub fn new(train_cap: usize) -> Self {
         Recv {
-            polled: 0,
-            read: 0,
             dry: true,
             trains: HashMap::new(),
             train_cap,
-            sender_seen: (u64::MAX, 0, 0),
+            sender_seen: SenderSeen {
+                gen: u64::MAX,
+                qpn: 0,
+                sender: 0,
+                ei: NO_EP,
+            },
         }
     }
 
@@ -134,53 +148,23 @@ impl Recv {
         self.dry
     }
 
-    /// Polls the receive CQ, `cq`, once into `wcs`; its completions are
-    /// then read with [`Recv::next`] from the same buffer. Returns how
-    /// many it took.
+    /// Polls the receive CQ, `cq`, once into `wcs`. Returns how many
+    /// completions it took, the first entries of `wcs`: the caller reads
+    /// each (by [`Recv::short_eager`], else by [`Recv::on_completion`])
+    /// before the next poll.
     #[inline(always)]
     pub fn poll<Q: Cq>(&mut self, cq: &Q, wcs: &mut [WorkCompletion]) -> usize {
         let n = cq.poll_quick(wcs);
-        if n == 0 {
-            // Read whole, the last poll left `read` equal to `polled`:
-            // nothing more to set for an empty one.
-            debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
-            self.dry = true;
-            return 0;
-        }
         self.took(n, wcs.len());
         n
     }
 
     /// The last poll, made into a buffer of `batch` entries (by
     /// [`Recv::poll`], or without the lock by a quiet progress call),
-    /// found `n` completions: they are read with [`Recv::next`] from that
-    /// buffer.
+    /// found `n` completions.
     #[inline(always)]
     pub fn took(&mut self, n: usize, batch: usize) {
-        debug_assert_eq!(self.read, self.polled, "the last poll was read whole");
-        self.polled = n;
-        self.read = 0;
         self.dry = n < batch;
-    }
-
-    /// Whether completions of the last poll are still to be read by
-    /// [`Recv::next`].
-    #[inline]
-    pub fn unread(&self) -> bool {
-        self.read < self.polled
-    }
-
-    /// The next completion of the last poll (whose completions are in
-    /// `wcs`) still unread, taken: judged by [`Recv::short_eager`], else
-    /// by [`Recv::on_completion`].
-    #[inline(always)]
-    pub fn take<'w>(&mut self, wcs: &'w [WorkCompletion]) -> Option<&'w WorkCompletion> {
-        if self.read >= self.polled {
-            return None;
-        }
-        let wc = wcs.get(self.read)?;
-        self.read += 1;
-        Some(wc)
     }
 
     /// Endpoint `ei` failed: its train, if one was open, is dropped.
@@ -209,26 +193,25 @@ impl Recv {
             return None;
         };
         let len = wc.byte_len as usize;
-        let (seen_gen, seen_qpn, sender) = self.sender_seen;
+        let seen = self.sender_seen;
         if wc.status != WcStatus::Success
             || wc.opcode != WcOpcode::Recv
             || !(HEADER..=HEADER + SMALL_BODY).contains(&len)
-            || (seen_gen, seen_qpn) != (v.qp_gen, wc.qp_num)
+            || (seen.gen, seen.qpn) != (v.qp_gen, wc.qp_num)
             || !self.trains.is_empty()
         {
             return None;
         }
-        let (chunk, at) = v.iface.received(slot)?;
         let body = ShortBody {
             eps: &mut *v.eps,
             deliveries: &mut *v.deliveries,
             cap: v.cap,
             fc: v.fc,
-            sender,
+            sender: seen.sender,
+            ei: seen.ei,
             qpn: wc.qp_num,
         };
-        let (body_len, returned) = chunk.read_in_place(at, len, body)?;
-        v.iface.read_whole(slot);
+        let (body_len, returned) = v.iface.read_whole(slot, len, body)?;
         if let Some(c) = v.stats.received_by_class.get_mut(usize::from(slot.class)) {
             *c += 1;
         }
@@ -299,7 +282,7 @@ impl Recv {
             v.stats.malformed += 1;
             return (false, None);
         };
-        if !self.sent_by(v.drv, h.src, rx.qpn) {
+        if !self.sent_by(v.drv, h.src, ei, rx.qpn) {
             // A peer claiming another's rank: nothing of it is believed.
             v.stats.malformed += 1;
             return (false, None);
@@ -383,19 +366,30 @@ impl Recv {
         (false, nonempty(got))
     }
 
-    /// Whether a message claiming to come from `src` may have: the QP it
-    /// arrived on (`qpn`: an RC QP, or an XRC TGT QP) carries that rank's
-    /// messages only. A QP the driver no longer knows (its last messages
-    /// may be polled after it went) cannot tell, and does not refuse.
-    fn sent_by<C: Context>(&mut self, drv: &ConnDriver<C>, src: Rank, qpn: u32) -> bool {
+    /// Whether a message claiming to come from `src` (whose endpoint is
+    /// `ei`) may have: the QP it arrived on (`qpn`: an RC QP, or an XRC
+    /// TGT QP) carries that rank's messages only. A QP the driver no
+    /// longer knows (its last messages may be polled after it went) cannot
+    /// tell, and does not refuse.
+    fn sent_by<C: Context>(&mut self, drv: &ConnDriver<C>, src: Rank, ei: u32, qpn: u32) -> bool {
         let gen = drv.qp_gen();
-        let (seen_gen, seen_qpn, sender) = self.sender_seen;
-        if (seen_gen, seen_qpn) == (gen, qpn) {
-            return sender == src;
+        let seen = &mut self.sender_seen;
+        if (seen.gen, seen.qpn) == (gen, qpn) {
+            if seen.sender != src {
+                return false;
+            }
+            // The rank's endpoint may be new (its last one deleted).
+            seen.ei = ei;
+            return true;
         }
         match drv.sender_of(qpn) {
             Some(r) => {
-                self.sender_seen = (gen, qpn, r);
+                *seen = SenderSeen {
+                    gen,
+                    qpn,
+                    sender: r,
+                    ei: if r == src { ei } else { NO_EP },
+                };
                 r == src
             }
             None => true,
@@ -476,21 +470,36 @@ fn settle(
     returned: u16,
     keep: bool,
 ) -> Option<Returned> {
-    let ep = eps.get_mut(ei);
+    let (owe, r) = settle_on(eps.get_mut(ei), qpn, cap, returned, keep);
+    if owe {
+        eps.requeue(ei, Item::credit());
+    }
+    r
+}
+
+/// [`settle`] on endpoint `ep`, already found: returns whether a credit
+/// message is to be queued, and the returns.
+#[inline(always)]
+fn settle_on(
+    ep: &mut Endpoint,
+    qpn: u32,
+    cap: u32,
+    returned: u16,
+    keep: bool,
+) -> (bool, Option<Returned>) {
     let slot = match &ep.path {
         Some(p) if p.qpn == qpn => Some(p.slot),
         _ => None,
     };
     let cr = ep.credits.of(qpn, cap);
     cr.take_returned(returned);
-    if !keep && cr.owe(cap) {
-        eps.requeue(ei, Item::credit());
-    }
-    (returned > 0).then_some(Returned {
+    let owe = !keep && cr.owe(cap);
+    let r = (returned > 0).then_some(Returned {
         qpn,
         n: returned,
         slot,
-    })
+    });
+    (owe, r)
 }
 
 /// [`Recv::short_eager`]'s look at the message that came from `sender` on
@@ -506,6 +515,8 @@ struct ShortBody<'a, C: Context, H> {
     /// Credits flow.
     fc: bool,
     sender: Rank,
+    /// The sender's endpoint, as [`SenderSeen::ei`].
+    ei: u32,
     qpn: u32,
 }
 
@@ -524,17 +535,21 @@ impl<C: Context, H> ReadInPlace for ShortBody<'_, C, H> {
             cap,
             fc,
             sender,
+            ei,
             qpn,
         } = self;
-        let h = Header::decode(bytes).filter(|h| h.kind == Kind::Eager && h.src == sender)?;
-        let ei = eps.find(h.src)?;
-        let ep = eps.get_mut(ei);
+        let h = Header::decode_eager(bytes).filter(|h| h.src == sender)?;
+        let ep = eps.try_get_mut(ei)?;
         if !ep.is_open() || ep.rx.expected() != h.seq {
             return None;
         }
         ep.rx.arrive(h.seq);
         let returned = if fc {
-            settle(eps, ei, qpn, cap, h.credits, false)
+            let (owe, r) = settle_on(ep, qpn, cap, h.credits, false);
+            if owe {
+                eps.requeue(ei, Item::credit());
+            }
+            r
         } else {
             None
         };

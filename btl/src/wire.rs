@@ -99,20 +99,37 @@ impl Header {
     /// Reads a header from a received message of `msg.len()` bytes; `None`
     /// when it is short, of an unknown kind, or its length disagrees.
     pub fn decode(msg: &[u8]) -> Option<Header> {
-        // A header of fixed size: its fields are read with no bounds
-        // checks.
         let (b, body) = msg.split_first_chunk::<HEADER>()?;
+        let h = Header::fields(b, Kind::from_code(b[8])?);
+        let credit_only = h.kind != Kind::Credit || (h.len == 0 && h.tag == 0);
+        (h.len as usize == body.len() && credit_only).then_some(h)
+    }
+
+    /// [`Header::decode`] of an eager message: `None` for any other kind
+    /// too, told by one test of its code.
+    #[inline(always)]
+    pub fn decode_eager(msg: &[u8]) -> Option<Header> {
+        let (b, body) = msg.split_first_chunk::<HEADER>()?;
+        if b[8] != Kind::Eager.code() {
+            return None;
+        }
+        let h = Header::fields(b, Kind::Eager);
+        (h.len as usize == body.len()).then_some(h)
+    }
+
+    /// The fields of header `b`, of kind `kind` (read from `b[8]`). A
+    /// header of fixed size: they are read with no bounds checks.
+    #[inline(always)]
+    fn fields(b: &[u8; HEADER], kind: Kind) -> Header {
         let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let h = Header {
+        Header {
             src: u(0),
             seq: u(4),
-            kind: Kind::from_code(b[8])?,
+            kind,
             tag: b[9],
             credits: u16::from_le_bytes([b[10], b[11]]),
             len: u(12),
-        };
-        let credit_only = h.kind != Kind::Credit || (h.len == 0 && h.tag == 0);
-        (h.len as usize == body.len() && credit_only).then_some(h)
+        }
     }
 }
 
@@ -225,7 +242,9 @@ pub(crate) fn copy_short(dst: &mut [u8], src: &[u8]) {
     let n = src.len();
     debug_assert_eq!(dst.len(), n);
     // Each arm copies a head and a tail of one fixed size that together
-    // cover all `n` bytes.
+    // cover all `n` bytes. Inline, as the whole: a call for two moves
+    // costs more than they do.
+    #[inline(always)]
     fn two<const K: usize>(dst: &mut [u8], src: &[u8]) {
         let n = src.len();
         dst[..K].copy_from_slice(&src[..K]);
@@ -283,6 +302,24 @@ mod tests {
         assert_eq!(Header::decode(&m), None, "unknown kind");
         m[8] = 2;
         assert_eq!(Header::decode(&m), Some(h));
+        assert_eq!(Header::decode_eager(&m), None, "an RTS is not eager");
+        m[8] = Kind::Eager.code();
+        let e = Header {
+            kind: Kind::Eager,
+            ..h
+        };
+        assert_eq!(Header::decode_eager(&m), Some(e));
+        assert_eq!(
+            Header::decode(&m),
+            Some(e),
+            "both read an eager header alike"
+        );
+        assert_eq!(
+            Header::decode_eager(&m[..HEADER + 2]),
+            None,
+            "length disagrees"
+        );
+        assert_eq!(Header::decode_eager(&m[..10]), None, "short");
         let c = Header {
             kind: Kind::Credit,
             tag: 0,

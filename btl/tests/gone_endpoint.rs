@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use btlsim::{Cluster, TAG};
-use xrcbtl_btl::{BtlError, Notice};
+use xrcbtl_btl::{BtlError, Notice, Peer};
 use xrcbtl_fabric::sim::{CmAction, CmFault, CmMsgKind, SimDevice};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -70,4 +70,47 @@ fn a_message_for_a_failed_endpoint_is_not_delivered_on_the_straight_line() {
     );
     let after = c.btl(0).stats();
     assert_eq!(after.eager_received, before.eager_received);
+}
+
+/// Ranks 0 and 1 on nodes 0 and 1 (XRC). The straight line reads the
+/// sender's endpoint at the index it last believed it at
+/// (`Recv::sender_seen`), without looking the rank up. Rank 0 deletes its
+/// endpoint to rank 1 (the index stays, gone) and adds a new one (at a
+/// new index); rank 1 has heard nothing and goes on with its sequence, on
+/// the same QP. Nothing of it is delivered, neither through the gone
+/// endpoint nor out of the new one's sequence, while rank 0's own
+/// messages reach rank 1 on the new endpoint.
+#[test]
+fn a_deleted_endpoint_is_not_read_again_by_the_straight_line() {
+    let mut c = Cluster::new(62, 2, 1, SimDevice::ib("sim0"));
+    for (i, body) in [b"one", b"two"].iter().enumerate() {
+        c.btl(1).send(0, TAG, &[], *body).unwrap();
+        c.run_until(LIMIT, |c| c.got_count(0) == i + 1);
+    }
+    c.btl(0).del_procs(&[1]);
+    c.settle(LIMIT);
+    c.btl(1).send(0, TAG, &[], b"after the delete").unwrap();
+    c.settle(LIMIT);
+    let b1 = c.btl(1);
+    let again = Peer {
+        rank: 1,
+        node: 1,
+        addr: b1.listen_addr().unwrap(),
+        ib: None,
+        receive: Some(b1.receive()),
+    };
+    c.btl(0).add_procs(&[again]).unwrap();
+    c.btl(1).send(0, TAG, &[], b"after the new one").unwrap();
+    c.btl(0).send(1, TAG, &[], b"from the new one").unwrap();
+    c.run_until(LIMIT, |c| c.got_count(1) == 1);
+    c.settle(LIMIT);
+    assert_eq!(c.got(1)[0].data, b"from the new one");
+    let bodies: Vec<Vec<u8>> = c.got(0).into_iter().map(|g| g.data).collect();
+    assert_eq!(
+        bodies,
+        [b"one".to_vec(), b"two".to_vec()],
+        "a message was delivered through a deleted endpoint"
+    );
+    let s = c.btl(0).stats();
+    assert_eq!(s.eager_received, 2, "{s:?}");
 }

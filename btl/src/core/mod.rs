@@ -111,6 +111,7 @@ pub(crate) struct Core<C: Context, H> {
     /// progress call may poll the receive CQ alone, without this lock
     /// ([`crate::Btl::progress`]'s quiet path). Set by every progress call
     /// that took the lock, once it has done its work ([`Core::set_quiet`]),
+    /// but a quiet call that left nothing behind ([`Core::quiet_found`]),
     /// and raised by every other taking of the lock ([`Core::entered`])
     /// and by whatever leaves work behind without it.
     rare: Arc<AtomicBool>,
@@ -266,11 +267,20 @@ impl<C: Context, H> Core<C, H> {
     /// whose poll of the receive CQ, made without this lock, found `n`
     /// completions in `wcs`: the receive side reads them, then what they
     /// brought is done. Returns how much it found.
+    ///
+    /// The call began with the slow-work word down. Completions that all
+    /// took the straight line can leave behind only pending work (credits
+    /// to return) or a failed repost: without either, nothing is left to
+    /// do and the word is left as it is (down, or raised meanwhile by
+    /// another taking of the lock, for a reason of its own).
     #[inline(always)]
     pub fn quiet_found(&mut self, wcs: &[WorkCompletion], n: usize) -> usize {
         self.recv.took(n, wcs.len());
-        self.read_found(wcs);
-        n + self.after_recv()
+        let general = self.read_found(&wcs[..n]);
+        if general || self.eps.any_ready() || self.iface.repost_wanted {
+            return n + self.after_recv();
+        }
+        n
     }
 
     /// The slow-work word ([`Core::rare`]'s doc): raised, so that the next
@@ -359,7 +369,7 @@ impl<C: Context, H> Core<C, H> {
             && !self.drv.wants_look()
             && self.sends.signalled_out() == 0
             && !self.sends.wants_cover()
-            && !self.iface.recv_moved;
+            && !self.iface.repost_wanted;
         self.rare.store(!quiet, Ordering::Relaxed);
     }
 

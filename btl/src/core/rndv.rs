@@ -28,29 +28,24 @@ impl<C: Context, H> Core<C, H> {
     #[inline(always)]
     pub(super) fn poll_recv(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         let n = self.recv.poll(&self.iface.recv_cq, wcs);
-        self.read_recv(wcs);
+        if n > 0 {
+            self.read_polled(&wcs[..n]);
+        }
+        self.repost_due();
         n
     }
 
-    /// Reads what the last poll of the receive CQ found (in `wcs`), and
-    /// posts the receive buffers due again.
-    #[inline(always)]
-    pub(super) fn read_recv(&mut self, wcs: &[WorkCompletion]) {
-        if self.recv.unread() {
-            self.read_polled(wcs);
-        }
-        self.repost_due();
-    }
-
-    /// [`Core::read_recv`] for a quiet progress call, whose poll found
-    /// completions: read in the caller's frame. That call saves every
+    /// [`Core::poll_recv`]'s reading, for a quiet progress call whose poll
+    /// found completions (`wcs`): read in the caller's frame. That call saves every
     /// register it may use on entry, the empty ones too, so a frame of
     /// the reading's own would cost the receiving call its set-up and
-    /// save nothing on the others.
+    /// save nothing on the others. Returns whether any completion took
+    /// the general path.
     #[inline(always)]
-    pub(super) fn read_found(&mut self, wcs: &[WorkCompletion]) {
-        self.read_all(wcs);
+    pub(super) fn read_found(&mut self, wcs: &[WorkCompletion]) -> bool {
+        let general = self.read_all(wcs);
         self.repost_due();
+        general
     }
 
     /// Posts the receive buffers due again. Also after a poll that found
@@ -58,7 +53,7 @@ impl<C: Context, H> Core<C, H> {
     /// found their messages.
     #[inline(always)]
     fn repost_due(&mut self) {
-        if self.iface.repost_due(self.cfg.srq_refill).is_err() {
+        if self.iface.repost_due().is_err() {
             self.stats.no_resource += 1;
         }
     }
@@ -71,11 +66,13 @@ impl<C: Context, H> Core<C, H> {
         self.read_all(wcs);
     }
 
-    /// Reads the completions of the last poll still unread: each by the
-    /// straight line, else by the general path.
+    /// Reads the completions a poll found, `wcs`: each by the straight
+    /// line, else by the general path. Returns whether any took the
+    /// general path.
     #[inline(always)]
-    fn read_all(&mut self, wcs: &[WorkCompletion]) {
-        while let Some(wc) = self.recv.take(wcs) {
+    fn read_all(&mut self, wcs: &[WorkCompletion]) -> bool {
+        let mut general = false;
+        for wc in wcs {
             let fc = self.iface.credits();
             let mut short = ShortView {
                 iface: &mut self.iface,
@@ -90,6 +87,7 @@ impl<C: Context, H> Core<C, H> {
                 Some(Some(returned)) => self.arrived(returned),
                 Some(None) => {}
                 None => {
+                    general = true;
                     let (recv, mut v) = self.recv();
                     if let Some(got) = recv.on_completion(&mut v, wc) {
                         self.on_got(got);
@@ -97,6 +95,7 @@ impl<C: Context, H> Core<C, H> {
                 }
             }
         }
+        general
     }
 
     /// Acts on what a message brought: credits returned, then rendezvous
@@ -139,7 +138,7 @@ impl<C: Context, H> Core<C, H> {
                 self.iface.give_back(slot);
                 // Posted again now when a batch is due: the receiver may
                 // not poll again for a long while.
-                if self.iface.repost_due(self.cfg.srq_refill).is_err() {
+                if self.iface.repost_due().is_err() {
                     self.stats.no_resource += 1;
                 }
                 let Some((src, qpn)) = credit else { return };

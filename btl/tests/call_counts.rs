@@ -171,12 +171,15 @@ fn the_counters_count_a_round_trip() {
     let pp = PingPong::new(SimDevice::ib("sim0"), TAG);
     let job = &pp.job;
     let before = [snapshot(job, 0), snapshot(job, 1)];
-    let calls = pp.round_trips(TAG, 20, &[], &BODY, Back::Send);
+    // More round trips than a QP's run of unsignalled sends (64), so
+    // that a signalled one is among them.
+    const N: u64 = 80;
+    let calls = pp.round_trips(TAG, N, &[], &BODY, Back::Send);
     let after = [snapshot(job, 0), snapshot(job, 1)];
     for r in 0..2 {
         let (x, y) = (&before[r], &after[r]);
         assert!(
-            y.verbs.post_send >= x.verbs.post_send + 20,
+            y.verbs.post_send >= x.verbs.post_send + N,
             "rank {r}: posts"
         );
         assert!(y.verbs.signalled > x.verbs.signalled, "rank {r}: signalled");
@@ -189,7 +192,7 @@ fn the_counters_count_a_round_trip() {
             "rank {r}: receives per call"
         );
         assert!(
-            y.recv_cq.hits >= x.recv_cq.hits + 20,
+            y.recv_cq.hits >= x.recv_cq.hits + N,
             "rank {r}: receive-CQ hits"
         );
         assert!(y.recv_cq.calls >= y.recv_cq.hits, "rank {r}: polls");
@@ -198,7 +201,7 @@ fn the_counters_count_a_round_trip() {
             "rank {r}: completions"
         );
         assert!(
-            y.stats.locks >= x.stats.locks + 20 + calls[r],
+            y.stats.locks >= x.stats.locks + N + calls[r],
             "rank {r}: locks"
         );
     }

@@ -52,7 +52,7 @@ fn quiet_progress_carries_everything(device: SimDevice) {
         );
         // A short message posted unsignalled leaves nothing rare: the
         // progress call after it stays quiet. The full path is for the
-        // signalled ones (1 in 16) and the control looks: measured 91 to
+        // signalled ones (1 in 64) and the control looks: measured 91 to
         // 214 here, and over 1,000 (one per message sent) when every send
         // asked for the full path.
         let full = calls[r] - q;

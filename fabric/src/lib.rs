@@ -262,6 +262,30 @@ pub trait Cq: Clone + Send + Sync {
         self.poll(out).unwrap_or(0)
     }
 
+    /// Where [`Cq::poll_staged`] leaves the completions it took, as the
+    /// device wrote them, until [`Cq::take_staged`] converts them.
+    type Staged: Send;
+
+    /// A staging area for polls of up to `batch` completions (at least
+    /// one), kept by the caller that spins on the queue.
+    fn staging(&self, batch: usize) -> Self::Staged;
+
+    /// [`Cq::poll_quick`] cut in two, for a caller that spins on the
+    /// queue: takes up to the staging's batch of completions into `st`,
+    /// unconverted, and returns how many (an error counts as nothing
+    /// found). The usual answer, nothing, then costs the device's poll
+    /// and a test, with nothing of the caller's kept across it; what a
+    /// poll found is handed to [`Cq::take_staged`] before the next poll.
+    fn poll_staged(&self, st: &mut Self::Staged) -> usize;
+
+    /// Converts the `n` completions the last [`Cq::poll_staged`] left in
+    /// `st` into `out` (room for the staging's batch) and, when that poll
+    /// filled the batch, polls on while `out` has room, as
+    /// [`Cq::poll_quick`] does. Returns how many `out` holds: none once
+    /// the queue has overrun (what the poll took counts as nothing found,
+    /// as [`Cq::poll_quick`] finds nothing).
+    fn take_staged(&self, st: &mut Self::Staged, n: usize, out: &mut [WorkCompletion]) -> usize;
+
     /// Arms the queue: the next completion added to it wakes
     /// [`Cq::sleep`]. One that came before the arming does not, so a
     /// caller about to sleep arms, polls once more (and acts on what that

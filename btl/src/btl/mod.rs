@@ -73,7 +73,10 @@ pub type OnDone<C> = DoneFn<Btl<C>>;
 /// What the one progress call polling the receive CQ holds (the poller,
 /// [`Btl::progress`]): the buffer a poll without the state's lock fills,
 /// and the counts only progress keeps.
-struct Poller {
+struct Poller<Q: Cq> {
+    /// What a quiet call's poll took, as the device wrote it, until it is
+    /// converted into `wcs` ([`Cq::poll_staged`]).
+    staged: Q::Staged,
     /// The receive CQ's completions, as a poll found them, until the core
     /// has read them (under its lock, before the poller is let go).
     wcs: Vec<WorkCompletion>,
@@ -97,7 +100,7 @@ struct Poller {
 pub struct Btl<C: Context> {
     /// The receive CQ's poller: taken by progress calls only, before
     /// `core`.
-    poller: Mutex<Poller>,
+    poller: Mutex<Poller<C::Cq>>,
     core: Mutex<Core<C, Btl<C>>>,
     /// The core's slow-work word ([`Core::raise`]), read without its lock.
     rare: Arc<AtomicBool>,
@@ -130,6 +133,7 @@ impl<C: Context> Btl<C> {
         };
         Ok(Btl {
             poller: Mutex::new(Poller {
+                staged: facts.recv_cq.staging(cfg.cq_batch),
                 wcs: vec![WorkCompletion::default(); cfg.cq_batch.max(1)],
                 left: 0,
                 idle_left: yield_after,
@@ -538,7 +542,7 @@ impl<C: Context> Btl<C> {
         }
         p.left -= 1;
         p.quiet += 1;
-        let n = self.facts.recv_cq.poll_quick(&mut p.wcs);
+        let n = self.facts.recv_cq.poll_staged(&mut p.staged);
         if n == 0 {
             p.idle_left -= 1;
             if p.idle_left != 0 {
@@ -556,7 +560,16 @@ impl<C: Context> Btl<C> {
     /// and act on them first). Out of line, with the reading of what was
     /// found in its frame: the empty call then saves fewer registers.
     #[inline(never)]
-    fn progress_found(&self, mut p: MutexGuard<'_, Poller>, n: usize) -> usize {
+    fn progress_found(&self, mut p: MutexGuard<'_, Poller<C::Cq>>, n: usize) -> usize {
+        let poller = &mut *p;
+        let n = self
+            .facts
+            .recv_cq
+            .take_staged(&mut poller.staged, n, &mut poller.wcs);
+        if n == 0 {
+            // The queue overran: nothing found.
+            return 0;
+        }
         p.found += 1;
         p.idle_left = p.yield_after;
         let mut core = self.core.lock();
@@ -568,7 +581,7 @@ impl<C: Context> Btl<C> {
 
     /// [`Btl::progress`]'s full call: everything due, under both locks.
     #[inline(never)]
-    fn progress_full(&self, mut p: MutexGuard<'_, Poller>) -> usize {
+    fn progress_full(&self, mut p: MutexGuard<'_, Poller<C::Cq>>) -> usize {
         let mut core = self.core.lock();
         core.count_lock();
         let poller = &mut *p;
@@ -611,7 +624,7 @@ impl<C: Context> Btl<C> {
     /// guest: osu_latency's 8 B average fell from about 105 to 77 us).
     #[cold]
     #[inline(never)]
-    fn idle_yield(&self, mut p: MutexGuard<'_, Poller>) {
+    fn idle_yield(&self, mut p: MutexGuard<'_, Poller<C::Cq>>) {
         p.idle_left = p.yield_after;
         p.yields += 1;
         drop(p);

@@ -613,6 +613,32 @@ impl Cq for SimCq {
         Ok(n)
     }
 
+    /// The completions themselves: the simulator has no other form.
+    type Staged = Vec<WorkCompletion>;
+
+    fn staging(&self, batch: usize) -> Vec<WorkCompletion> {
+        vec![WorkCompletion::default(); batch.max(1)]
+    }
+
+    fn poll_staged(&self, st: &mut Vec<WorkCompletion>) -> usize {
+        self.poll_quick(st)
+    }
+
+    fn take_staged(
+        &self,
+        st: &mut Vec<WorkCompletion>,
+        n: usize,
+        out: &mut [WorkCompletion],
+    ) -> usize {
+        let n = n.min(st.len()).min(out.len());
+        out[..n].copy_from_slice(&st[..n]);
+        if n < st.len() || n == out.len() {
+            return n;
+        }
+        // A full batch polls on, as a poll of all of `out` would have.
+        n + self.poll_quick(&mut out[n..])
+    }
+
     fn arm(&self) -> Result<()> {
         // Sleeping looks at the queue itself: nothing to arm.
         Ok(())

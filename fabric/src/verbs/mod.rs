@@ -22,7 +22,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 pub use cm::{VerbsCmChannel, VerbsCmId};
-pub use objects::{VerbsCq, VerbsMr, VerbsPd, VerbsQp, VerbsRecvs, VerbsSrq, VerbsXrcd};
+pub use objects::{
+    VerbsCq, VerbsMr, VerbsPd, VerbsQp, VerbsRecvs, VerbsSrq, VerbsStaged, VerbsXrcd,
+};
 
 use crate::types::*;
 use crate::{Context, Error, Fabric, QpInit, Result};

@@ -426,6 +426,21 @@ fn convert_wc(w: &sys::ibv_wc) -> WorkCompletion {
     }
 }
 
+/// [`Cq::Staged`] of a verbs CQ: room for the provider's entries, with the
+/// CQ and the batch to ask for read once, so that a staged poll loads
+/// nothing but what it passes to `ibv_poll_cq`.
+pub struct VerbsStaged {
+    /// Keeps the CQ that `cq` points to alive.
+    _held: VerbsCq,
+    cq: *mut sys::ibv_cq,
+    ask: i32,
+    raw: RawWcs,
+}
+
+// SAFETY: `cq` is the CQ `_held` keeps alive, a thread-safe verbs object;
+// the entries are plain data.
+unsafe impl Send for VerbsStaged {}
+
 impl VerbsCq {
     pub(crate) fn new(ctx: &VerbsContext, cqe: u32) -> Result<Self> {
         let max = ctx.0.caps.max_cqe;
@@ -616,6 +631,47 @@ impl Cq for VerbsCq {
             return 1;
         }
         self.took(out, &mut raw, n as usize)
+    }
+
+    type Staged = VerbsStaged;
+
+    fn staging(&self, batch: usize) -> VerbsStaged {
+        VerbsStaged {
+            _held: self.clone(),
+            cq: self.0.cq,
+            ask: asked(batch.max(1)) as i32,
+            raw: [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; RAW_WCS],
+        }
+    }
+
+    #[inline(always)]
+    fn poll_staged(&self, st: &mut VerbsStaged) -> usize {
+        // SAFETY: `st.cq` is live (held by `st`); `st.raw` has room for
+        // `st.ask` entries (MaybeUninit<ibv_wc> has ibv_wc's layout).
+        let n =
+            unsafe { sys::ibv_poll_cq(st.cq, st.ask, st.raw.as_mut_ptr().cast::<sys::ibv_wc>()) };
+        // Empty, or an error, which counts as nothing found.
+        if n <= 0 {
+            return 0;
+        }
+        n as usize
+    }
+
+    #[inline(always)]
+    fn take_staged(&self, st: &mut VerbsStaged, n: usize, out: &mut [WorkCompletion]) -> usize {
+        // Looked at here, not before the poll: the empty poll, the usual
+        // one, then pays nothing for it.
+        if self.rare() {
+            return 0;
+        }
+        if n == 1 && out.len() > 1 {
+            // The usual find of a ping-pong, one entry of the several asked
+            // for: converted in the caller's frame, and no polling on.
+            // SAFETY: ibv_poll_cq wrote the entry it returned.
+            out[0] = convert_wc(unsafe { st.raw[0].assume_init_ref() });
+            return 1;
+        }
+        self.took(out, &mut st.raw, n)
     }
 
     fn arm(&self) -> Result<()> {

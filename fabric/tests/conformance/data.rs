@@ -70,6 +70,7 @@ pub fn rules<H: Harness>() -> Vec<Rule<H>> {
             limits_send_queue_full::<H>,
         ),
         rule("limits_cq_overrun", &[], limits_cq_overrun::<H>),
+        rule("cq_staged_poll", &[], cq_staged_poll::<H>),
         rule(
             "limits_send_queue_resize",
             &[],
@@ -629,9 +630,83 @@ fn limits_cq_overrun<H: Harness>(h: &H) -> Outcome {
     wait_async(h, &a.ctx, |e| *e == AsyncEvent::CqError { cq: cq_id })?;
     let mut buf = [WorkCompletion::default(); 4];
     match ea.cq.poll(&mut buf) {
-        Err(Error::CqOverrun) => Ok(()),
-        other => Err(Failure(format!("poll of an overrun CQ: {other:?}"))),
+        Err(Error::CqOverrun) => {}
+        other => return Err(Failure(format!("poll of an overrun CQ: {other:?}"))),
     }
+    // A staged poll finds nothing there either, whatever the device
+    // still hands out.
+    let mut st = ea.cq.staging(4);
+    let n = ea.cq.poll_staged(&mut st);
+    let k = if n == 0 {
+        0
+    } else {
+        ea.cq.take_staged(&mut st, n, &mut buf)
+    };
+    ensure_eq!(k, 0);
+    Ok(())
+}
+
+/// Takes `n` receive completions from `cq` by staged polls ([`Cq::poll_staged`], [`Cq::take_staged`]) of `batch`
+/// into `room` entries; checks each poll's count and returns them all.
+fn staged_receives<H: Harness, Q: Cq>(
+    h: &H,
+    cq: &Q,
+    batch: usize,
+    room: usize,
+    n: usize,
+) -> std::result::Result<Vec<WorkCompletion>, Failure> {
+    let deadline = h.now() + patience();
+    let mut st = cq.staging(batch);
+    let mut out = vec![WorkCompletion::default(); room];
+    let mut got = Vec::new();
+    while got.len() < n {
+        let k = cq.poll_staged(&mut st);
+        ensure!(k <= batch, "a staged poll of {batch} took {k}");
+        if k == 0 {
+            ensure!(
+                h.now() < deadline,
+                "timed out with {} of {n} completions: {got:?}",
+                got.len()
+            );
+            std::thread::yield_now();
+            continue;
+        }
+        let all = cq.take_staged(&mut st, k, &mut out);
+        ensure!(
+            (k..=room).contains(&all),
+            "{k} staged completions came out as {all} in room for {room}"
+        );
+        got.extend_from_slice(&out[..all]);
+    }
+    ensure_eq!(got.len(), n);
+    Ok(got)
+}
+
+/// A staged poll takes what a plain poll would, whole and in order: ten
+/// receives in batches of 4 into room for 4, then four more in batches of
+/// 2 into room for 4 (a poll that fills its batch polls on into the room
+/// left, as a plain poll of the whole room would).
+fn cq_staged_poll<H: Harness>(h: &H) -> Outcome {
+    let (a, b) = two(h)?;
+    let (ea, eb) = connect_rc(h, &a, &b, &Opts::default(), &Opts::default())?;
+    let mut next = 0usize;
+    for (batch, room, n) in [(4, 4, 10), (2, 4, 4)] {
+        for i in next..next + n {
+            ea.send(i as u32, &pattern(i as u8, i + 1))?;
+        }
+        wait_cq(h, &ea.cq, n)?;
+        let got = staged_receives(h, &eb.cq, batch, room, n)?;
+        for (j, wc) in got.iter().enumerate() {
+            let i = next + j;
+            check_wc(wc, 1000 + i as u64, WcStatus::Success)?;
+            ensure_eq!(wc.opcode, WcOpcode::Recv);
+            ensure_eq!(wc.byte_len as usize, i + 1);
+            ensure_eq!(wc.qp_num, eb.qp.qp_num());
+            ensure_eq!(eb.rbuf.read(i * 4096, i + 1), pattern(i as u8, i + 1));
+        }
+        next += n;
+    }
+    Ok(())
 }
 
 fn limits_max_inline<H: Harness>(h: &H) -> Outcome {

@@ -90,10 +90,21 @@ struct Poller<Q: Cq> {
     yield_after: u32,
     /// Times it yielded.
     yields: u64,
-    /// Quiet progress calls, and those of them that found completions
-    /// (and so took the state's lock).
+    /// Quiet progress calls before the last full one, and the quiet calls
+    /// that found completions (and so took the state's lock). A quiet call
+    /// counts itself only by counting `left` down: those since the last
+    /// full call are `mark - left`.
     quiet: u64,
     found: u64,
+    /// `left` as the last full call left it.
+    mark: u32,
+}
+
+impl<Q: Cq> Poller<Q> {
+    /// Quiet progress calls so far.
+    fn quiet_calls(&self) -> u64 {
+        self.quiet + u64::from(self.mark - self.left)
+    }
 }
 
 /// The byte transfer layer of one rank on one device.
@@ -141,6 +152,7 @@ impl<C: Context> Btl<C> {
                 yields: 0,
                 quiet: 0,
                 found: 0,
+                mark: 0,
             }),
             facts,
             rare,
@@ -250,7 +262,7 @@ impl<C: Context> Btl<C> {
         // The poller first, as progress takes the two locks.
         let (yields, quiet, found) = {
             let p = self.poller.lock();
-            (p.yields, p.quiet, p.found)
+            (p.yields, p.quiet_calls(), p.found)
         };
         BtlStats {
             idle_yields: yields,
@@ -541,7 +553,6 @@ impl<C: Context> Btl<C> {
             return self.progress_full(p);
         }
         p.left -= 1;
-        p.quiet += 1;
         let n = self.facts.recv_cq.poll_staged(&mut p.staged);
         if n == 0 {
             p.idle_left -= 1;
@@ -585,7 +596,9 @@ impl<C: Context> Btl<C> {
         let mut core = self.core.lock();
         core.count_lock();
         let poller = &mut *p;
+        poller.quiet = poller.quiet_calls();
         let n = core.poll_full(&mut poller.left, &mut poller.wcs);
+        poller.mark = poller.left;
         // Deliveries waiting are work too (a message to itself, queued by
         // a send): this call runs them, since the quiet calls after it
         // will not look.

@@ -663,12 +663,7 @@ fn staged_receives<H: Harness, Q: Cq>(
         let k = cq.poll_staged(&mut st);
         ensure!(k <= batch, "a staged poll of {batch} took {k}");
         if k == 0 {
-            ensure!(
-                h.now() < deadline,
-                "timed out with {} of {n} completions: {got:?}",
-                got.len()
-            );
-            std::thread::yield_now();
+            wait_more(h, deadline, n, &got)?;
             continue;
         }
         let all = cq.take_staged(&mut st, k, &mut out);

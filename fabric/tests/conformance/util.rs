@@ -41,15 +41,27 @@ pub fn wait_cq<H: Harness, Q: Cq>(h: &H, cq: &Q, n: usize) -> Result<Vec<WorkCom
         let k = cq.poll(&mut buf[..(n - got.len()).min(16)])?;
         got.extend_from_slice(&buf[..k]);
         if k == 0 {
-            ensure!(
-                h.now() < deadline,
-                "timed out with {} of {n} completions: {got:?}",
-                got.len()
-            );
-            std::thread::yield_now();
+            wait_more(h, deadline, n, &got)?;
         }
     }
     Ok(got)
+}
+
+/// A poll found nothing with `got` of `n` completions in: fails past
+/// `deadline`, else lets others run before the next poll.
+pub fn wait_more<H: Harness>(
+    h: &H,
+    deadline: Duration,
+    n: usize,
+    got: &[WorkCompletion],
+) -> Result<(), Failure> {
+    ensure!(
+        h.now() < deadline,
+        "timed out with {} of {n} completions: {got:?}",
+        got.len()
+    );
+    std::thread::yield_now();
+    Ok(())
 }
 
 /// Polls `cq` until every id in `wr_ids` has completed; returns those

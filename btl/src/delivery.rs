@@ -118,12 +118,18 @@ pub(crate) enum Delivery<C: Context, H> {
 /// handed straight to the thread that runs it; only those behind it go
 /// through the queue (a small message in a ping-pong never does). A short
 /// message that finds nothing waiting is copied straight into a slot of
-/// its own, ahead of all else, and taken out whole once.
+/// its own, ahead of all else, and taken out whole once. That slot is not
+/// in the number until [`Deliveries::count_short`] puts it there: the
+/// progress call that filled it hands it to its callback itself, under
+/// the same lock, unless another thread is delivering, and only then does
+/// that thread need to see it counted.
 pub(crate) struct Deliveries<C: Context, H> {
     /// A short message older than everything else, when `short_held`.
     short: Short,
     /// Whether `short` holds a message.
     short_held: bool,
+    /// Whether `short`'s message is in `queued`.
+    short_counted: bool,
     /// The oldest delivery (after `short`), when there is one.
     first: Option<Delivery<C, H>>,
     /// Those behind it, in order.
@@ -140,6 +146,7 @@ impl<C: Context, H> Deliveries<C, H> {
         Deliveries {
             short: Short::EMPTY,
             short_held: false,
+            short_counted: false,
             first: None,
             queue: VecDeque::new(),
             queued,
@@ -163,16 +170,27 @@ impl<C: Context, H> Deliveries<C, H> {
     }
 
     /// Queues the short message `body` (at most [`SMALL_BODY`] bytes) from
-    /// `src` with `tag`: copied into its own slot when nothing waits, else
-    /// queued behind what does.
+    /// `src` with `tag`: copied into its own slot when nothing waits (not
+    /// counted yet: [`Deliveries::count_short`]), else queued behind what
+    /// does.
     #[inline(always)]
     pub fn push_short(&mut self, src: Rank, tag: Tag, body: &[u8]) {
         if !self.short_held && self.first.is_none() {
             self.short.fill(src, tag, body);
             self.short_held = true;
-            self.queued.fetch_add(1, Ordering::SeqCst);
         } else {
             self.push_short_behind(src, tag, body);
+        }
+    }
+
+    /// Counts the short message in its own slot among the deliveries
+    /// waiting, if it is not counted yet: before the lock is let go with
+    /// it still there, so that a thread delivering meanwhile sees it.
+    #[inline]
+    pub fn count_short(&mut self) {
+        if self.short_held && !self.short_counted {
+            self.short_counted = true;
+            self.queued.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -204,7 +222,10 @@ impl<C: Context, H> Deliveries<C, H> {
     pub fn take_short(&mut self) -> Short {
         debug_assert!(self.short_held, "a short message waits");
         self.short_held = false;
-        self.queued.fetch_sub(1, Ordering::SeqCst);
+        if self.short_counted {
+            self.short_counted = false;
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
         self.short
     }
 
@@ -282,6 +303,10 @@ mod tests {
             err: BtlError::Closed(4),
         });
         assert_eq!(d.len(), 4);
+        // The slot's message counts once counted, and only once.
+        assert_eq!(queued.load(Ordering::SeqCst), 3);
+        d.count_short();
+        d.count_short();
         assert_eq!(queued.load(Ordering::SeqCst), 4);
         // Only what waited behind another counts as queued.
         assert_eq!(d.pushed(), 2);
@@ -305,6 +330,7 @@ mod tests {
         );
         d.push_short(8, 7, &[]);
         assert_eq!(d.len(), 1);
+        assert_eq!(queued.load(Ordering::SeqCst), 0, "not counted yet");
         assert_eq!(drain(&mut d), ["short 8 []"]);
         assert_eq!(queued.load(Ordering::SeqCst), 0);
     }

@@ -95,19 +95,28 @@ impl<C: Context> Btl<C> {
     /// rest is out of line.
     #[inline(always)]
     pub(super) fn deliver_all(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>) -> usize {
-        // The usual case, on a line of its own: a short message waits in
-        // its slot (the oldest delivery) and no one else is delivering.
-        if held.has_short() && !self.delivering.swap(true, Ordering::SeqCst) {
-            let flag = self.delivering_flag();
-            let s = held.next_short_held();
-            self.run_short(held, &s);
-            flag.done();
-            // What was queued while the flag was up is ours to run, as at
-            // the end of the loop below.
-            if self.queued.load(Ordering::SeqCst) == 0 {
-                return 1;
+        if held.has_short() {
+            // The usual case, on a line of its own: a short message waits
+            // in its slot (the oldest delivery) and no one else is
+            // delivering. The slot's message is counted only when it is
+            // left to another deliverer (below).
+            if !self.delivering.swap(true, Ordering::SeqCst) {
+                let flag = self.delivering_flag();
+                let s = held.next_short_held();
+                self.run_short(held, &s);
+                flag.done();
+                // What was queued while the flag was up is ours to run, as
+                // at the end of the loop below.
+                if self.queued.load(Ordering::SeqCst) == 0 {
+                    return 1;
+                }
+                return 1 + self.deliver_loop(None);
             }
-            return 1 + self.deliver_loop(None);
+            // Another thread delivers: counted before the loop below looks
+            // at the flag again, so that the other thread, which looks at
+            // the count after it lets the flag go, sees it if this one does
+            // not take the flag.
+            held.count_short();
         }
         self.deliver_loop(Some(held))
     }

@@ -620,9 +620,10 @@ impl<C: Context> Btl<C> {
     /// callbacks of what it queued, if anything was queued.
     #[inline(always)]
     fn deliver_after(&self, core: MutexGuard<'_, Core<C, Btl<C>>>, n: usize) -> usize {
-        // Most calls have nothing to deliver: they pay for no more than
-        // this look.
-        if self.queued.load(Ordering::SeqCst) == 0 {
+        // Most empty calls have nothing to deliver: they pay for no more
+        // than these looks (a short message in its slot is not counted in
+        // `queued` yet).
+        if !core.has_short() && self.queued.load(Ordering::SeqCst) == 0 {
             drop(core);
             return n;
         }

@@ -223,6 +223,14 @@ impl<C: Context, H> Core<C, H> {
         self.deliveries.take_short()
     }
 
+    /// Counts the short message in its own slot among the deliveries
+    /// waiting ([`crate::delivery::Deliveries::count_short`]), before the
+    /// lock is let go with it still there.
+    #[inline]
+    pub fn count_short(&mut self) {
+        self.deliveries.count_short();
+    }
+
     /// The send queues, with what they work through lent for one call.
     fn sends(&mut self) -> (&mut SendQueues, SendView<'_, C>) {
         let view = SendView {

@@ -56,12 +56,12 @@ const MAX_TRIES: u32 = 64;
 /// cost system calls.
 const CONTROL_EVERY: u32 = 16;
 /// How many times rarer the look is while every connection is settled:
-/// then once every 1,024 calls, a few microseconds of spinning on a
-/// device, against the milliseconds a connection takes to set up. A look
-/// costs about 1,000 instructions (the CM's and the device's event
-/// queues read, the timers); at 128 calls it added about 8 to every
-/// empty progress call.
-const CONTROL_SETTLED: u32 = 64;
+/// once every 128 calls. Not rarer: the look is also when a rank sees its
+/// unsignalled sends to a dead peer fail, and in a guest whose four ranks
+/// share one emulated CPU, 1,024 calls took rank 0 10.6 s to hear of a
+/// SIGKILLed peer (`scripts/guest-faults rxe`; 2.4 s at 128, against the
+/// 5 s the product promises).
+const CONTROL_SETTLED: u32 = 8;
 /// How often a rank looks for peers it waits on and has not heard from
 /// ([`Core::probe_silent`]).
 const PROBE_EVERY: Duration = Duration::from_secs(2);

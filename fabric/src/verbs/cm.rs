@@ -193,6 +193,13 @@ impl CmChannel for VerbsCmChannel {
                 new_id: None,
             });
         }
+        // Most looks find nothing: a poll of the channel's descriptor says
+        // so, where rdma_get_cm_event allocates an event, writes its
+        // command to the kernel and frees the event again (about 390
+        // user-space instructions a look, measured on siw).
+        if !self.readable() {
+            return None;
+        }
         loop {
             let mut ev = null_mut();
             // SAFETY: the channel is live and non-blocking.
@@ -220,6 +227,19 @@ impl CmChannel for VerbsCmChannel {
 }
 
 impl VerbsCmChannel {
+    /// Whether the channel's descriptor has something to read (or a
+    /// poll of it failed, which the read then reports).
+    fn readable(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            // SAFETY: the channel is live.
+            fd: unsafe { (*self.0.ch).fd },
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a timeout of 0 never blocks.
+        unsafe { libc::poll(&mut pfd, 1, 0) != 0 }
+    }
+
     /// Copies an event out and performs what the provider owes the
     /// application's QP; `None` for events the fabric does not report.
     fn translate(&self, ev: *mut sys::rdma_cm_event) -> Option<CmEvent<VerbsCmId>> {

@@ -331,6 +331,19 @@ pub async fn body<C: Context>(
         }
         let (iters, skip) = o.iters_for(size);
         r.barrier().await?;
+        if bench == Bench::Latency && r.is_solo() {
+            ping_pong(r, sender, peer, size, skip)?;
+            let start = r.now();
+            ping_pong(r, sender, peer, size, iters)?;
+            let elapsed = r.now() - start;
+            r.flush().await?;
+            rows.push(Row {
+                size,
+                iters,
+                elapsed,
+            });
+            continue;
+        }
         let mut start = r.now();
         for i in 0..iters + skip {
             if i == skip {
@@ -375,6 +388,31 @@ pub async fn body<C: Context>(
     }
     r.barrier().await?;
     Ok(rows)
+}
+
+/// `n` round trips of osu_latency's ping-pong of `size` bytes with `peer`
+/// (`sender` speaks first), for a solo rank: nothing but the round trips
+/// in one function of its own, so that `scripts/sw-cost` counts exactly
+/// them (callgrind's `--toggle-collect`), not the connection set-up and
+/// the barriers around them, whose spinning differs from run to run.
+#[inline(never)]
+pub fn ping_pong<C: Context>(
+    r: &mut BenchRank<C>,
+    sender: bool,
+    peer: u32,
+    size: usize,
+    n: u64,
+) -> Result<()> {
+    for _ in 0..n {
+        if sender {
+            r.send(peer, size)?;
+            r.spin_wait(1)?;
+        } else {
+            r.spin_wait(1)?;
+            r.send(peer, size)?;
+        }
+    }
+    Ok(())
 }
 
 fn us(d: Duration) -> f64 {

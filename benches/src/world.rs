@@ -142,6 +142,29 @@ impl<C: Context> BenchRank<C> {
         self.solo = true;
     }
 
+    /// [`BenchRank::wait`] for a rank marked solo ([`BenchRank::set_solo`]),
+    /// whose waits never go back to the executor: spins on progress here,
+    /// outside any future.
+    pub fn spin_wait(&mut self, n: u64) -> Result<()> {
+        debug_assert!(self.solo, "only a solo rank spins outside the executor");
+        while self.data.load(Ordering::Relaxed) - self.data_seen < n {
+            let w = self.btl.progress() as u64;
+            self.work.set(self.work.get() + w);
+            if w == 0 {
+                if let Some(why) = self.failed.get() {
+                    return Err(Error::state(format!("rank {}: {why}", self.rank)));
+                }
+            }
+        }
+        self.data_seen += n;
+        Ok(())
+    }
+
+    /// Whether this rank is the only one its thread runs.
+    pub fn is_solo(&self) -> bool {
+        self.solo
+    }
+
     /// Waits for `n` more payload messages (an error if a peer fails).
     pub async fn wait(&mut self, n: u64) -> Result<()> {
         while self.data.load(Ordering::Relaxed) - self.data_seen < n {

@@ -331,54 +331,14 @@ pub async fn body<C: Context>(
         }
         let (iters, skip) = o.iters_for(size);
         r.barrier().await?;
-        if bench == Bench::Latency && r.is_solo() {
+        let elapsed = if bench == Bench::Latency && r.is_solo() {
             ping_pong(r, sender, peer, size, skip)?;
             let start = r.now();
             ping_pong(r, sender, peer, size, iters)?;
-            let elapsed = r.now() - start;
-            r.flush().await?;
-            rows.push(Row {
-                size,
-                iters,
-                elapsed,
-            });
-            continue;
-        }
-        let mut start = r.now();
-        for i in 0..iters + skip {
-            if i == skip {
-                start = r.now();
-            }
-            match bench {
-                Bench::Latency => {
-                    if sender {
-                        r.send(peer, size)?;
-                        r.wait(1).await?;
-                    } else {
-                        r.wait(1).await?;
-                        r.send(peer, size)?;
-                    }
-                }
-                Bench::Bw | Bench::MbwMr => {
-                    if sender {
-                        for _ in 0..o.window {
-                            r.send(peer, size)?;
-                        }
-                        r.wait(1).await?;
-                    } else {
-                        r.wait(o.window).await?;
-                        r.send(peer, 4)?;
-                    }
-                }
-                Bench::Bibw => {
-                    for _ in 0..o.window {
-                        r.send(peer, size)?;
-                    }
-                    r.wait(o.window).await?;
-                }
-            }
-        }
-        let elapsed = r.now() - start;
+            r.now() - start
+        } else {
+            timed(r, bench, o, sender, peer, size, iters, skip).await?
+        };
         r.flush().await?;
         rows.push(Row {
             size,
@@ -388,6 +348,57 @@ pub async fn body<C: Context>(
     }
     r.barrier().await?;
     Ok(rows)
+}
+
+/// `skip` untimed then `iters` timed iterations of `bench` at `size`
+/// bytes with `peer` (`sender` speaks first); returns the time the timed
+/// ones took.
+#[allow(clippy::too_many_arguments)]
+async fn timed<C: Context>(
+    r: &mut BenchRank<C>,
+    bench: Bench,
+    o: &Options,
+    sender: bool,
+    peer: u32,
+    size: usize,
+    iters: u64,
+    skip: u64,
+) -> Result<Duration> {
+    let mut start = r.now();
+    for i in 0..iters + skip {
+        if i == skip {
+            start = r.now();
+        }
+        match bench {
+            Bench::Latency => {
+                if sender {
+                    r.send(peer, size)?;
+                    r.wait(1).await?;
+                } else {
+                    r.wait(1).await?;
+                    r.send(peer, size)?;
+                }
+            }
+            Bench::Bw | Bench::MbwMr => {
+                if sender {
+                    for _ in 0..o.window {
+                        r.send(peer, size)?;
+                    }
+                    r.wait(1).await?;
+                } else {
+                    r.wait(o.window).await?;
+                    r.send(peer, 4)?;
+                }
+            }
+            Bench::Bibw => {
+                for _ in 0..o.window {
+                    r.send(peer, size)?;
+                }
+                r.wait(o.window).await?;
+            }
+        }
+    }
+    Ok(r.now() - start)
 }
 
 /// `n` round trips of osu_latency's ping-pong of `size` bytes with `peer`

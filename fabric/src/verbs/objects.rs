@@ -1129,19 +1129,13 @@ impl VerbsQp {
         }
     }
 
-    /// [`Qp::post_inline`] of a request the latency path does not take (a
-    /// TGT QP, an INI QP without a target SRQ, too long to go inline): the
-    /// general path says what is wrong.
+    /// [`Qp::post_send`], out of the inline post's line: for a request it
+    /// does not take (a TGT QP, an INI QP without a target SRQ, too long
+    /// to go inline).
     #[cold]
     #[inline(never)]
-    fn post_inline_refused(
-        &self,
-        wr_id: u64,
-        data: &[u8],
-        remote_srqn: Option<u32>,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post_send(&SendWr::inline(wr_id, data, remote_srqn, signaled))
+    fn post_send_cold(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send(wr)
     }
 
     pub(crate) fn create(
@@ -1536,7 +1530,8 @@ impl Qp for VerbsQp {
             QpType::XrcTgt => false,
         };
         if !ok || data.len() > self.0.caps.max_inline as usize {
-            return self.post_inline_refused(wr_id, data, remote_srqn, signaled);
+            // The general path says what is wrong.
+            return self.post_send_cold(&SendWr::inline(wr_id, data, remote_srqn, signaled));
         }
         let mut sge = sys::ibv_sge {
             addr: data.as_ptr() as u64,

@@ -547,6 +547,10 @@ impl<C: Context> Btl<C> {
     /// CQ holding the poller alone, and takes the core's lock only when it
     /// found completions. The empty answer, a spinning caller's usual one,
     /// then costs no lock but the poller's.
+    ///
+    /// Never inlined: a Rust caller's spin loop makes the same call as the
+    /// C ABI's, and scripts/sw-cost finds it by name to cost it per call.
+    #[inline(never)]
     pub fn progress(&self) -> usize {
         let mut p = self.poller.lock();
         if p.left == 0 || self.rare.load(Ordering::Relaxed) {

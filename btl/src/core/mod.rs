@@ -56,12 +56,11 @@ const MAX_TRIES: u32 = 64;
 /// cost system calls.
 const CONTROL_EVERY: u32 = 16;
 /// How many times rarer the look is while every connection is settled:
-/// once every 128 calls. Not rarer: the look is also when a rank sees its
-/// unsignalled sends to a dead peer fail, and in a guest whose four ranks
-/// share one emulated CPU, 1,024 calls took rank 0 10.6 s to hear of a
-/// SIGKILLed peer (`scripts/guest-faults rxe`; 2.4 s at 128, against the
-/// 5 s the product promises).
-const CONTROL_SETTLED: u32 = 8;
+/// once every 1,024 calls, where a yield after an empty call counts as
+/// several (`YIELD_COUNTS_AS` in the API's module: a rank that yields
+/// makes its calls slow, and the look is also when it sees its
+/// unsignalled sends to a dead peer fail).
+const CONTROL_SETTLED: u32 = 64;
 /// How often a rank looks for peers it waits on and has not heard from
 /// ([`Core::probe_silent`]).
 const PROBE_EVERY: Duration = Duration::from_secs(2);

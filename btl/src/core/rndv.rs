@@ -14,7 +14,7 @@ use crate::delivery::{Body, Delivery};
 use crate::pools::{sink_start, Sink, Source};
 use crate::proto::rndv::{Act, Control};
 use crate::proto::Local;
-use crate::recv::{Got, Returned, ShortView};
+use crate::recv::{Got, ShortView};
 use crate::types::{BtlError, Tag};
 use crate::wire::{self, HEADER};
 use crate::work::{Item, Msg, Store, Work};
@@ -84,7 +84,7 @@ impl<C: Context, H> Core<C, H> {
                 fc,
             };
             match self.recv.short_eager(&mut short, wc) {
-                Some(Some(returned)) => self.arrived_read(returned),
+                Some(Some(returned)) => self.arrived(returned),
                 Some(None) => {}
                 None => {
                     general = true;
@@ -93,13 +93,6 @@ impl<C: Context, H> Core<C, H> {
             }
         }
         general
-    }
-
-    /// Credits a message read by the straight line returned (iWARP's):
-    /// out of line, like the general path, for the same reason.
-    #[inline(never)]
-    fn arrived_read(&mut self, returned: Returned) {
-        self.arrived(returned);
     }
 
     /// The general path for completion `wc`, out of line with the view it

@@ -86,31 +86,145 @@ pub struct Invalidation {
 
 /// Most subscribers at once.
 const MAX_SUBSCRIBERS: usize = 128;
-/// Invalidations a subscriber's queue holds before it overflows into "all
-/// memory".
+/// Invalidations a subscriber's queue holds when it is made; it doubles
+/// when full.
 const RING: usize = 256;
+/// Invalidations a subscriber's queue grows to at most (16 MiB) before it
+/// overflows into "all memory".
+const MAX_QUEUED: usize = 1 << 20;
+/// Buffers a queue outgrew since it was last drained: one per doubling
+/// from `RING` to `MAX_QUEUED`.
+const GROWTHS: usize = (MAX_QUEUED / RING).ilog2() as usize;
 
-/// A subscriber's queue: fixed size, so that queuing never allocates.
+/// Room for `cap` invalidations, mapped straight from the kernel rather
+/// than through the allocator, so that the reader thread may make one
+/// while it holds the queue lock (see `Ring`). A fresh anonymous mapping
+/// is never watched, so making one reports nothing; it is unmapped only
+/// by its drop, which never runs under the lock.
+struct Buf {
+    base: std::ptr::NonNull<Invalidation>,
+    cap: usize,
+}
+
+// SAFETY: a `Buf` owns its mapping alone; nothing else points into it.
+unsafe impl Send for Buf {}
+
+impl Buf {
+    /// `None` when the kernel has no memory for it.
+    fn new(cap: usize) -> Option<Buf> {
+        // SAFETY: a fresh private anonymous mapping, owned by the `Buf`.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                cap * std::mem::size_of::<Invalidation>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let base = std::ptr::NonNull::new(p.cast())?;
+        Some(Buf { base, cap })
+    }
+
+    fn items(&self) -> &[Invalidation] {
+        // SAFETY: the mapping holds `cap` invalidations, zero-filled when
+        // made (two zero words are a valid `Invalidation`), and lives as
+        // long as `self`.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.cap) }
+    }
+
+    fn items_mut(&mut self) -> &mut [Invalidation] {
+        // SAFETY: as in `items`; `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.cap) }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the buffer's own mapping, which nothing uses
+        // after this.
+        unsafe {
+            libc::munmap(
+                self.base.as_ptr().cast(),
+                self.cap * std::mem::size_of::<Invalidation>(),
+            )
+        };
+    }
+}
+
+/// A subscriber's queue.
 ///
 /// Nothing may allocate or free while the queue lock is held, nor in the
 /// reader thread: a thread blocked in an unmap it made inside the
 /// allocator (glibc trims its heaps with `madvise` and `munmap` under an
 /// arena lock) waits until its event is read, and the reader must not wait
-/// for that arena or that lock.
+/// for that arena or that lock. So a full queue grows into a `Buf` mapped
+/// from the kernel, and the buffer it outgrew is kept until the next drain
+/// unmaps it outside the lock. Reports are never dropped short of
+/// `MAX_QUEUED`: a lost report would make the caller distrust all memory,
+/// and refuse registrations whose pages never changed, because other users
+/// of the process's one monitor unmapped much memory of their own.
 struct Ring {
-    items: [Invalidation; RING],
+    buf: Buf,
     len: usize,
+    /// Outgrown buffers, unmapped by the next drain.
+    retired: [Option<Buf>; GROWTHS],
     overflow: bool,
 }
 
 impl Ring {
-    fn push(&mut self, inv: Invalidation) {
-        if self.len < RING {
-            self.items[self.len] = inv;
-            self.len += 1;
-        } else {
-            self.overflow = true;
+    fn new(buf: Buf) -> Ring {
+        Ring {
+            buf,
+            len: 0,
+            retired: std::array::from_fn(|_| None),
+            overflow: false,
         }
+    }
+
+    fn push(&mut self, inv: Invalidation) {
+        // A range that overlaps the last one joins it: the union is exact,
+        // and a page given back again and again (a heap trimmed on every
+        // free) takes one entry.
+        if let Some(last) = self
+            .len
+            .checked_sub(1)
+            .map(|i| &mut self.buf.items_mut()[i])
+        {
+            if inv.start < last.end && last.start < inv.end {
+                last.start = last.start.min(inv.start);
+                last.end = last.end.max(inv.end);
+                return;
+            }
+        }
+        if self.len == self.buf.cap && !self.grow() {
+            self.overflow = true;
+            return;
+        }
+        let i = self.len;
+        self.buf.items_mut()[i] = inv;
+        self.len += 1;
+    }
+
+    /// Doubles the queue; `false` at `MAX_QUEUED` or without memory.
+    fn grow(&mut self) -> bool {
+        let cap = self.buf.cap * 2;
+        let Some(slot) = self.retired.iter().position(Option::is_none) else {
+            return false;
+        };
+        if cap > MAX_QUEUED {
+            return false;
+        }
+        let Some(mut bigger) = Buf::new(cap) else {
+            return false;
+        };
+        bigger.items_mut()[..self.len].copy_from_slice(&self.buf.items()[..self.len]);
+        self.retired[slot] = Some(std::mem::replace(&mut self.buf, bigger));
+        true
     }
 }
 
@@ -350,14 +464,12 @@ impl MemMonitor {
     }
 
     /// A new subscriber: it receives every invalidation from now on.
-    /// `None` when `MAX_SUBSCRIBERS` (128) are alive.
+    /// `None` when `MAX_SUBSCRIBERS` (128) are alive, or when the kernel
+    /// has no memory for its queue.
     pub fn subscribe(self: &Arc<Self>) -> Option<Subscriber> {
-        // Allocated before the lock is taken (see `Ring`).
-        let ring = Box::new(Ring {
-            items: [Invalidation { start: 0, end: 0 }; RING],
-            len: 0,
-            overflow: false,
-        });
+        // Made before the lock is taken (see `Ring`).
+        let ring = Box::new(Ring::new(Buf::new(RING)?));
+        let spare = Buf::new(RING)?;
         let mut state = self.inner.lock();
         // Events read before now belong to the existing subscribers.
         self.inner.read_events(&mut state);
@@ -366,7 +478,8 @@ impl MemMonitor {
         Some(Subscriber {
             monitor: self.clone(),
             id,
-            seen: AtomicU64::new(self.inner.generation.load(Ordering::SeqCst)),
+            seen: self.inner.generation.load(Ordering::SeqCst),
+            spare,
         })
     }
 
@@ -415,7 +528,10 @@ pub struct Subscriber {
     monitor: Arc<MemMonitor>,
     id: usize,
     /// The generation last drained.
-    seen: AtomicU64,
+    seen: u64,
+    /// The buffer the next drain swaps in for the queue's (the one the
+    /// last drain took out), so that draining maps nothing.
+    spare: Buf,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -442,35 +558,39 @@ impl Subscriber {
     /// reader holds until its events are queued) and reads the descriptor
     /// itself.
     ///
-    /// Returns `false` when the queue overflowed since the last call (more
-    /// than its fixed capacity of reports): some were lost, and the caller
-    /// must assume that any memory may have changed.
-    pub fn drain(&self, out: &mut Vec<Invalidation>) -> bool {
+    /// Returns `false` when reports were lost since the last call: the
+    /// queue holds up to `MAX_QUEUED` (about a million) ranges, joining
+    /// each with the one before when they overlap, and drops
+    /// reports beyond that or when the kernel has no memory to grow it; the
+    /// caller must then assume that any memory may have changed. It maps
+    /// and unmaps nothing unless the queue grew since the last call.
+    pub fn drain(&mut self, out: &mut Vec<Invalidation>) -> bool {
         let inner = &self.monitor.inner;
-        let seen = self.seen.load(Ordering::Relaxed);
-        if !inner.reading.load(Ordering::SeqCst) && inner.generation.load(Ordering::SeqCst) == seen
+        if !inner.reading.load(Ordering::SeqCst)
+            && inner.generation.load(Ordering::SeqCst) == self.seen
         {
             return true;
         }
-        // Copied out under the lock, handed over after it (see `Ring`).
-        let mut local = [Invalidation { start: 0, end: 0 }; RING];
-        let (n, overflow) = {
+        // Swapped under the lock, read and unmapped after it (see `Ring`).
+        let (n, overflow, retired) = {
             let mut state = inner.lock();
             inner.read_events(&mut state);
-            self.seen
-                .store(inner.generation.load(Ordering::SeqCst), Ordering::Relaxed);
+            self.seen = inner.generation.load(Ordering::SeqCst);
             match state.queues[self.id].as_mut() {
                 Some(q) => {
-                    local[..q.len].copy_from_slice(&q.items[..q.len]);
-                    let taken = (q.len, q.overflow);
-                    q.len = 0;
-                    q.overflow = false;
-                    taken
+                    std::mem::swap(&mut q.buf, &mut self.spare);
+                    let retired = std::mem::replace(&mut q.retired, std::array::from_fn(|_| None));
+                    (
+                        std::mem::take(&mut q.len),
+                        std::mem::take(&mut q.overflow),
+                        Some(retired),
+                    )
                 }
-                None => (0, false),
+                None => (0, false, None),
             }
         };
-        out.extend_from_slice(&local[..n]);
+        drop(retired);
+        out.extend_from_slice(&self.spare.items()[..n]);
         !overflow
     }
 }
@@ -504,6 +624,14 @@ mod tests {
     /// descriptor: stands for the frees of a thread's exit.
     static EXIT_HOOK: Mutex<Option<Hook>> = Mutex::new(None);
 
+    /// Taken by every test here: one test's unmaps would leave holes that
+    /// another's mappings fill (and its subscribers' queues count).
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(super) fn run_exit_hook() {
         let hook = EXIT_HOOK.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(f) = hook {
@@ -529,7 +657,7 @@ mod tests {
         (p as usize, len)
     }
 
-    fn drained(m: &Subscriber) -> Vec<Invalidation> {
+    fn drained(m: &mut Subscriber) -> Vec<Invalidation> {
         let mut v = Vec::new();
         assert!(m.drain(&mut v), "no overflow");
         v
@@ -538,7 +666,7 @@ mod tests {
     /// What `m` heard of `[a, a+len)`: the other tests of this binary
     /// unmap watched memory of their own meanwhile, and every subscriber
     /// hears of everything.
-    fn drained_in(m: &Subscriber, a: usize, len: usize) -> Vec<Invalidation> {
+    fn drained_in(m: &mut Subscriber, a: usize, len: usize) -> Vec<Invalidation> {
         let mut v = drained(m);
         v.retain(|i| i.start < a + len && a < i.end);
         v
@@ -546,16 +674,24 @@ mod tests {
 
     #[test]
     fn munmap_madvise_mremap_and_map_fixed_are_reported() {
+        let _serial = serial();
         let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
-        let m = mon.subscribe().unwrap();
-        let other = mon.subscribe().unwrap();
+        let mut m = mon.subscribe().unwrap();
+        let mut other = mon.subscribe().unwrap();
         let page = page_size();
         let (a, len) = map(8);
+        // All `m` heard, one drain at a time.
+        let mut heard = Vec::new();
+        let mut drained_in = |m: &mut Subscriber, a, len| {
+            let got = drained_in(m, a, len);
+            heard.extend_from_slice(&got);
+            got
+        };
         // SAFETY: writes inside the mapping.
         unsafe { std::ptr::write_bytes(a as *mut u8, 1, len) };
         mon.watch(a, len).unwrap();
         assert!(
-            drained_in(&m, a, len).is_empty(),
+            drained_in(&mut m, a, len).is_empty(),
             "watching alone reports nothing"
         );
         // The memory is untouched by watching.
@@ -567,7 +703,7 @@ mod tests {
         let r = unsafe { libc::munmap((a + 6 * page) as *mut _, 2 * page) };
         assert_eq!(r, 0);
         assert_eq!(
-            drained_in(&m, a, len),
+            drained_in(&mut m, a, len),
             vec![Invalidation {
                 start: a + 6 * page,
                 end: a + 8 * page
@@ -579,7 +715,7 @@ mod tests {
         let r = unsafe { libc::madvise(a as *mut _, page, libc::MADV_DONTNEED) };
         assert_eq!(r, 0);
         assert_eq!(
-            drained_in(&m, a, len),
+            drained_in(&mut m, a, len),
             vec![Invalidation {
                 start: a,
                 end: a + page
@@ -599,7 +735,7 @@ mod tests {
             )
         };
         assert_eq!(p as usize, a + page);
-        assert!(drained_in(&m, a, len).contains(&Invalidation {
+        assert!(drained_in(&mut m, a, len).contains(&Invalidation {
             start: a + page,
             end: a + 2 * page
         }));
@@ -616,7 +752,7 @@ mod tests {
             )
         };
         assert_ne!(q, libc::MAP_FAILED);
-        let got = drained_in(&m, a, len);
+        let got = drained_in(&mut m, a, len);
         assert!(
             got.iter()
                 .any(|i| i.start == a + 2 * page && i.end == a + 4 * page),
@@ -624,10 +760,93 @@ mod tests {
         );
         // SAFETY: unmaps the whole area (some pages already gone).
         unsafe { libc::munmap(a as *mut _, 8 * page) };
+        assert!(!drained_in(&mut m, a, len).is_empty());
         assert!(mon.events() >= 5);
-        // Every subscriber hears every event.
-        assert!(drained(&other).len() >= 5);
+        // Every subscriber hears every event: what `other` heard in one
+        // drain at the end covers each range `m` heard (overlapping ones
+        // were joined in `other`'s queue).
+        let all = drained(&mut other);
+        for h in &heard {
+            assert!(
+                all.iter().any(|o| o.start <= h.start && h.end <= o.end),
+                "{h:?} not in {all:?}"
+            );
+        }
         drop(other);
+    }
+
+    /// A subscriber that drains late still hears every report: its queue
+    /// grows past its first capacity instead of dropping them (the sweep's
+    /// worlds share the monitor, and one world's teardown unmapped more
+    /// than `RING` ranges before another drained, which then refused a
+    /// registration whose pages had not changed).
+    #[test]
+    fn a_flood_of_reports_is_kept_whole() {
+        let _serial = serial();
+        let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
+        let mut m = mon.subscribe().unwrap();
+        let page = page_size();
+        let pages = 4 * RING + 2;
+        let (a, len) = map(pages);
+        mon.watch(a, len).unwrap();
+        // Every other page on its own: ranges that neither overlap nor
+        // touch. Given back rather than unmapped, so that no other test's
+        // mapping lands in the holes.
+        for i in (0..pages).step_by(2) {
+            // SAFETY: advice on one page of our own mapping.
+            let r = unsafe { libc::madvise((a + i * page) as *mut _, page, libc::MADV_DONTNEED) };
+            assert_eq!(r, 0);
+        }
+        let mut got = drained_in(&mut m, a, len);
+        got.sort_by_key(|i| i.start);
+        let want: Vec<_> = (0..pages)
+            .step_by(2)
+            .map(|i| Invalidation {
+                start: a + i * page,
+                end: a + (i + 1) * page,
+            })
+            .collect();
+        assert_eq!(got, want);
+        // SAFETY: unmaps our mapping.
+        unsafe { libc::munmap(a as *mut _, len) };
+    }
+
+    /// A page given back again and again before a drain takes one entry,
+    /// not one per report (other tests' reports may fall between them).
+    #[test]
+    fn repeated_reports_of_one_range_are_joined() {
+        let _serial = serial();
+        let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
+        let mut m = mon.subscribe().unwrap();
+        let (a, len) = map(1);
+        mon.watch(a, len).unwrap();
+        let times = 4 * RING as u64;
+        let before = mon.events();
+        for _ in 0..times {
+            // SAFETY: advice on our own mapping.
+            let r = unsafe { libc::madvise(a as *mut _, len, libc::MADV_DONTNEED) };
+            assert_eq!(r, 0);
+        }
+        // Counted by the reader after it has released the unmapping
+        // thread: all counted once a drain has taken the lock.
+        let got = drained_in(&mut m, a, len);
+        let foreign = (mon.events() - before).saturating_sub(times);
+        assert!(!got.is_empty());
+        assert!(
+            got.iter().all(|i| *i
+                == Invalidation {
+                    start: a,
+                    end: a + len
+                }),
+            "{got:?}"
+        );
+        assert!(
+            got.len() as u64 <= 1 + foreign,
+            "{} entries for {times} reports of one page, {foreign} reports of others between",
+            got.len()
+        );
+        // SAFETY: unmaps our mapping.
+        unsafe { libc::munmap(a as *mut _, len) };
     }
 
     /// A reader thread's exit frees its allocator caches, and glibc may
@@ -635,6 +854,7 @@ mod tests {
     /// 2 runs in 16). The exit must not wait for its own event.
     #[test]
     fn the_reader_thread_may_unmap_watched_memory_as_it_exits() {
+        let _serial = serial();
         let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
         let (a, len) = map(4);
         mon.watch(a, len).unwrap();
@@ -666,6 +886,7 @@ mod tests {
     /// monitor's reader lifts the protection.
     #[test]
     fn a_write_protect_fault_on_watched_memory_does_not_stop_the_writer() {
+        let _serial = serial();
         let mon = MemMonitor::acquire().expect("userfaultfd on this machine");
         let (a, len) = map(2);
         // SAFETY: writes inside the mapping (populates the pages).
@@ -711,6 +932,7 @@ mod tests {
 
     #[test]
     fn memory_that_cannot_be_watched_is_refused() {
+        let _serial = serial();
         let m = MemMonitor::acquire().expect("userfaultfd on this machine");
         // A read-only file mapping.
         let f = std::fs::File::open("/proc/self/exe").unwrap();

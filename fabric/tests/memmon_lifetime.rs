@@ -47,7 +47,7 @@ fn the_monitor_thread_ends_with_its_last_user() {
 
     // A later user starts a fresh monitor that works.
     let m = MemMonitor::acquire().expect("a new monitor");
-    let sub = m.subscribe().expect("a subscriber");
+    let mut sub = m.subscribe().expect("a subscriber");
     let len = 4096;
     // SAFETY: a fresh anonymous page, unmapped below.
     let p = unsafe {

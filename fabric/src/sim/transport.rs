@@ -145,11 +145,11 @@ impl World {
 
     /// Detaches every region whose memory the monitor reported gone.
     pub(crate) fn apply_unmaps(&mut self) {
-        let Some(u) = &self.unmaps else { return };
+        let Some(u) = &mut self.unmaps else { return };
         if !u.drain(&mut self.unmapped) {
-            // Reports were lost (another world's teardown flooded the
-            // queue): detaching every region would break healthy traffic,
-            // so the simulator keeps them attached and counts it.
+            // Reports were lost (more than a million unread, or no memory
+            // to queue them): detaching every region would break healthy
+            // traffic, so the simulator keeps them attached and counts it.
             self.stats.unmap_reports_lost += 1;
         }
         for inv in std::mem::take(&mut self.unmapped) {

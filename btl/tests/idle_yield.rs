@@ -124,3 +124,51 @@ fn a_message_to_itself_is_delivered_when_every_empty_call_yields() {
         }
     }
 }
+
+/// Connection events are looked at every 1,024 progress calls while every
+/// connection is settled, on a device whose events cost system calls, and
+/// a yield counts as 8 of those calls: a rank that yields after every
+/// empty call looks 8 times as often per call (its calls are as slow as
+/// the scheduler, and the look is where it hears of a dead peer). The
+/// count of quiet calls stays exact: every call is either quiet or full.
+#[test]
+fn a_yield_brings_the_next_look_at_connection_events_eight_calls_nearer() {
+    let calls = 8 * 1024u64;
+    let mut full_by = Vec::new();
+    for idle in [IdleYield::Off, IdleYield::After(1)] {
+        let mut device = SimDevice::ib("sim0");
+        device.costly_events = true;
+        let cfg = SimConfig::new(5, 2).with_devices(vec![device]);
+        let mut job = SimJob::with(cfg, 1, move |c| c.idle_yield = idle).unwrap();
+        let btl = job.btl(0).clone();
+        // Settled: the first looks are behind it.
+        for _ in 0..4096 {
+            btl.progress();
+        }
+        let before = btl.stats();
+        let mut found = 0;
+        for _ in 0..calls {
+            found += btl.progress();
+        }
+        let after = btl.stats();
+        assert_eq!(found, 0, "{idle:?}: an idle rank finds nothing");
+        let quiet = after.quiet_polls - before.quiet_polls;
+        let yields = after.idle_yields - before.idle_yields;
+        assert!(
+            quiet <= calls,
+            "{idle:?}: {quiet} quiet calls counted in {calls}"
+        );
+        let full = calls - quiet;
+        let want_yields = if idle == IdleYield::Off { 0 } else { calls };
+        assert_eq!(yields, want_yields, "{idle:?}: yields");
+        full_by.push(full);
+    }
+    // Exact: a look every 1,024 calls, or every 128 yielding calls; the
+    // counted quiet calls (calls less looks) land on those numbers only if
+    // the calls a yield stands for are not counted as quiet calls.
+    assert_eq!(
+        full_by,
+        vec![calls / 1024, calls / 128],
+        "full calls, as-is"
+    );
+}

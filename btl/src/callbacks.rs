@@ -20,10 +20,15 @@ pub type ErrFn<H> = Arc<dyn Fn(&H, Rank, &BtlError) + Send + Sync>;
 /// An operation's completion callback given handle `H`.
 pub type DoneFn<H> = Box<dyn FnOnce(&H, OpId, OpResult) + Send>;
 
+/// Active-message tags.
+const TAGS: usize = Tag::MAX as usize + 1;
+
 /// The callbacks a user registered: one per active-message tag, one per
 /// peer for its failure, and one for any peer's failure.
 pub(crate) struct Registry<H> {
-    am: Vec<Option<AmFn<H>>>,
+    /// By tag: every tag has its place, so that looking one up checks no
+    /// bound.
+    am: Box<[Option<AmFn<H>>; TAGS]>,
     on_error: HashMap<Rank, ErrFn<H>>,
     on_any_error: Option<ErrFn<H>>,
 }
@@ -32,7 +37,7 @@ impl<H> Registry<H> {
     /// No callback yet.
     pub fn new() -> Self {
         Registry {
-            am: (0..=Tag::MAX).map(|_| None).collect(),
+            am: Box::new(std::array::from_fn(|_| None)),
             on_error: HashMap::new(),
             on_any_error: None,
         }

@@ -147,6 +147,10 @@ pub(crate) struct SendQueue {
     unsignalled: u32,
     /// The generation of the slot's QP, in its messages' wr_ids.
     gen: u8,
+    /// The wr_id of this slot's message number 0 in generation `gen`
+    /// ([`WrId::log`]): a message's is this with its number in the low
+    /// bits. Set when the slot's QP comes up and when it goes.
+    id_base: u64,
     /// A message was logged since the logs were last trimmed.
     busy: bool,
     /// Where credits flow: how many messages at the log's front have left
@@ -261,6 +265,16 @@ pub(crate) struct SendQueues {
     batch: Option<Batch<WorkCompletion>>,
     /// Entries ever put in the slab.
     records: u64,
+}
+
+/// [`SendQueue::id_base`] of slot `slot` in generation `gen`; 0 for a
+/// slot past [`LOG_SLOTS`], which logs nothing.
+fn log_base(slot: u32, gen: u8) -> u64 {
+    if slot < LOG_SLOTS {
+        WrId::log(slot, gen, 0)
+    } else {
+        0
+    }
 }
 
 /// Whether the completion of the request numbered `no` (modulo 2^32) on
@@ -391,7 +405,8 @@ impl SendQueue {
         body: &[u8; SMALL_BODY],
     ) -> (u64, u64) {
         let no = self.posts;
-        let id = WrId::log(slot, self.gen, no);
+        let id = self.id_base | u64::from(no as u32);
+        debug_assert_eq!(id, WrId::log(slot, self.gen, no));
         self.busy = true;
         let e = self.log.push_place();
         (e.ep, e.qp, e.no, e.signalled, e.left) = (ei, slot, no, signalled, false);
@@ -486,6 +501,8 @@ impl SendQueues {
         if self.sq.len() <= slot as usize {
             self.sq.resize_with(slot as usize + 1, SendQueue::default);
         }
+        let q = &mut self.sq[slot as usize];
+        q.id_base = log_base(slot, q.gen);
     }
 
     /// The QP in `slot` was destroyed: nothing is outstanding on it any
@@ -496,6 +513,7 @@ impl SendQueues {
             q.used = 0;
             q.cover_queued = false;
             q.gen = q.gen.wrapping_add(1);
+            q.id_base = log_base(slot, q.gen);
             // Credits the peer returned ahead of completions belong to
             // the connection that went.
             q.arrived = 0;

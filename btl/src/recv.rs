@@ -19,6 +19,7 @@ use crate::delivery::{Body, Deliveries, Delivery};
 use crate::ep::{Endpoint, Endpoints, EpState};
 use crate::iface::Iface;
 use crate::pools::Pools;
+use crate::post::SendQueues;
 use crate::proto::eager::Arrival;
 use crate::proto::rndv::Control;
 use crate::types::{BtlError, BtlStats, Tag};
@@ -54,6 +55,21 @@ pub(crate) struct Returned {
     /// The driver's slot of that QP, when it is the endpoint's path (the
     /// usual case, found with the credits); else the core looks it up.
     pub slot: Option<u32>,
+}
+
+/// What the straight line leaves the core to do about the credits a
+/// message returned (where credits flow).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Credited {
+    /// Nothing: none came back, or they moved their QP's count of arrived
+    /// messages and none has both left and arrived yet.
+    Settled,
+    /// Messages of QP slot `0` have now both left and arrived: the core
+    /// retires them.
+    Retire(u32),
+    /// They came back for a QP other than the endpoint's path (an older
+    /// connection draining): the core finds its slot.
+    Elsewhere(Returned),
 }
 
 /// What a message brought that the core must act on.
@@ -120,6 +136,8 @@ pub(crate) struct ShortView<'a, C: Context, H> {
     pub eps: &'a mut Endpoints,
     pub deliveries: &'a mut Deliveries<C, H>,
     pub stats: &'a mut BtlStats,
+    /// The send queues, whose messages returned credits show arrived.
+    pub sends: &'a mut SendQueues,
     /// A connection's credits.
     pub cap: u32,
     /// Credit flow control: the device has no RNR (iWARP).
@@ -179,16 +197,16 @@ impl Recv {
     /// received whole on a QP last seen carrying its sender's messages,
     /// next in that sender's sequence, on an open endpoint, with no train
     /// open. Its body is copied out for delivery and its buffer goes back
-    /// at once. Returns `None`, having changed nothing, for any other
-    /// completion: [`Recv::on_completion`] then judges it step by step.
-    /// Otherwise returns `Some` of the credits the peer returned with it.
+    /// at once; the credits it returns are counted as arrivals on its QP.
+    /// Returns `None`, having changed nothing, for any other completion:
+    /// [`Recv::on_completion`] then judges it step by step. Otherwise
+    /// returns what is left to do about those credits.
     #[inline(always)]
-    #[allow(clippy::option_option)]
     pub fn short_eager<C: Context, H>(
         &mut self,
         v: &mut ShortView<'_, C, H>,
         wc: &WorkCompletion,
-    ) -> Option<Option<Returned>> {
+    ) -> Option<Credited> {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
             return None;
         };
@@ -205,19 +223,20 @@ impl Recv {
         let body = ShortBody {
             eps: &mut *v.eps,
             deliveries: &mut *v.deliveries,
+            sends: &mut *v.sends,
             cap: v.cap,
             fc: v.fc,
             sender: seen.sender,
             ei: seen.ei,
             qpn: wc.qp_num,
         };
-        let (body_len, returned) = v.iface.read_whole(slot, len, body)?;
+        let (body_len, credited) = v.iface.read_whole(slot, len, body)?;
         if let Some(c) = v.stats.received_by_class.get_mut(usize::from(slot.class)) {
             *c += 1;
         }
         v.stats.eager_received += 1;
         v.stats.bytes_received += u64::from(body_len);
-        Some(returned)
+        Some(credited)
     }
 
     /// The general path: judges completion `wc` step by step, and
@@ -510,6 +529,7 @@ fn settle_on(
 struct ShortBody<'a, C: Context, H> {
     eps: &'a mut Endpoints,
     deliveries: &'a mut Deliveries<C, H>,
+    sends: &'a mut SendQueues,
     /// A connection's credits.
     cap: u32,
     /// Credits flow.
@@ -521,17 +541,19 @@ struct ShortBody<'a, C: Context, H> {
 }
 
 impl<C: Context, H> ReadInPlace for ShortBody<'_, C, H> {
-    type Out = Option<(u32, Option<Returned>)>;
+    type Out = Option<(u32, Credited)>;
 
     /// A short eager message next in the sequence of an open endpoint is
     /// queued for delivery, and the credits it spends and returns are
-    /// settled. Returns its body's length and the credits returned, or
-    /// `None`, having changed nothing, for any other message.
+    /// settled (those returned for the endpoint's path counted as arrivals
+    /// there). Returns its body's length and what is left to do about the
+    /// credits, or `None`, having changed nothing, for any other message.
     #[inline(always)]
     fn read(self, bytes: &[u8]) -> Self::Out {
         let ShortBody {
             eps,
             deliveries,
+            sends,
             cap,
             fc,
             sender,
@@ -544,17 +566,31 @@ impl<C: Context, H> ReadInPlace for ShortBody<'_, C, H> {
             return None;
         }
         ep.rx.arrive(h.seq);
-        let returned = if fc {
+        let credited = if fc {
             let (owe, r) = settle_on(ep, qpn, cap, h.credits, false);
             if owe {
                 eps.requeue(ei, Item::credit());
             }
-            r
+            match r {
+                None => Credited::Settled,
+                Some(Returned {
+                    slot: Some(slot),
+                    n,
+                    ..
+                }) => {
+                    if sends.arrive(slot, u64::from(n)) {
+                        Credited::Retire(slot)
+                    } else {
+                        Credited::Settled
+                    }
+                }
+                Some(r) => Credited::Elsewhere(r),
+            }
         } else {
-            None
+            Credited::Settled
         };
         deliveries.push_short(h.src, h.tag, &bytes[HEADER..]);
-        Some((h.len, returned))
+        Some((h.len, credited))
     }
 }
 

@@ -144,7 +144,7 @@ impl<C: Context, H> Core<C, H> {
     }
 
     /// Retires the messages of QP slot `slot` that have left and arrived.
-    fn retire_arrived(&mut self, slot: u32) {
+    pub(super) fn retire_arrived(&mut self, slot: u32) {
         while let Some(p) = self.sends.pop_arrived(slot) {
             self.let_go_kept(p.item);
         }

@@ -14,7 +14,7 @@ use crate::delivery::{Body, Delivery};
 use crate::pools::{sink_start, Sink, Source};
 use crate::proto::rndv::{Act, Control};
 use crate::proto::Local;
-use crate::recv::{Got, ShortView};
+use crate::recv::{Credited, Got, ShortView};
 use crate::types::{BtlError, Tag};
 use crate::wire::{self, HEADER};
 use crate::work::{Item, Msg, Store, Work};
@@ -80,12 +80,14 @@ impl<C: Context, H> Core<C, H> {
                 eps: &mut self.eps,
                 deliveries: &mut self.deliveries,
                 stats: &mut self.stats,
+                sends: &mut self.sends,
                 cap: self.cfg.credits,
                 fc,
             };
             match self.recv.short_eager(&mut short, wc) {
-                Some(Some(returned)) => self.arrived(returned),
-                Some(None) => {}
+                Some(Credited::Settled) => {}
+                Some(Credited::Retire(slot)) => self.retire_arrived(slot),
+                Some(Credited::Elsewhere(returned)) => self.arrived(returned),
                 None => {
                     general = true;
                     self.read_general(wc);

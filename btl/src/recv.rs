@@ -64,8 +64,8 @@ pub(crate) enum Credited {
     /// Nothing: none came back, or they moved their QP's count of arrived
     /// messages and none has both left and arrived yet.
     Settled,
-    /// Messages of QP slot `0` have now both left and arrived: the core
-    /// retires them.
+    /// Messages of the QP in the slot it holds have now both left and
+    /// arrived: the core retires them.
     Retire(u32),
     /// They came back for a QP other than the endpoint's path (an older
     /// connection draining): the core finds its slot.

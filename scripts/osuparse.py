@@ -4,15 +4,17 @@ import glob
 import re
 
 
-def osu(path):
-    """size -> first number of an OSU-format file ({} if it is missing)."""
+def osu(path, col=1):
+    """size -> number in column `col` (default the first after the size) of
+    an OSU-format file ({} if it is missing; a row without it, or with
+    '-' there, is left out)."""
     rows = {}
     try:
         with open(path) as f:
             for line in f:
                 p = line.split()
-                if len(p) >= 2 and not line.startswith("#") and p[0].isdigit():
-                    rows[int(p[0])] = float(p[1])
+                if len(p) > col and not line.startswith("#") and p[0].isdigit() and p[col] != "-":
+                    rows[int(p[0])] = float(p[col])
     except OSError:
         pass
     return rows

@@ -116,6 +116,9 @@ pub struct Options {
     pub pairs: u32,
     /// Print the BTL's counters (stderr) after the run.
     pub stats: bool,
+    /// osu_latency: time every round trip and print their median beside
+    /// the average, as perftest's typical latency.
+    pub typical: bool,
     /// Print usage and exit.
     pub help: bool,
 }
@@ -148,6 +151,7 @@ impl Options {
             window: 64,
             pairs: 1,
             stats: false,
+            typical: false,
             help: false,
         };
         let (mut iters, mut skip) = (None, None);
@@ -163,6 +167,7 @@ impl Options {
             match a.as_str() {
                 "-h" | "--help" => o.help = true,
                 "--stats" => o.stats = true,
+                "--typical" => o.typical = true,
                 "--fabric" => {
                     o.fabric = match value(&mut args, &a)?.as_str() {
                         "sim" => FabricKind::Sim,
@@ -226,6 +231,9 @@ impl Options {
         }
         if let Some(x) = skip {
             bounded("-x", x, 0, MAX_ITERS)?;
+        }
+        if o.typical && bench != Bench::Latency {
+            return Err(format!("--typical: osu_latency only, not {}", bench.name()));
         }
         if o.fabric == FabricKind::Verbs && o.pairs != 1 {
             return Err("--pairs: one pair per process pair on verbs".into());
@@ -291,6 +299,7 @@ pub fn usage(bench: Bench) -> String {
          -x N                   warm-up iterations\n\
          -W N                   window size (bandwidth tests, default 64)\n\
          -p N                   pairs (osu_mbw_mr on the simulated fabric)\n\
+         --typical              osu_latency: also the median round trip's half (perftest's typical)\n\
          --stats                print the BTL's and the registration cache's counters (stderr, verbs)\n\
          \n\
          BTL settings come from the XRCBTL_* environment variables (see btl/src/config/mod.rs).",
@@ -307,6 +316,8 @@ pub struct Row {
     pub iters: u64,
     /// Time they took.
     pub elapsed: Duration,
+    /// The median of their times, when each was timed (`--typical`).
+    pub typical: Option<Duration>,
 }
 
 /// What one rank of `bench` does; returns its timings (meaningful on rank
@@ -331,7 +342,12 @@ pub async fn body<C: Context>(
         }
         let (iters, skip) = o.iters_for(size);
         r.barrier().await?;
-        let elapsed = if bench == Bench::Latency && r.is_solo() {
+        let mut laps = Vec::new();
+        let elapsed = if bench == Bench::Latency && o.typical {
+            laps.reserve_exact(iters as usize);
+            lapped(r, sender, peer, size, skip, &mut Vec::new()).await?;
+            lapped(r, sender, peer, size, iters, &mut laps).await?
+        } else if bench == Bench::Latency && r.is_solo() {
             ping_pong(r, sender, peer, size, skip)?;
             let start = r.now();
             ping_pong(r, sender, peer, size, iters)?;
@@ -344,6 +360,7 @@ pub async fn body<C: Context>(
             size,
             iters,
             elapsed,
+            typical: median(&mut laps),
         });
     }
     r.barrier().await?;
@@ -402,6 +419,49 @@ async fn timed<C: Context>(
 }
 
 /// `n` round trips of osu_latency's ping-pong of `size` bytes with `peer`
+/// (`sender` speaks first), each timed into `laps`; returns the time they
+/// took together. A clock read per round trip, which [`ping_pong`]
+/// leaves out: `--typical` asks for it.
+async fn lapped<C: Context>(
+    r: &mut BenchRank<C>,
+    sender: bool,
+    peer: u32,
+    size: usize,
+    n: u64,
+    laps: &mut Vec<Duration>,
+) -> Result<Duration> {
+    let start = r.now();
+    let mut last = start;
+    for _ in 0..n {
+        if sender {
+            r.send(peer, size)?;
+            r.wait(1).await?;
+        } else {
+            r.wait(1).await?;
+            r.send(peer, size)?;
+        }
+        let now = r.now();
+        laps.push(now - last);
+        last = now;
+    }
+    Ok(last - start)
+}
+
+/// The median of `laps` (sorted in place), `None` if there are none.
+fn median(laps: &mut [Duration]) -> Option<Duration> {
+    if laps.is_empty() {
+        return None;
+    }
+    laps.sort_unstable();
+    let m = laps.len() / 2;
+    Some(if laps.len() % 2 == 1 {
+        laps[m]
+    } else {
+        (laps[m - 1] + laps[m]) / 2
+    })
+}
+
+/// `n` round trips of osu_latency's ping-pong of `size` bytes with `peer`
 /// (`sender` speaks first), for a solo rank: nothing but the round trips
 /// in one function of its own, so that `scripts/sw-cost` counts exactly
 /// them (callgrind's `--toggle-collect`), not the connection set-up and
@@ -445,7 +505,11 @@ pub fn report(bench: Bench, o: &Options, about: &str, measured: &[Vec<Row>], pai
         }
         Bench::Latency => {
             out += "# Datatype: MPI_CHAR.\n";
-            out += &format!("{:<10}{:>20}\n", "# Size", "Avg Latency(us)");
+            out += &format!("{:<10}{:>20}", "# Size", "Avg Latency(us)");
+            if o.typical {
+                out += &format!("{:>24}", "Typical Latency(us)");
+            }
+            out += "\n";
         }
         _ => {
             out += "# Datatype: MPI_CHAR.\n";
@@ -465,7 +529,16 @@ pub fn report(bench: Bench, o: &Options, about: &str, measured: &[Vec<Row>], pai
         let w = o.window as f64;
         let size = row.size as f64;
         match bench {
-            Bench::Latency => out += &format!("{:<10}{:>20.2}\n", row.size, t / (2.0 * n)),
+            Bench::Latency => {
+                out += &format!("{:<10}{:>20.2}", row.size, t / (2.0 * n));
+                if o.typical {
+                    match row.typical {
+                        Some(m) => out += &format!("{:>24.2}", us(m) / 2.0),
+                        None => out += &format!("{:>24}", "-"),
+                    }
+                }
+                out += "\n";
+            }
             Bench::Bw => out += &format!("{:<10}{:>20.2}\n", row.size, size * n * w / t),
             Bench::Bibw => out += &format!("{:<10}{:>20.2}\n", row.size, 2.0 * size * n * w / t),
             Bench::MbwMr => {
@@ -1059,6 +1132,46 @@ mod tests {
     }
 
     #[test]
+    fn typical_is_the_median_round_trip() {
+        let us = Duration::from_micros;
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [us(9), us(1), us(5)]), Some(us(5)));
+        assert_eq!(median(&mut [us(8), us(2), us(4), us(100)]), Some(us(6)));
+        assert!(parse(Bench::Bw, &["--typical"])
+            .unwrap_err()
+            .contains("osu_latency only"));
+        let o = parse(Bench::Latency, &["--typical", "-m", "8:8"]).unwrap();
+        let rows = vec![Row {
+            size: 8,
+            iters: 4,
+            elapsed: us(80),
+            typical: Some(us(6)),
+        }];
+        let r = report(Bench::Latency, &o, "test", &[rows], 1);
+        let lines: Vec<&str> = r.lines().collect();
+        assert_eq!(lines[3], "# Size         Avg Latency(us)     Typical Latency(us)");
+        assert_eq!(lines[4], "8                        10.00                    3.00");
+    }
+
+    #[test]
+    fn a_simulated_run_prints_its_typical_latency() {
+        let o = parse(Bench::Latency, &["--typical", "-m", "8:16", "-i", "20", "-x", "2"]).unwrap();
+        let r = run_sim_bench(Bench::Latency, &o).unwrap();
+        let rows: Vec<Vec<f64>> = r
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split_whitespace().map(|v| v.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), 2, "{r}");
+        for row in rows {
+            // Size, average, typical: virtual time, every round trip alike
+            // but for a tail, so the median is at most the average.
+            assert_eq!(row.len(), 3, "{r}");
+            assert!(row[2] > 0.0 && row[2] <= row[1] * 1.0001, "{r}");
+        }
+    }
+
+    #[test]
     fn reports_have_the_osu_layout() {
         let o = parse(Bench::Latency, &["-m", "0:2"]).unwrap();
         let rows = vec![
@@ -1066,11 +1179,13 @@ mod tests {
                 size: 0,
                 iters: 10,
                 elapsed: Duration::from_micros(40),
+                typical: None,
             },
             Row {
                 size: 1,
                 iters: 10,
                 elapsed: Duration::from_micros(50),
+                typical: None,
             },
         ];
         let r = report(Bench::Latency, &o, "test", &[rows], 1);

@@ -1149,13 +1149,23 @@ mod tests {
         }];
         let r = report(Bench::Latency, &o, "test", &[rows], 1);
         let lines: Vec<&str> = r.lines().collect();
-        assert_eq!(lines[3], "# Size         Avg Latency(us)     Typical Latency(us)");
-        assert_eq!(lines[4], "8                        10.00                    3.00");
+        assert_eq!(
+            lines[3],
+            "# Size         Avg Latency(us)     Typical Latency(us)"
+        );
+        assert_eq!(
+            lines[4],
+            "8                        10.00                    3.00"
+        );
     }
 
     #[test]
     fn a_simulated_run_prints_its_typical_latency() {
-        let o = parse(Bench::Latency, &["--typical", "-m", "8:16", "-i", "20", "-x", "2"]).unwrap();
+        let o = parse(
+            Bench::Latency,
+            &["--typical", "-m", "8:16", "-i", "20", "-x", "2"],
+        )
+        .unwrap();
         let r = run_sim_bench(Bench::Latency, &o).unwrap();
         let rows: Vec<Vec<f64>> = r
             .lines()

@@ -387,15 +387,7 @@ async fn timed<C: Context>(
             start = r.now();
         }
         match bench {
-            Bench::Latency => {
-                if sender {
-                    r.send(peer, size)?;
-                    r.wait(1).await?;
-                } else {
-                    r.wait(1).await?;
-                    r.send(peer, size)?;
-                }
-            }
+            Bench::Latency => round_trip(r, sender, peer, size).await?,
             Bench::Bw | Bench::MbwMr => {
                 if sender {
                     for _ in 0..o.window {
@@ -433,18 +425,28 @@ async fn lapped<C: Context>(
     let start = r.now();
     let mut last = start;
     for _ in 0..n {
-        if sender {
-            r.send(peer, size)?;
-            r.wait(1).await?;
-        } else {
-            r.wait(1).await?;
-            r.send(peer, size)?;
-        }
+        round_trip(r, sender, peer, size).await?;
         let now = r.now();
         laps.push(now - last);
         last = now;
     }
     Ok(last - start)
+}
+
+/// One round trip of osu_latency's ping-pong (`sender` speaks first).
+async fn round_trip<C: Context>(
+    r: &mut BenchRank<C>,
+    sender: bool,
+    peer: u32,
+    size: usize,
+) -> Result<()> {
+    if sender {
+        r.send(peer, size)?;
+        r.wait(1).await
+    } else {
+        r.wait(1).await?;
+        r.send(peer, size)
+    }
 }
 
 /// The median of `laps` (sorted in place), `None` if there are none.

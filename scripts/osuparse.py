@@ -1,6 +1,7 @@
 """Readers of benchmark output, shared by scripts/osu-side-by-side and
 scripts/perf-report."""
 import glob
+import math
 import re
 
 
@@ -30,7 +31,8 @@ def perftest(pattern, column):
     """size -> the named column of the perftest result rows in the files
     matching `pattern` (a run's .err, .server and .client-err files left aside); a
     bandwidth column (BW_...[MB/sec], which perftest counts in MiB/s)
-    converted to MB/s."""
+    converted to MB/s. A row whose value is not a finite number (perftest
+    printed "inf" when its clock readings went wrong) is left out."""
     scale = MIB_IN_MB if column.startswith("BW_") else 1.0
     rows = {}
     for path in glob.glob(pattern):
@@ -44,5 +46,7 @@ def perftest(pattern, column):
                 head = re.sub(r"(BW|99%|99\.9%) (peak|average|percentile)", r"\1_\2", line).split()
                 vals = lines[i + 1].split()
                 if column in head and len(vals) == len(head):
-                    rows[int(vals[0])] = float(vals[head.index(column)]) * scale
+                    v = float(vals[head.index(column)])
+                    if math.isfinite(v):
+                        rows[int(vals[0])] = v * scale
     return rows

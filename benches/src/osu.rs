@@ -344,8 +344,10 @@ pub async fn body<C: Context>(
         r.barrier().await?;
         let mut laps = Vec::new();
         let elapsed = if bench == Bench::Latency && o.typical {
+            for _ in 0..skip {
+                round_trip(r, sender, peer, size).await?;
+            }
             laps.reserve_exact(iters as usize);
-            lapped(r, sender, peer, size, skip, &mut Vec::new()).await?;
             lapped(r, sender, peer, size, iters, &mut laps).await?
         } else if bench == Bench::Latency && r.is_solo() {
             ping_pong(r, sender, peer, size, skip)?;

@@ -57,7 +57,7 @@ pub(crate) struct Short {
 
 impl Short {
     /// No message: what a slot holds before its first.
-    const EMPTY: Short = Short {
+    pub const EMPTY: Short = Short {
         src: 0,
         tag: 0,
         len: 0,
@@ -75,7 +75,7 @@ impl Short {
     /// straight line (its call, with the frame around it, cost the
     /// receiving call more than its copy).
     #[inline(always)]
-    fn fill(&mut self, src: Rank, tag: Tag, body: &[u8]) {
+    pub fn fill(&mut self, src: Rank, tag: Tag, body: &[u8]) {
         self.src = src;
         self.tag = tag;
         self.len = body.len() as u8;
@@ -117,12 +117,16 @@ pub(crate) enum Delivery<C: Context, H> {
 /// nothing to run. The first of a run waits in a slot of its own and is
 /// handed straight to the thread that runs it; only those behind it go
 /// through the queue (a small message in a ping-pong never does). A short
-/// message that finds nothing waiting is copied straight into a slot of
-/// its own, ahead of all else, and taken out whole once. That slot is not
-/// in the number until [`Deliveries::count_short`] puts it there: the
-/// progress call that filled it hands it to its callback itself, under
-/// the same lock, unless another thread is delivering, and only then does
-/// that thread need to see it counted.
+/// message a progress call found alone never comes here when nothing
+/// waits: that call hands it from its own frame to its callback, unless
+/// another thread is delivering, and only then puts it in line
+/// ([`Deliveries::hold_oldest`]). One of several found that finds nothing
+/// waiting is copied into a slot of its own, ahead of all else, and taken
+/// out whole once. That slot is not in the number until
+/// [`Deliveries::count_short`] puts it there: the progress call that
+/// filled it hands it to its callback itself, under the same lock, unless
+/// another thread is delivering, and only then does that thread need to
+/// see it counted.
 pub(crate) struct Deliveries<C: Context, H> {
     /// A short message older than everything else, when `short_held`.
     short: Short,
@@ -198,6 +202,32 @@ impl<C: Context, H> Deliveries<C, H> {
     #[inline(never)]
     fn push_short_behind(&mut self, src: Rank, tag: Tag, body: &[u8]) {
         self.push(Delivery::Short(Short::new(src, tag, body)));
+    }
+
+    /// Queues short message `s`, already copied out: into its own slot
+    /// when nothing waits (not counted yet), else behind what does.
+    #[inline]
+    pub fn push_short_copied(&mut self, s: Short) {
+        if !self.short_held && self.first.is_none() {
+            self.short = s;
+            self.short_held = true;
+        } else {
+            self.push(Delivery::Short(s));
+        }
+    }
+
+    /// Puts short message `s`, older than every delivery waiting, into its
+    /// own slot, counted: for a message read when nothing waited, which its
+    /// progress call could not hand to its callback (another thread
+    /// delivers), while deliveries queued since then wait behind it. Only
+    /// the reading of a message fills the slot, so it is free.
+    #[cold]
+    pub fn hold_oldest(&mut self, s: Short) {
+        debug_assert!(!self.short_held, "only a reading fills the slot");
+        self.short = s;
+        self.short_held = true;
+        self.short_counted = false;
+        self.count_short();
     }
 
     /// Whether a short message waits in its own slot.
@@ -333,5 +363,24 @@ mod tests {
         assert_eq!(queued.load(Ordering::SeqCst), 0, "not counted yet");
         assert_eq!(drain(&mut d), ["short 8 []"]);
         assert_eq!(queued.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_short_message_held_back_goes_ahead_of_what_was_queued_since() {
+        let queued = Arc::new(AtomicUsize::new(0));
+        let mut d = D::new(queued.clone());
+        // Read when nothing waited, then a delivery queued behind it before
+        // it could be handed on: it goes back in line first, counted.
+        d.push(heap(2));
+        d.hold_oldest(Short::new(1, 7, &[1]));
+        assert_eq!(queued.load(Ordering::SeqCst), 2);
+        // One copied out while something waits is queued behind it.
+        d.push_short_copied(Short::new(3, 7, &[3]));
+        assert_eq!(drain(&mut d), ["short 1 [1]", "message 2", "short 3 [3]"]);
+        assert_eq!(queued.load(Ordering::SeqCst), 0);
+        // With nothing waiting, a copied-out one takes the slot, uncounted.
+        d.push_short_copied(Short::new(4, 7, &[4]));
+        assert_eq!(queued.load(Ordering::SeqCst), 0);
+        assert_eq!(drain(&mut d), ["short 4 [4]"]);
     }
 }

@@ -3,8 +3,10 @@
 //! carries its sender's messages, its place in the sender's sequence, the
 //! credits it spends and returns, and, for a message sent in parts, the
 //! train it joins. A message for the user goes straight to the queue of
-//! deliveries; what the core must act on comes back to it one message at
-//! a time ([`Got`]): rendezvous control, credits the peer returned. The
+//! deliveries, but for a short one taken by the straight line, which comes
+//! back to the core copied out (it may go to its callback without being
+//! queued); what the core must act on comes back to it one message at a
+//! time ([`Got`]): rendezvous control, credits the peer returned. The
 //! receive side never names the core.
 
 use std::collections::HashMap;
@@ -15,7 +17,7 @@ use xrcbtl_xrc_conn::Rank;
 
 use crate::config::BtlConfig;
 use crate::conn::ConnDriver;
-use crate::delivery::{Body, Deliveries, Delivery};
+use crate::delivery::{Body, Deliveries, Delivery, Short};
 use crate::ep::{Endpoint, Endpoints, EpState};
 use crate::iface::Iface;
 use crate::pools::Pools;
@@ -129,12 +131,11 @@ pub(crate) struct RecvView<'a, C: Context, H> {
 /// what it needs, lent by the core per completion. Never passed out of
 /// line, so the compiler keeps it in registers, where a [`RecvView`]
 /// (handed to the general path, out of line) is stored whole.
-pub(crate) struct ShortView<'a, C: Context, H> {
+pub(crate) struct ShortView<'a, C: Context> {
     pub iface: &'a mut Iface<C>,
     /// The driver's [`ConnDriver::qp_gen`].
     pub qp_gen: u64,
     pub eps: &'a mut Endpoints,
-    pub deliveries: &'a mut Deliveries<C, H>,
     pub stats: &'a mut BtlStats,
     /// The send queues, whose messages returned credits show arrived.
     pub sends: &'a mut SendQueues,
@@ -196,16 +197,20 @@ impl Recv {
     /// short eager message (a body of at most [`SMALL_BODY`] bytes),
     /// received whole on a QP last seen carrying its sender's messages,
     /// next in that sender's sequence, on an open endpoint, with no train
-    /// open. Its body is copied out for delivery and its buffer goes back
-    /// at once; the credits it returns are counted as arrivals on its QP.
-    /// Returns `None`, having changed nothing, for any other completion:
-    /// [`Recv::on_completion`] then judges it step by step. Otherwise
+    /// open. Its body is copied out and its buffer goes back at once; the
+    /// credits it returns are counted as arrivals on its QP. Returns
+    /// `None`, having changed nothing, for any other completion:
+    /// [`Recv::on_completion`] then judges it step by step. Otherwise puts
+    /// the message in `out`, for the caller to deliver (queued, or handed
+    /// straight to its callback when nothing waits ahead of it: `out` is
+    /// where the caller keeps it, so that it is built once, in place), and
     /// returns what is left to do about those credits.
     #[inline(always)]
-    pub fn short_eager<C: Context, H>(
+    pub fn short_eager<C: Context>(
         &mut self,
-        v: &mut ShortView<'_, C, H>,
+        v: &mut ShortView<'_, C>,
         wc: &WorkCompletion,
+        out: &mut Option<Short>,
     ) -> Option<Credited> {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
             return None;
@@ -222,13 +227,13 @@ impl Recv {
         }
         let body = ShortBody {
             eps: &mut *v.eps,
-            deliveries: &mut *v.deliveries,
             sends: &mut *v.sends,
             cap: v.cap,
             fc: v.fc,
             sender: seen.sender,
             ei: seen.ei,
             qpn: wc.qp_num,
+            out,
         };
         let (body_len, credited) = v.iface.read_whole(slot, len, body)?;
         if let Some(c) = v.stats.received_by_class.get_mut(usize::from(slot.class)) {
@@ -526,9 +531,8 @@ fn settle_on(
 /// than a closure, so that its reading is inlined into the straight line
 /// (a closure of this size was called out of line, and its frame cost the
 /// receiving call about 20 instructions).
-struct ShortBody<'a, C: Context, H> {
+struct ShortBody<'a> {
     eps: &'a mut Endpoints,
-    deliveries: &'a mut Deliveries<C, H>,
     sends: &'a mut SendQueues,
     /// A connection's credits.
     cap: u32,
@@ -538,27 +542,30 @@ struct ShortBody<'a, C: Context, H> {
     /// The sender's endpoint, as [`SenderSeen::ei`].
     ei: u32,
     qpn: u32,
+    /// Where the message goes.
+    out: &'a mut Option<Short>,
 }
 
-impl<C: Context, H> ReadInPlace for ShortBody<'_, C, H> {
+impl ReadInPlace for ShortBody<'_> {
     type Out = Option<(u32, Credited)>;
 
     /// A short eager message next in the sequence of an open endpoint is
-    /// queued for delivery, and the credits it spends and returns are
-    /// settled (those returned for the endpoint's path counted as arrivals
-    /// there). Returns its body's length and what is left to do about the
-    /// credits, or `None`, having changed nothing, for any other message.
+    /// copied out, and the credits it spends and returns are settled
+    /// (those returned for the endpoint's path counted as arrivals there).
+    /// Puts the message in `out` and returns its body's length and what is
+    /// left to do about the credits, or `None`, having changed nothing, for
+    /// any other message.
     #[inline(always)]
     fn read(self, bytes: &[u8]) -> Self::Out {
         let ShortBody {
             eps,
-            deliveries,
             sends,
             cap,
             fc,
             sender,
             ei,
             qpn,
+            out,
         } = self;
         let h = Header::decode_eager(bytes).filter(|h| h.src == sender)?;
         let ep = eps.try_get_mut(ei)?;
@@ -589,7 +596,10 @@ impl<C: Context, H> ReadInPlace for ShortBody<'_, C, H> {
         } else {
             Credited::Settled
         };
-        deliveries.push_short(h.src, h.tag, &bytes[HEADER..]);
+        // Filled where it is kept: built whole and moved there, it was
+        // copied once more.
+        out.insert(Short::EMPTY)
+            .fill(h.src, h.tag, &bytes[HEADER..]);
         Some((h.len, credited))
     }
 }

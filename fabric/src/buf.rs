@@ -217,12 +217,14 @@ impl<C: Context> DmaBuf<C> {
         self.mr().remote(offset)
     }
 
+    /// Panics unless `offset..offset + len` is inside the buffer. Inline
+    /// (a receive's straight line reads through it), with the panic out of
+    /// line.
+    #[inline(always)]
     fn check(&self, offset: usize, len: usize) {
-        assert!(
-            offset.checked_add(len).is_some_and(|end| end <= self.len),
-            "range {offset}+{len} outside a buffer of {} bytes",
-            self.len
-        );
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            outside(offset, len, self.len);
+        }
     }
 
     /// Copies `data` into the buffer at `offset`.
@@ -310,6 +312,14 @@ impl<C: Context> DmaBuf<C> {
         // SAFETY: the whole allocation, no references into it exist.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), byte, self.len) };
     }
+}
+
+/// [`DmaBuf::check`]'s panic: range `offset+len` is outside a buffer of
+/// `size` bytes.
+#[cold]
+#[inline(never)]
+fn outside(offset: usize, len: usize, size: usize) -> ! {
+    panic!("range {offset}+{len} outside a buffer of {size} bytes")
 }
 
 /// What reads bytes of a [`DmaBuf`] in place, once

@@ -121,6 +121,29 @@ impl<C: Context> Btl<C> {
         self.deliver_loop(Some(held))
     }
 
+    /// Hands short message `s`, read under `held` when no delivery waited,
+    /// to its callback, unless another thread (or a caller up this
+    /// thread's stack) is delivering: then it goes back in line, ahead of
+    /// anything queued since, for that thread to run. Returns the
+    /// deliveries run. Inline, so that the message goes from the frame it
+    /// was copied into to its callback without another copy.
+    #[inline(always)]
+    pub(super) fn hand_short(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>, s: &Short) -> usize {
+        if !self.delivering.swap(true, Ordering::SeqCst) {
+            let flag = self.delivering_flag();
+            self.run_short(held, s);
+            flag.done();
+            // What was queued meanwhile (behind it) is ours to run, as at
+            // the end of the loop below.
+            if self.queued.load(Ordering::SeqCst) == 0 {
+                return 1;
+            }
+            return 1 + self.deliver_loop(None);
+        }
+        held.hold_short(*s);
+        self.deliver_loop(Some(held))
+    }
+
     /// [`Btl::deliver_all`]'s loop: runs deliveries while any are queued
     /// and no one else runs them, starting under `held` when the caller
     /// holds the lock.

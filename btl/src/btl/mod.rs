@@ -605,11 +605,18 @@ impl<C: Context> Btl<C> {
         core.count_lock();
         // One completion, a ping-pong's usual find, read by a copy of the
         // reading made for exactly one: no loop around the straight line.
-        let n = if n == 1 {
-            core.quiet_found(&p.wcs[..1], 1)
-        } else {
-            core.quiet_found(&p.wcs, n)
-        };
+        // A short message that found nothing waiting comes back from it,
+        // to go straight to its callback.
+        if n == 1 {
+            let mut short = None;
+            let n = core.quiet_found_one(&p.wcs[0], 1, &mut short);
+            drop(p);
+            if let Some(s) = &short {
+                return n + self.hand_short(core, s);
+            }
+            return self.deliver_after(core, n);
+        }
+        let n = core.quiet_found(&p.wcs, n);
         drop(p);
         self.deliver_after(core, n)
     }

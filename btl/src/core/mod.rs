@@ -295,6 +295,33 @@ impl<C: Context, H> Core<C, H> {
         n
     }
 
+    /// [`Core::quiet_found`] for exactly one completion, `wc`, polled into
+    /// a buffer of `batch` entries: a short message that found no delivery
+    /// waiting is left in `out`, for the caller to hand to its callback
+    /// ([`Core::read_found_one`]).
+    #[inline(always)]
+    pub fn quiet_found_one(
+        &mut self,
+        wc: &WorkCompletion,
+        batch: usize,
+        out: &mut Option<Short>,
+    ) -> usize {
+        self.recv.took(1, batch);
+        let general = self.read_found_one(wc, out);
+        if general || self.eps.any_ready() || self.iface.repost_wanted {
+            return 1 + self.after_recv();
+        }
+        1
+    }
+
+    /// Puts short message `s`, which [`Core::quiet_found_one`] returned
+    /// and its caller could not hand on, back in line, ahead of every
+    /// delivery queued since.
+    #[inline]
+    pub fn hold_short(&mut self, s: Short) {
+        self.deliveries.hold_oldest(s);
+    }
+
     /// The slow-work word ([`Core::rare`]'s doc): raised, so that the next
     /// progress call takes the full path.
     #[inline(always)]

@@ -10,7 +10,7 @@ use xrcbtl_xrc_conn::Rank;
 
 use crate::callbacks::DoneFn;
 use crate::config::MAX_RNDV;
-use crate::delivery::{Body, Delivery};
+use crate::delivery::{Body, Delivery, Short};
 use crate::pools::{sink_start, Sink, Source};
 use crate::proto::rndv::{Act, Control};
 use crate::proto::Local;
@@ -48,6 +48,24 @@ impl<C: Context, H> Core<C, H> {
         general
     }
 
+    /// [`Core::read_found`] for exactly one completion, `wc`: a short
+    /// message that found no delivery waiting is left in `out` rather than
+    /// queued, for the caller to hand to its callback (it is the oldest
+    /// delivery: [`crate::delivery::Deliveries::hold_oldest`] puts it back
+    /// in line if it cannot be handed on). Returns whether the completion
+    /// took the general path.
+    #[inline(always)]
+    pub(super) fn read_found_one(&mut self, wc: &WorkCompletion, out: &mut Option<Short>) -> bool {
+        let general = self.read_one(wc, out);
+        if !self.deliveries.is_empty() {
+            if let Some(s) = out.take() {
+                self.deliveries.push_short_copied(s);
+            }
+        }
+        self.repost_due();
+        general
+    }
+
     /// Posts the receive buffers due again. Also after a poll that found
     /// nothing: buffers come back from deliveries after the poll that
     /// found their messages.
@@ -73,28 +91,41 @@ impl<C: Context, H> Core<C, H> {
     fn read_all(&mut self, wcs: &[WorkCompletion]) -> bool {
         let mut general = false;
         for wc in wcs {
-            let fc = self.iface.credits();
-            let mut short = ShortView {
-                iface: &mut self.iface,
-                qp_gen: self.drv.qp_gen(),
-                eps: &mut self.eps,
-                deliveries: &mut self.deliveries,
-                stats: &mut self.stats,
-                sends: &mut self.sends,
-                cap: self.cfg.credits,
-                fc,
-            };
-            match self.recv.short_eager(&mut short, wc) {
-                Some(Credited::Settled) => {}
-                Some(Credited::Retire(slot)) => self.retire_arrived(slot),
-                Some(Credited::Elsewhere(returned)) => self.arrived(returned),
-                None => {
-                    general = true;
-                    self.read_general(wc);
-                }
+            let mut short = None;
+            general |= self.read_one(wc, &mut short);
+            if let Some(s) = short {
+                self.deliveries.push_short_copied(s);
             }
         }
         general
+    }
+
+    /// Reads completion `wc`: by the straight line, which leaves the short
+    /// message it copied out in `out` (not queued), else by the general
+    /// path, which queues what it delivers. Returns whether it took the
+    /// general path.
+    #[inline(always)]
+    fn read_one(&mut self, wc: &WorkCompletion, out: &mut Option<Short>) -> bool {
+        let fc = self.iface.credits();
+        let mut short = ShortView {
+            iface: &mut self.iface,
+            qp_gen: self.drv.qp_gen(),
+            eps: &mut self.eps,
+            stats: &mut self.stats,
+            sends: &mut self.sends,
+            cap: self.cfg.credits,
+            fc,
+        };
+        let Some(credited) = self.recv.short_eager(&mut short, wc, out) else {
+            self.read_general(wc);
+            return true;
+        };
+        match credited {
+            Credited::Settled => {}
+            Credited::Retire(slot) => self.retire_arrived(slot),
+            Credited::Elsewhere(returned) => self.arrived(returned),
+        }
+        false
     }
 
     /// The general path for completion `wc`, out of line with the view it

@@ -91,6 +91,10 @@ pub(crate) struct RecvClass<C: Context> {
     repost: Vec<u32>,
     /// The SRQ limit armed.
     pub limit: u32,
+    /// Messages read whole in its buffers ([`Iface::read_whole`]), counted
+    /// here, in the class the straight line looks up anyway, rather than
+    /// in the stats ([`Iface::read_whole_counts`]).
+    read_whole: u64,
 }
 
 impl<C: Context> RecvClass<C> {
@@ -301,6 +305,7 @@ impl<C: Context> Iface<C> {
                 first: Vec::new(),
                 repost: Vec::new(),
                 limit: (depth / 4).max(1),
+                read_whole: 0,
             };
             class.prepare(classes.len() as u16, 0, depth);
             classes.push(class);
@@ -436,6 +441,12 @@ impl<C: Context> Iface<C> {
         Some((chunk, slot.index as usize * c.size as usize))
     }
 
+    /// The messages each class's buffers held that were read whole
+    /// ([`Iface::read_whole`]), by class.
+    pub fn read_whole_counts(&self) -> impl Iterator<Item = u64> + '_ {
+        self.classes.iter().map(|c| c.read_whole)
+    }
+
     /// Reads the first `len` bytes of the buffer a receive completed into,
     /// `slot`, in place with `rd`. A reading that takes the message
     /// (`Some`) is done with the buffer at once: the accounting of
@@ -453,6 +464,7 @@ impl<C: Context> Iface<C> {
         let chunk = c.chunks.get(slot.chunk as usize)?;
         let first = *c.first.get(slot.chunk as usize)?;
         let out = chunk.read_in_place(slot.index as usize * c.size as usize, len, rd)?;
+        c.read_whole += 1;
         c.posted = c.posted.saturating_sub(1);
         c.repost.push(first + slot.index);
         self.repost_wanted |= c.due(self.refill);

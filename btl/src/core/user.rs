@@ -25,14 +25,24 @@ impl<C: Context, H> Core<C, H> {
         }
     }
 
-    /// What the BTL counted so far.
+    /// What the BTL counted so far, with the counts kept elsewhere on
+    /// the straight lines folded in.
     pub fn stats(&self) -> BtlStats {
-        BtlStats {
+        let mut s = BtlStats {
             pending_max: self.eps.pending_max,
             queued_deliveries: self.deliveries.pushed(),
             posted_records: self.sends.records(),
             ..self.stats.clone()
+        };
+        for (by_class, n) in s
+            .received_by_class
+            .iter_mut()
+            .zip(self.iface.read_whole_counts())
+        {
+            *by_class += n;
+            s.eager_received += n;
         }
+        s
     }
 
     /// Counts a taking of the lock by a progress call

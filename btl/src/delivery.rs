@@ -65,7 +65,7 @@ impl Short {
     };
 
     /// `body` (at most [`SMALL_BODY`] bytes) from `src` with `tag`.
-    fn new(src: Rank, tag: Tag, body: &[u8]) -> Self {
+    pub fn new(src: Rank, tag: Tag, body: &[u8]) -> Self {
         let mut s = Short::EMPTY;
         s.fill(src, tag, body);
         s
@@ -173,20 +173,6 @@ impl<C: Context, H> Deliveries<C, H> {
         self.queued.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Queues the short message `body` (at most [`SMALL_BODY`] bytes) from
-    /// `src` with `tag`: copied into its own slot when nothing waits (not
-    /// counted yet: [`Deliveries::count_short`]), else queued behind what
-    /// does.
-    #[inline(always)]
-    pub fn push_short(&mut self, src: Rank, tag: Tag, body: &[u8]) {
-        if !self.short_held && self.first.is_none() {
-            self.short.fill(src, tag, body);
-            self.short_held = true;
-        } else {
-            self.push_short_behind(src, tag, body);
-        }
-    }
-
     /// Counts the short message in its own slot among the deliveries
     /// waiting, if it is not counted yet: before the lock is let go with
     /// it still there, so that a thread delivering meanwhile sees it.
@@ -198,16 +184,10 @@ impl<C: Context, H> Deliveries<C, H> {
         }
     }
 
-    /// [`Deliveries::push_short`] when something waits: queued behind it.
-    #[inline(never)]
-    fn push_short_behind(&mut self, src: Rank, tag: Tag, body: &[u8]) {
-        self.push(Delivery::Short(Short::new(src, tag, body)));
-    }
-
     /// Queues short message `s`, already copied out: into its own slot
     /// when nothing waits (not counted yet), else behind what does.
     #[inline]
-    pub fn push_short_copied(&mut self, s: Short) {
+    pub fn push_short(&mut self, s: Short) {
         if !self.short_held && self.first.is_none() {
             self.short = s;
             self.short_held = true;
@@ -226,7 +206,6 @@ impl<C: Context, H> Deliveries<C, H> {
         debug_assert!(!self.short_held, "only a reading fills the slot");
         self.short = s;
         self.short_held = true;
-        self.short_counted = false;
         self.count_short();
     }
 
@@ -325,9 +304,9 @@ mod tests {
         let queued = Arc::new(AtomicUsize::new(0));
         let mut d = D::new(queued.clone());
         // In the slot, then behind it: in order, whatever takes them.
-        d.push_short(1, 7, &[1, 2]);
+        d.push_short(Short::new(1, 7, &[1, 2]));
         d.push(heap(2));
-        d.push_short(3, 7, &[3]);
+        d.push_short(Short::new(3, 7, &[3]));
         d.push(Delivery::Failed {
             rank: 4,
             err: BtlError::Closed(4),
@@ -349,7 +328,7 @@ mod tests {
         // A short message behind a queued delivery waits in the queue; the
         // slot takes the next one that finds nothing waiting.
         d.push(heap(5));
-        d.push_short(6, 7, &[6; SMALL_BODY]);
+        d.push_short(Short::new(6, 7, &[6; SMALL_BODY]));
         assert!(d.pop_short().is_none(), "the slot is kept for the oldest");
         assert_eq!(
             drain(&mut d),
@@ -358,7 +337,7 @@ mod tests {
                 format!("short 6 {:?}", [6u8; SMALL_BODY]).as_str()
             ]
         );
-        d.push_short(8, 7, &[]);
+        d.push_short(Short::new(8, 7, &[]));
         assert_eq!(d.len(), 1);
         assert_eq!(queued.load(Ordering::SeqCst), 0, "not counted yet");
         assert_eq!(drain(&mut d), ["short 8 []"]);
@@ -375,11 +354,11 @@ mod tests {
         d.hold_oldest(Short::new(1, 7, &[1]));
         assert_eq!(queued.load(Ordering::SeqCst), 2);
         // One copied out while something waits is queued behind it.
-        d.push_short_copied(Short::new(3, 7, &[3]));
+        d.push_short(Short::new(3, 7, &[3]));
         assert_eq!(drain(&mut d), ["short 1 [1]", "message 2", "short 3 [3]"]);
         assert_eq!(queued.load(Ordering::SeqCst), 0);
         // With nothing waiting, a copied-out one takes the slot, uncounted.
-        d.push_short_copied(Short::new(4, 7, &[4]));
+        d.push_short(Short::new(4, 7, &[4]));
         assert_eq!(queued.load(Ordering::SeqCst), 0);
         assert_eq!(drain(&mut d), ["short 4 [4]"]);
     }

@@ -365,7 +365,8 @@ impl Recv {
             v.stats.eager_received += 1;
             v.stats.bytes_received += u64::from(h.len);
             if small {
-                v.deliveries.push_short(h.src, h.tag, &bytes[HEADER..]);
+                v.deliveries
+                    .push_short(Short::new(h.src, h.tag, &bytes[HEADER..]));
             } else {
                 v.deliveries.push(Delivery::Message {
                     src: h.src,

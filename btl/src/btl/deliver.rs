@@ -103,14 +103,7 @@ impl<C: Context> Btl<C> {
             if !self.delivering.swap(true, Ordering::SeqCst) {
                 let flag = self.delivering_flag();
                 let s = held.next_short_held();
-                self.run_short(held, &s);
-                flag.done();
-                // What was queued while the flag was up is ours to run, as
-                // at the end of the loop below.
-                if self.queued.load(Ordering::SeqCst) == 0 {
-                    return 1;
-                }
-                return 1 + self.deliver_loop(None);
+                return self.run_oldest_short(held, &s, flag);
             }
             // Another thread delivers: counted before the loop below looks
             // at the flag again, so that the other thread, which looks at
@@ -131,17 +124,29 @@ impl<C: Context> Btl<C> {
     pub(super) fn hand_short(&self, mut held: MutexGuard<'_, Core<C, Btl<C>>>, s: &Short) -> usize {
         if !self.delivering.swap(true, Ordering::SeqCst) {
             let flag = self.delivering_flag();
-            self.run_short(held, s);
-            flag.done();
-            // What was queued meanwhile (behind it) is ours to run, as at
-            // the end of the loop below.
-            if self.queued.load(Ordering::SeqCst) == 0 {
-                return 1;
-            }
-            return 1 + self.deliver_loop(None);
+            return self.run_oldest_short(held, s, flag);
         }
         held.hold_short(*s);
         self.deliver_loop(Some(held))
+    }
+
+    /// Runs short message `s`, the oldest delivery, taken under `held` by a
+    /// thread that raised the delivery flag (`flag`), then lets the flag
+    /// go; what was queued while it was up is ours to run, as at the end of
+    /// [`Btl::deliver_loop`]. Returns the deliveries run.
+    #[inline(always)]
+    fn run_oldest_short(
+        &self,
+        held: MutexGuard<'_, Core<C, Btl<C>>>,
+        s: &Short,
+        flag: Delivering<'_>,
+    ) -> usize {
+        self.run_short(held, s);
+        flag.done();
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            return 1;
+        }
+        1 + self.deliver_loop(None)
     }
 
     /// [`Btl::deliver_all`]'s loop: runs deliveries while any are queued

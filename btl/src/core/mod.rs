@@ -289,6 +289,14 @@ impl<C: Context, H> Core<C, H> {
     pub fn quiet_found(&mut self, wcs: &[WorkCompletion], n: usize) -> usize {
         self.recv.took(n, wcs.len());
         let general = self.read_found(&wcs[..n]);
+        self.quiet_rest(general, n)
+    }
+
+    /// The end of a quiet call that read `n` completions, `general` if any
+    /// took the general path: what they brought is done, when anything
+    /// can be left (see [`Core::quiet_found`]). Returns how much it found.
+    #[inline(always)]
+    fn quiet_rest(&mut self, general: bool, n: usize) -> usize {
         if general || self.eps.any_ready() || self.iface.repost_wanted {
             return n + self.after_recv();
         }
@@ -308,10 +316,7 @@ impl<C: Context, H> Core<C, H> {
     ) -> usize {
         self.recv.took(1, batch);
         let general = self.read_found_one(wc, out);
-        if general || self.eps.any_ready() || self.iface.repost_wanted {
-            return 1 + self.after_recv();
-        }
-        1
+        self.quiet_rest(general, 1)
     }
 
     /// Puts short message `s`, which [`Core::quiet_found_one`] returned

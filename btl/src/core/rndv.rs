@@ -59,7 +59,7 @@ impl<C: Context, H> Core<C, H> {
         let general = self.read_one(wc, out);
         if !self.deliveries.is_empty() {
             if let Some(s) = out.take() {
-                self.deliveries.push_short_copied(s);
+                self.deliveries.push_short(s);
             }
         }
         self.repost_due();
@@ -94,7 +94,7 @@ impl<C: Context, H> Core<C, H> {
             let mut short = None;
             general |= self.read_one(wc, &mut short);
             if let Some(s) = short {
-                self.deliveries.push_short_copied(s);
+                self.deliveries.push_short(s);
             }
         }
         general

@@ -36,6 +36,11 @@ pub(crate) struct Path {
     pub qpn: u32,
     /// The peer's XRC SRQ numbers by size class.
     pub srqns: Vec<u32>,
+    /// The number among `srqns` of the class that short messages take
+    /// ([`crate::iface::Iface::small_class`]), looked up once, when the
+    /// path is made: the latency path's send reads it without a bounds
+    /// check. `None` without XRC, or when short messages take no one class.
+    pub small_srqn: Option<u32>,
 }
 
 /// Whether an endpoint can still be used.

@@ -1189,12 +1189,12 @@ impl SendQueues {
     }
 
     /// The latency path of an eager send: a message whose header and body
-    /// fit the QP's inline limit and a [`Store::Small`], to an endpoint
-    /// with a path and nothing queued, is numbered, gathered and posted
+    /// fit the QP's inline limit and a [`Store::Small`], to an open
+    /// endpoint with a path and nothing queued, is numbered, gathered and posted
     /// here at once, without the general path's steps for bounce slots,
     /// queued work and rendezvous control ([`SendQueues::post`] does the same
     /// for it, slower). Returns `None`, having changed nothing, when
-    /// anything stands in the way (no path, work on an older path or
+    /// anything stands in the way (not open, no path, work on an older path or
     /// queued, a full send queue or CQ budget, no credits, too long, short
     /// messages in more than one receive class, a QP slot past
     /// [`LOG_SLOTS`]): the caller then takes the general path, which
@@ -1211,13 +1211,18 @@ impl SendQueues {
     ) -> Option<Small> {
         let len = parts[0].len() + parts[1].len();
         let total = HEADER + len;
-        let small_class = v.iface.small_class.filter(|_| len <= SMALL_BODY)?;
+        if v.iface.small_class.is_none() || len > SMALL_BODY {
+            return None;
+        }
         let (cfg, fc) = (v.cfg, v.fc);
         // The endpoint, the QP and its send side, each looked up once.
         let ep = v.eps.get_mut(ei);
+        if !ep.is_open() {
+            return None;
+        }
         let path = ep.path.as_ref()?;
         let (slot, qpn) = (path.slot, path.qpn);
-        let srqn = path.srqns.get(small_class).copied();
+        let srqn = path.small_srqn;
         if !ep.pending.is_empty()
             || (ep.in_flight > 0 && ep.flight_slot != Some(slot))
             || slot >= LOG_SLOTS

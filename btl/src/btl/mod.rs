@@ -450,12 +450,12 @@ impl<C: Context> Btl<C> {
     pub fn send(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<()> {
         self.check_eager(header.len() + payload.len())?;
         let mut core = self.lock_to_send();
-        let ei = core.endpoint(dst)?;
         if dst == self.cfg.rank {
+            core.endpoint(dst)?;
             core.deliver_to_self(tag, [header, payload]);
             return Ok(());
         }
-        core.send_eager(ei, tag, [header, payload], false);
+        core.send_eager_to(dst, tag, [header, payload], false)?;
         Ok(())
     }
 
@@ -466,12 +466,12 @@ impl<C: Context> Btl<C> {
     pub fn sendi(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<bool> {
         self.check_eager(header.len() + payload.len())?;
         let mut core = self.lock_to_send();
-        let ei = core.endpoint(dst)?;
         if dst == self.cfg.rank {
+            core.endpoint(dst)?;
             core.deliver_to_self(tag, [header, payload]);
             return Ok(true);
         }
-        Ok(core.send_eager(ei, tag, [header, payload], true))
+        core.send_eager_to(dst, tag, [header, payload], true)
     }
 
     /// Sends a shared buffer with `tag` to `dst`: eagerly up to

@@ -116,7 +116,13 @@ impl<C: Context, H> Core<C, H> {
                 if let Some(ei) = self.eps.find(rank) {
                     let ep = self.eps.get_mut(ei);
                     ep.connecting = false;
-                    ep.path = Some(Path { slot, qpn, srqns });
+                    let small_srqn = self.iface.small_class.and_then(|c| srqns.get(c).copied());
+                    ep.path = Some(Path {
+                        slot,
+                        qpn,
+                        srqns,
+                        small_srqn,
+                    });
                     self.eps.mark_ready(ei);
                     if self.iface.mode == Mode::Xrc && rank != self.cfg.rank {
                         self.eps.uses_ini(slot, ei);

@@ -51,20 +51,52 @@ impl<C: Context, H> Core<C, H> {
     /// frequent case, and every other outcome asks for the full path.
     #[inline(always)]
     pub fn send_eager(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> bool {
-        let len = parts[0].len() + parts[1].len();
-        if HEADER + len <= self.cfg.max_inline as usize {
-            let (sends, mut v) = self.sends();
-            match sends.send_small(&mut v, ei, tag, parts, now_only) {
-                Some(Small::Quiet) => return true,
-                Some(done) => {
-                    self.raise();
-                    return done != Small::Dropped;
-                }
-                None => {}
-            }
+        if let Some(sent) = self.send_small(ei, tag, parts, now_only) {
+            return sent;
         }
         self.raise();
         self.send_copy(ei, Kind::Eager, tag, parts, now_only)
+    }
+
+    /// [`Core::send_eager`] to the endpoint of rank `dst`, which is not
+    /// this rank: the latency path finds the endpoint once, and looks at
+    /// it once ([`crate::post::SendQueues::send_small`] checks that it
+    /// is open); anything else goes through [`Core::endpoint`], which
+    /// says why a rank cannot be sent to.
+    #[inline(always)]
+    pub fn send_eager_to(
+        &mut self,
+        dst: Rank,
+        tag: Tag,
+        parts: [&[u8]; 2],
+        now_only: bool,
+    ) -> Result<bool> {
+        if let Some(ei) = self.eps.find(dst) {
+            if let Some(sent) = self.send_small(ei, tag, parts, now_only) {
+                return Ok(sent);
+            }
+        }
+        let ei = self.endpoint(dst)?;
+        self.raise();
+        Ok(self.send_copy(ei, Kind::Eager, tag, parts, now_only))
+    }
+
+    /// The latency path of [`Core::send_eager`]: `None` when the message
+    /// must take the general path, else whether it was sent (or queued).
+    #[inline(always)]
+    fn send_small(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> Option<bool> {
+        let len = parts[0].len() + parts[1].len();
+        if HEADER + len > self.cfg.max_inline as usize {
+            return None;
+        }
+        let (sends, mut v) = self.sends();
+        match sends.send_small(&mut v, ei, tag, parts, now_only)? {
+            Small::Quiet => Some(true),
+            done => {
+                self.raise();
+                Some(done != Small::Dropped)
+            }
+        }
     }
 
     /// [`Core::send_eager`] of a message of `kind` (an eager message or a

@@ -251,6 +251,12 @@ pub(crate) struct SendQueues {
     /// Signalled work requests posted and not completed: the send CQ is
     /// polled only while there are some (and on control ticks).
     signalled_out: usize,
+    /// Messages the latency path posted ([`SendQueues::send_small`]), and
+    /// how many of them signalled: counted here, once each, and folded into
+    /// the stats' eager, inline and unsignalled counts when they are read
+    /// ([`SendQueues::small_posts`]).
+    small_posted: u64,
+    small_signalled: u64,
     /// Someone waits for everything to complete: unsignalled work must be
     /// followed by a signalled message on its QP.
     want_cover: bool,
@@ -450,6 +456,8 @@ impl SendQueues {
             uncovered: Vec::new(),
             sq: Vec::new(),
             signalled_out: 0,
+            small_posted: 0,
+            small_signalled: 0,
             want_cover: false,
             inline: Box::new([0; INLINE_MAX]),
             ring_blocked: VecDeque::new(),
@@ -489,6 +497,13 @@ impl SendQueues {
     /// send CQ has nothing for this rank but on control ticks.
     pub fn signalled_out(&self) -> usize {
         self.signalled_out
+    }
+
+    /// The messages the latency path posted, and how many of them
+    /// signalled: each is an eager message sent inline, and the rest
+    /// went unsignalled.
+    pub fn small_posts(&self) -> (u64, u64) {
+        (self.small_posted, self.small_signalled)
     }
 
     /// Whether someone waits for the unsignalled work to complete.
@@ -1280,16 +1295,15 @@ impl SendQueues {
             Ok(()) => {
                 // As `posted` counts it.
                 q.count_post(no, signalled, slot, &mut self.uncovered);
+                // Its stats: one count, read by `small_posts`.
+                self.small_posted += 1;
                 if signalled {
                     self.signalled_out += 1;
-                } else {
-                    v.stats.unsignalled += 1;
+                    self.small_signalled += 1;
                 }
                 ep.in_flight += 1;
                 ep.flight_slot = Some(slot);
                 ep.tx.take();
-                v.stats.inline_sent += 1;
-                v.stats.eager_sent += 1;
                 return Some(if signalled { Small::Busy } else { Small::Quiet });
             }
             Err(e) => {

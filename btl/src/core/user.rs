@@ -42,6 +42,10 @@ impl<C: Context, H> Core<C, H> {
             *by_class += n;
             s.eager_received += n;
         }
+        let (small, signalled) = self.sends.small_posts();
+        s.eager_sent += small;
+        s.inline_sent += small;
+        s.unsignalled += small - signalled;
         s
     }
 

@@ -637,13 +637,16 @@ impl SendQueues {
         }
         let (mut k, mut signalled) = (0, 0);
         let mut landing = Landing::default();
-        for p in q.log.range_mut(q.left as usize..q.log.len()) {
-            if !completed_by(p, no) || !each(p) {
-                break;
+        let (a, b) = q.log.runs_mut(q.left as usize..q.log.len());
+        'runs: for run in [a, b] {
+            for p in run {
+                if !completed_by(p, no) || !each(p) {
+                    break 'runs;
+                }
+                k += 1;
+                signalled += usize::from(p.signalled);
+                landing.add(eps, p.ep);
             }
-            k += 1;
-            signalled += usize::from(p.signalled);
-            landing.add(eps, p.ep);
         }
         landing.finish(eps);
         q.used = q.used.saturating_sub(k as u32);

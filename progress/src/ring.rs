@@ -112,6 +112,15 @@ impl<T> Ring<T> {
         self.buf[a].iter().chain(self.buf[b].iter())
     }
 
+    /// The values at positions `r`, front to back, to change, as the two
+    /// runs of the buffer they lie in (the second empty unless they wrap).
+    pub fn runs_mut(&mut self, r: Range<usize>) -> (&mut [T], &mut [T]) {
+        let (a, b) = self.runs(r);
+        // The wrapped run lies wholly before the first one.
+        let (low, high) = self.buf.split_at_mut(a.start);
+        (&mut high[..a.len()], &mut low[b])
+    }
+
     /// The values at positions `r`, front to back, to change.
     pub fn range_mut(&mut self, r: Range<usize>) -> impl DoubleEndedIterator<Item = &mut T> {
         let (a, b) = self.runs(r);
@@ -269,6 +278,7 @@ mod tests {
         let mut ring = Ring::new();
         let mut model = VecDeque::new();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut wrapped = 0;
         for n in 0..20_000u32 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -314,6 +324,18 @@ mod tests {
                     *y += 1;
                 }
                 assert_eq!(values(&ring), Vec::from(model.clone()));
+                // The same positions as two runs of the buffer.
+                let (a, b) = ring.runs_mut(s..model.len());
+                assert_eq!(a.len() + b.len(), model.len() - s);
+                assert!(b.is_empty() || !a.is_empty());
+                wrapped += usize::from(!b.is_empty());
+                for y in a.iter_mut().chain(b.iter_mut()) {
+                    **y.0.as_mut().unwrap() += 1;
+                }
+                for y in model.range_mut(s..) {
+                    *y += 1;
+                }
+                assert_eq!(values(&ring), Vec::from(model.clone()));
                 assert_eq!(
                     ring.front().map(|x| **x.0.as_ref().unwrap()),
                     model.front().copied()
@@ -321,6 +343,7 @@ mod tests {
                 assert_eq!(ring[model.len() - 1].0.as_deref(), model.back());
             }
         }
+        assert!(wrapped > 0, "no range wrapped round the buffer");
     }
 
     /// Retired values that hold something are freed at once; the places a

@@ -51,6 +51,15 @@ pub(crate) fn mode_of(caps: &DeviceCaps, cfg: &BtlConfig) -> Mode {
     }
 }
 
+/// [`Iface::small_limit`], with a small class or without, when
+/// `max_inline` bytes go inline: nothing goes when not even a header fits.
+fn small_limit(small_class: bool, max_inline: u32) -> usize {
+    match (max_inline as usize).checked_sub(HEADER) {
+        Some(room) if small_class => SMALL_BODY.min(room) + 1,
+        _ => 0,
+    }
+}
+
 /// The buffer size of each receive class, smallest first. The large class
 /// holds a full eager message; a small class, if asked for, holds short
 /// ones without wasting large buffers. An RC QP draws from one SRQ: RC
@@ -236,6 +245,11 @@ pub(crate) struct Iface<C: Context> {
     /// class is set below their size): the latency path addresses it
     /// without looking.
     pub small_class: Option<usize>,
+    /// One more than the longest body the latency path sends: the least of
+    /// [`SMALL_BODY`] and what [`crate::BtlConfig::max_inline`] leaves after
+    /// the header, plus one; 0 without [`Iface::small_class`]. One compare
+    /// then says whether a message may take that path.
+    pub small_limit: usize,
     /// Eager bounce slots.
     pub bounce: Slots<C>,
     /// Result slots of atomics.
@@ -344,6 +358,7 @@ impl<C: Context> Iface<C> {
             xrcd,
             classes,
             small_class: None,
+            small_limit: 0,
             bounce,
             results,
             fence_sink,
@@ -353,6 +368,7 @@ impl<C: Context> Iface<C> {
         };
         let c = iface.class_for(HEADER);
         iface.small_class = (iface.class_for(HEADER + SMALL_BODY) == c).then_some(c);
+        iface.small_limit = small_limit(iface.small_class.is_some(), cfg.max_inline);
         // Arm the low-watermark once the SRQ holds its receives, so that it
         // fires when they run low, not at once.
         for c in 0..iface.classes.len() {
@@ -611,5 +627,24 @@ impl<C: Context> Iface<C> {
             xrcd: self.xrcd.as_ref(),
             srqns: self.srq_nums(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The latency path's bound is the smaller of the short body and the
+    /// configured inline room after the header, and is closed without a
+    /// small class or when the header alone is over the limit.
+    #[test]
+    fn the_small_limit_follows_the_inline_limit() {
+        let header = HEADER as u32;
+        assert_eq!(small_limit(true, 128), SMALL_BODY + 1);
+        assert_eq!(small_limit(true, header + 8), 9, "8 bytes of body fit");
+        assert_eq!(small_limit(true, header), 1, "only an empty body fits");
+        assert_eq!(small_limit(true, header - 1), 0, "not even a header");
+        assert_eq!(small_limit(true, 0), 0);
+        assert_eq!(small_limit(false, 128), 0, "no small class");
     }
 }

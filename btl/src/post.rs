@@ -1207,7 +1207,8 @@ impl SendQueues {
     }
 
     /// The latency path of an eager send: a message whose header and body
-    /// fit the QP's inline limit and a [`Store::Small`], to an open
+    /// fit the configured and the QP's inline limits and a [`Store::Small`]
+    /// ([`Iface::small_limit`]), to an open
     /// endpoint with a path and nothing queued, is numbered, gathered and posted
     /// here at once, without the general path's steps for bounce slots,
     /// queued work and rendezvous control ([`SendQueues::post`] does the same
@@ -1229,7 +1230,7 @@ impl SendQueues {
     ) -> Option<Small> {
         let len = parts[0].len() + parts[1].len();
         let total = HEADER + len;
-        if v.iface.small_class.is_none() || len > SMALL_BODY {
+        if len >= v.iface.small_limit {
             return None;
         }
         let (cfg, fc) = (v.cfg, v.fc);

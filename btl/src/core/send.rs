@@ -85,10 +85,6 @@ impl<C: Context, H> Core<C, H> {
     /// must take the general path, else whether it was sent (or queued).
     #[inline(always)]
     fn send_small(&mut self, ei: u32, tag: Tag, parts: [&[u8]; 2], now_only: bool) -> Option<bool> {
-        let len = parts[0].len() + parts[1].len();
-        if HEADER + len > self.cfg.max_inline as usize {
-            return None;
-        }
         let (sends, mut v) = self.sends();
         match sends.send_small(&mut v, ei, tag, parts, now_only)? {
             Small::Quiet => Some(true),

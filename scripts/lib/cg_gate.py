@@ -25,10 +25,11 @@ from cg_calls import found_counts, found_split, per_iteration, solve, tree  # no
 # Whole calls on siw (issue 32): send, receiving progress, empty progress.
 BUDGET = {"send": 450, "receiving": 300, "empty": 90}
 # What siw's provider spends in them (scripts/sw-cost --gate on siw,
-# 2026-11-29: ibv_post_send 209, ibv_poll_cq 52 per call on average; on
-# 2026-12-01, ibv_post_srq_recv 33 per receiving call, reposting in
-# batches).
-SIW_PROVIDER = {"send": 209, "receiving": 52 + 33, "empty": 52}
+# 2026-12-03, at 99acc1c, with the split within each run: ibv_post_send
+# 209 per send; ibv_poll_cq 50 in an empty call and 83 in a receiving
+# one, whose poll copies out a completion; ibv_post_srq_recv 33 per
+# receiving call, reposting in batches).
+SIW_PROVIDER = {"send": 209, "receiving": 83 + 33, "empty": 50}
 
 
 def per_call(t, steps, name):

@@ -36,48 +36,42 @@ import sys
 # "  1,234 (12.3%)  >   file:function (56x) [object]" is one of its callees.
 ENTRY = re.compile(r"^\s*([\d,]+)\s+\([^)]*\)\s+\*\s+(\S.*?)(?:\s+\[[^\]]*\])?\s*$")
 EDGE = re.compile(r"^\s*([\d,]+)\s+\([^)]*\)\s+>\s+(\S.*?)\s+\(([\d,]+)x\)")
-CALL = re.compile(r"^\s*[\d,]+\s+\([^)]*\)\s+>\s+(\S.*?)\s+\(([\d,]+)x\)")
 
 
 def num(s):
     return int(s.replace(",", ""))
 
 
-def edges(path):
-    """{caller: {callee: [inclusive cost, calls]}} from a call tree, the
-    edges of a function summed over its entries (inlined code repeats it
-    under the files it came from, each with the calls made from there)."""
-    out = {}
+def read_tree(path):
+    """A call tree, read once: (inclusive, calls, edges). `inclusive` is
+    each function's whole cost, `calls` how often it was called,
+    `edges` {caller: {callee: [inclusive cost, calls]}}, a function's
+    edges summed over its entries (inlined code repeats it under the
+    files it came from, each with the calls made from there)."""
+    inclusive, calls, edges = {}, {}, {}
     caller = None
     with open(path, errors="replace") as f:
         for line in f:
             m = ENTRY.match(line)
             if m:
+                # The largest of a function's entries is the whole function.
                 caller = m.group(2).partition(":")[2]
+                inclusive[caller] = max(inclusive.get(caller, 0), num(m.group(1)))
                 continue
             m = EDGE.match(line)
-            if m and caller is not None:
-                e = out.setdefault(caller, {}).setdefault(m.group(2).partition(":")[2], [0, 0])
-                e[0] += num(m.group(1))
-                e[1] += num(m.group(3))
-    return out
+            if m:
+                callee, cost, n = m.group(2).partition(":")[2], num(m.group(1)), num(m.group(3))
+                calls[callee] = calls.get(callee, 0) + n
+                if caller is not None:
+                    e = edges.setdefault(caller, {}).setdefault(callee, [0, 0])
+                    e[0] += cost
+                    e[1] += n
+    return inclusive, calls, edges
 
 
 def tree(path):
-    inclusive, calls = {}, {}
-    with open(path, errors="replace") as f:
-        for line in f:
-            m = ENTRY.match(line)
-            if m:
-                # Inlined code repeats a function under the files it came
-                # from; the largest entry is the whole function.
-                name = m.group(2).partition(":")[2]
-                inclusive[name] = max(inclusive.get(name, 0), num(m.group(1)))
-                continue
-            m = CALL.match(line)
-            if m:
-                name = m.group(1).partition(":")[2]
-                calls[name] = calls.get(name, 0) + num(m.group(2))
+    """(inclusive, calls) of a call tree (see `read_tree`)."""
+    inclusive, calls, _ = read_tree(path)
     return inclusive, calls
 
 
@@ -171,8 +165,9 @@ def edge(out, callee):
 POLL = "ibv_poll_cq__extern"
 
 
-def found_counts(path, poll=POLL):
-    """One run's quiet progress calls, counted whole (not differenced), or
+def found_counts(parsed, poll=POLL):
+    """One run's quiet progress calls, from its tree as `read_tree` gives
+    it, counted whole (not differenced), or
     None when the tree lacks them: a dict of the heads' cost (what every
     quiet call spends outside progress_found and the rare work: its
     prologue, its checks and its poll of the receive CQ), the quiet calls
@@ -180,8 +175,8 @@ def found_counts(path, poll=POLL):
     tree has the poll; else the function's calls less the rare ones), the
     receiving calls and their progress_found's cost, the rare calls and
     their cost, and the poll's own cost from the heads."""
-    inclusive, calls = tree(path)
-    out = callees(edges(path), PROGRESS)
+    inclusive, calls, edges = parsed
+    out = callees(edges, PROGRESS)
     names = [k for k in inclusive if k.endswith(PROGRESS)]
     if out is None or not names:
         return None
@@ -233,7 +228,7 @@ def found_split(t, u):
 
 
 def found_main(t_path, u_path):
-    t, u = found_counts(t_path), found_counts(u_path)
+    t, u = found_counts(read_tree(t_path)), found_counts(read_tree(u_path))
     if t is None or u is None:
         print(f"{PROGRESS}: not in the call trees")
         return 1

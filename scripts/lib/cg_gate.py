@@ -8,7 +8,8 @@ Per call: the send, a progress call that receives, an empty progress
 call. The progress calls are the quiet ones (the full call every so
 many, which looks at connection events, is printed beside them), split
 within each N2 run by callgrind's own counts (cg_calls.found_split); the
-N1 runs' split is printed too, as a check that the two agree. On siw the whole call is held to BUDGET. The device's own code (the
+N1 runs' split is printed too, as a check that the two agree. On siw the
+whole call is held to BUDGET. The device's own code (the
 provider library's ibv_post_send, ibv_poll_cq and, in the receiving
 call, its share of the batched ibv_post_srq_recv) differs between devices,
 so on every device xrcbtl's part (the call less what the provider spent in
@@ -20,7 +21,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cg_calls import found_counts, found_split, per_iteration, solve, tree  # noqa: E402
+from cg_calls import found_counts, found_split, per_iteration, read_tree, solve  # noqa: E402
 
 # Whole calls on siw (issue 32): send, receiving progress, empty progress.
 BUDGET = {"send": 450, "receiving": 300, "empty": 90}
@@ -42,16 +43,19 @@ def per_call(t, steps, name):
 def main():
     device, t1, t2, u1, u2, n1, n2 = sys.argv[1:]
     steps = int(n2) - int(n1)
-    t, u = (tree(t1), tree(t2)), (tree(u1), tree(u2))
+    # Each tree read once: the per-iteration figures take its costs and
+    # calls, the progress split its edges too.
+    parsed = {p: read_tree(p) for p in (t1, t2, u1, u2)}
+    t, u = (parsed[t1][:2], parsed[t2][:2]), (parsed[u1][:2], parsed[u2][:2])
     send = per_call(t, steps, "Btl<C>::send")
     post = per_call(t, steps, "ibv_post_send__extern")
-    runs = {n: (found_counts(a), found_counts(b)) for n, a, b in ((n1, t1, u1), (n2, t2, u2))}
+    runs = {n: (found_counts(parsed[a]), found_counts(parsed[b])) for n, a, b in ((n1, t1, u1), (n2, t2, u2))}
     splits = {n: None if None in r else (found_split(*r), solve(*r, "poll")) for n, r in runs.items()}
     costs, polls = splits[n2] if splits[n2] is not None else (None, None)
     if None in (send, post, costs, polls):
         print(f"gate: {device}: a figure is missing (send {send}, post {post}, progress {splits[n2]})")
         return 2
-    receiving, empty, head, body = costs
+    receiving, empty, _, _ = costs
     for n, r in runs.items():
         got = splits[n][0] if splits[n] is not None else None
         if got is not None:

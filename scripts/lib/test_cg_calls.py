@@ -48,7 +48,7 @@ class Split(unittest.TestCase):
         with tempfile.NamedTemporaryFile("w", suffix=".tree", delete=False) as f:
             f.write(text)
         self.addCleanup(os.unlink, f.name)
-        return cg_calls.found_counts(f.name)
+        return cg_calls.found_counts(cg_calls.read_tree(f.name))
 
     def test_gives_back_the_costs_a_tree_was_made_from(self):
         t = self.counts(run_tree(8055, 3960, 150))

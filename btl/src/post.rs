@@ -776,9 +776,24 @@ impl SendQueues {
     /// [`SendQueues::pop_logged_until`]. Returns how many it retired.
     pub fn retire_left(&mut self, eps: &mut Endpoints, slot: u32, gen: u8, no: u32) -> usize {
         // Without credits nothing waits at the front: the run starts there.
-        let k = self.complete_run(eps, slot, gen, no, |p| in_memory(p));
+        // One walk: a body on the heap is let go as the run passes it, so
+        // that the front then moves over values that hold nothing.
+        let k = self.complete_run(eps, slot, gen, no, |p| match &mut p.item.work {
+            Work::Msg(Msg {
+                store: Store::Small { .. },
+                ..
+            }) => true,
+            Work::Msg(Msg { store, .. }) if matches!(store, Store::Heap(_)) => {
+                *store = Store::Small {
+                    len: 0,
+                    bytes: [0; SMALL_BODY],
+                };
+                true
+            }
+            _ => false,
+        });
         if k > 0 {
-            self.sq[slot as usize].log.retire_front(k);
+            self.sq[slot as usize].log.skip_front(k);
         }
         k
     }

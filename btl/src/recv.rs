@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use xrcbtl_fabric::{Context, Cq, DmaBuf, ReadInPlace, WcOpcode, WcStatus, WorkCompletion};
+use xrcbtl_fabric::{
+    Context, Cq, DmaBuf, ReadInPlace, RecvDone, WcOpcode, WcStatus, WorkCompletion,
+};
 use xrcbtl_xrc_conn::Rank;
 
 use crate::config::BtlConfig;
@@ -193,7 +195,8 @@ impl Recv {
         }
     }
 
-    /// The straight line for the completion a ping-pong brings most: a
+    /// The straight line for the completion a ping-pong brings most, a
+    /// receive that succeeded ([`RecvDone`]): a
     /// short eager message (a body of at most [`SMALL_BODY`] bytes),
     /// received whole on a QP last seen carrying its sender's messages,
     /// next in that sender's sequence, on an open endpoint, with no train
@@ -209,7 +212,7 @@ impl Recv {
     pub fn short_eager<C: Context>(
         &mut self,
         v: &mut ShortView<'_, C>,
-        wc: &WorkCompletion,
+        wc: RecvDone,
         out: &mut Option<Short>,
     ) -> Option<Credited> {
         let WrId::Recv(slot) = WrId::of(wc.wr_id) else {
@@ -217,9 +220,7 @@ impl Recv {
         };
         let len = wc.byte_len as usize;
         let seen = self.sender_seen;
-        if wc.status != WcStatus::Success
-            || wc.opcode != WcOpcode::Recv
-            || !(HEADER..=HEADER + SMALL_BODY).contains(&len)
+        if !(HEADER..=HEADER + SMALL_BODY).contains(&len)
             || (seen.gen, seen.qpn) != (v.qp_gen, wc.qp_num)
             || !self.trains.is_empty()
         {

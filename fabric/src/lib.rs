@@ -286,6 +286,14 @@ pub trait Cq: Clone + Send + Sync {
     /// as [`Cq::poll_quick`] finds nothing).
     fn take_staged(&self, st: &mut Self::Staged, n: usize, out: &mut [WorkCompletion]) -> usize;
 
+    /// The one completion a [`Cq::poll_staged`] that returned 1 left in
+    /// `st`, read in place, when it is a receive that succeeded without
+    /// immediate data ([`RecvDone`]); `None` for any other completion, or
+    /// once the queue has overrun. It stays in `st` either way: a caller
+    /// that cannot use the answer hands the entry to [`Cq::take_staged`],
+    /// which converts it whole.
+    fn staged_recv(&self, st: &Self::Staged) -> Option<RecvDone>;
+
     /// Arms the queue: the next completion added to it wakes
     /// [`Cq::sleep`]. One that came before the arming does not, so a
     /// caller about to sleep arms, polls once more (and acts on what that

@@ -804,6 +804,51 @@ impl Default for WorkCompletion {
     }
 }
 
+/// A receive that succeeded and carried no immediate data: the completion
+/// a receive CQ holds most, with only what reading it takes. A staged poll
+/// hands it over read in place ([`crate::Cq::staged_recv`]), so the
+/// usual completion is not built as a whole [`WorkCompletion`] first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvDone {
+    /// The receive's id.
+    pub wr_id: u64,
+    /// Bytes received.
+    pub byte_len: u32,
+    /// As [`WorkCompletion::qp_num`]: for a receive on an XRC SRQ, the TGT
+    /// QP the message came through.
+    pub qp_num: u32,
+}
+
+impl RecvDone {
+    /// The whole completion this was read from. Its `src_qp`, which
+    /// verbs define for UD only, is 0.
+    pub fn completion(self) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: self.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: self.byte_len,
+            qp_num: self.qp_num,
+            src_qp: 0,
+            imm: None,
+        }
+    }
+}
+
+impl WorkCompletion {
+    /// This completion as a [`RecvDone`], if it is one: a receive
+    /// ([`WcOpcode::Recv`]) that succeeded without immediate data.
+    #[inline(always)]
+    pub fn recv_done(&self) -> Option<RecvDone> {
+        (self.status == WcStatus::Success && self.opcode == WcOpcode::Recv && self.imm.is_none())
+            .then_some(RecvDone {
+                wr_id: self.wr_id,
+                byte_len: self.byte_len,
+                qp_num: self.qp_num,
+            })
+    }
+}
+
 /// Attributes of a shared receive queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqAttr {

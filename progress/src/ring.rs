@@ -209,6 +209,25 @@ impl<T: Spare> Ring<T> {
         self.len -= k;
     }
 
+    /// Drops the first `k` values, which the caller has left holding
+    /// nothing ([`Spare::is_spare`]): only the front moves, with no walk
+    /// over them (a value that holds something would stay alive in its
+    /// free place until that place is written again).
+    #[inline]
+    pub fn skip_front(&mut self, k: usize) {
+        assert!(
+            k <= self.len,
+            "skipping {k} values of a ring of {}",
+            self.len
+        );
+        debug_assert!(self.range(0..k).all(Spare::is_spare));
+        if k == 0 {
+            return;
+        }
+        self.head = self.at(k);
+        self.len -= k;
+    }
+
     /// Takes out the value at position `i`. The values on its shorter side
     /// move one place to close the gap: taking out the front (or the back)
     /// moves none.
@@ -366,6 +385,35 @@ mod tests {
         assert_eq!(*ring.push_place(), V::spare());
         assert!(ring.get(1).is_none());
         assert_eq!(ring.range_mut(0..1).count(), 1);
+    }
+
+    #[test]
+    fn skips_a_front_that_holds_nothing_across_the_wrap() {
+        let mut ring = Ring::new();
+        for n in 0..3 {
+            ring.push_back(v(n));
+        }
+        ring.push_back(V::spare());
+        // The spare alone is left, in the buffer's last place: what comes
+        // next wraps round to its start.
+        ring.retire_front(3);
+        ring.push_back(V::spare());
+        ring.push_back(v(9));
+        assert_eq!((ring.len(), ring.capacity()), (3, 4));
+        ring.skip_front(2);
+        assert_eq!(ring.len(), 1);
+        assert_eq!(ring.front(), Some(&v(9)));
+        ring.skip_front(0);
+        assert_eq!(ring.pop_front(), Some(v(9)));
+        assert!(ring.is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "skipping 2 values")]
+    fn refuses_to_skip_past_its_end() {
+        let mut ring = Ring::new();
+        ring.push_back(V::spare());
+        ring.skip_front(2);
     }
 
     #[test]

@@ -42,14 +42,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::{Mutex, MutexGuard};
-use xrcbtl_fabric::{Context, Cq, DeviceCaps, Error, IbAddr, Result, WorkCompletion};
+use xrcbtl_fabric::{Context, Cq, DeviceCaps, Error, IbAddr, RecvDone, Result, WorkCompletion};
 use xrcbtl_xrc_conn::{ConnManager, Mode, Notice, Rank};
 
 use crate::callbacks::{AmFn, DoneFn, ErrFn};
 use crate::config::BtlConfig;
 use crate::conn::DriverStats;
 use crate::core::{Core, Facts};
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Short};
 use crate::types::{BtlError, BtlStats, Incoming, OpId, Peer, Receive, Tag};
 use crate::wire::HEADER;
 
@@ -591,10 +591,20 @@ impl<C: Context> Btl<C> {
     #[inline(never)]
     fn progress_found(&self, mut p: MutexGuard<'_, Poller<C::Cq>>, n: usize) -> usize {
         let poller = &mut *p;
-        let n = self
-            .facts
-            .recv_cq
-            .take_staged(&mut poller.staged, n, &mut poller.wcs);
+        // One receive that succeeded, a ping-pong's usual find, is read
+        // where the poll left it, not converted whole first.
+        let one = if n == 1 {
+            self.facts.recv_cq.staged_recv(&poller.staged)
+        } else {
+            None
+        };
+        let n = if one.is_some() {
+            1
+        } else {
+            self.facts
+                .recv_cq
+                .take_staged(&mut poller.staged, n, &mut poller.wcs)
+        };
         if n == 0 {
             // The queue overran: nothing found.
             return 0;
@@ -603,13 +613,19 @@ impl<C: Context> Btl<C> {
         p.idle_left = p.yield_after;
         let mut core = self.core.lock();
         core.count_lock();
-        // One completion, a ping-pong's usual find, read by a copy of the
-        // reading made for exactly one: no loop around the straight line.
-        // A short message that found nothing waiting comes back from it,
-        // to go straight to its callback.
+        // One completion, read by a copy of the reading made for exactly
+        // one: no loop around the straight line. A short message that
+        // found nothing waiting comes back from it, to go straight to its
+        // callback.
         if n == 1 {
             let mut short = None;
-            let n = core.quiet_found_one(&p.wcs[0], 1, &mut short);
+            let n = match one {
+                Some(wc) => match core.quiet_found_recv(wc, 1, &mut short) {
+                    Some(n) => n,
+                    None => self.found_whole(&mut core, wc, &mut short),
+                },
+                None => core.quiet_found_one(&p.wcs[0], 1, &mut short),
+            };
             drop(p);
             if let Some(s) = &short {
                 return n + self.hand_short(core, s);
@@ -619,6 +635,19 @@ impl<C: Context> Btl<C> {
         let n = core.quiet_found(&p.wcs, n);
         drop(p);
         self.deliver_after(core, n)
+    }
+
+    /// [`Btl::progress_found`]'s receive `wc`, read in place, when the
+    /// straight line declined it: read whole, out of line.
+    #[cold]
+    #[inline(never)]
+    fn found_whole(
+        &self,
+        core: &mut Core<C, Btl<C>>,
+        wc: RecvDone,
+        short: &mut Option<Short>,
+    ) -> usize {
+        core.quiet_found_one(&wc.completion(), 1, short)
     }
 
     /// [`Btl::progress`]'s full call: everything due, under both locks.

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use xrcbtl_fabric::{Context, DeviceCaps, MemCache, Result, WorkCompletion, Xrcd};
+use xrcbtl_fabric::{Context, DeviceCaps, MemCache, RecvDone, Result, WorkCompletion, Xrcd};
 use xrcbtl_xrc_conn::Mode;
 
 use crate::callbacks::{DoneFn, Registry};
@@ -317,6 +317,22 @@ impl<C: Context, H> Core<C, H> {
         self.recv.took(1, batch);
         let general = self.read_found_one(wc, out);
         self.quiet_rest(general, 1)
+    }
+
+    /// [`Core::quiet_found_one`] for a receive that succeeded, `wc`, read
+    /// in place by the poll ([`xrcbtl_fabric::Cq::staged_recv`]) into a
+    /// buffer of `batch` entries: `None`, having changed nothing, when the
+    /// straight line declines it, for the caller to read it whole.
+    #[inline(always)]
+    pub fn quiet_found_recv(
+        &mut self,
+        wc: RecvDone,
+        batch: usize,
+        out: &mut Option<Short>,
+    ) -> Option<usize> {
+        self.read_found_recv(wc, out)?;
+        self.recv.took(1, batch);
+        Some(self.quiet_rest(false, 1))
     }
 
     /// Puts short message `s`, which [`Core::quiet_found_one`] returned

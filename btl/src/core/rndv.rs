@@ -5,7 +5,7 @@
 //! deliveries).
 
 use bytes::Bytes;
-use xrcbtl_fabric::{Access, Context, Result, WorkCompletion};
+use xrcbtl_fabric::{Access, Context, RecvDone, Result, WorkCompletion};
 use xrcbtl_xrc_conn::Rank;
 
 use crate::callbacks::DoneFn;
@@ -57,13 +57,33 @@ impl<C: Context, H> Core<C, H> {
     #[inline(always)]
     pub(super) fn read_found_one(&mut self, wc: &WorkCompletion, out: &mut Option<Short>) -> bool {
         let general = self.read_one(wc, out);
+        self.found_one_rest(out);
+        general
+    }
+
+    /// [`Core::read_found_one`] for a receive that succeeded, `wc`, read
+    /// in place by the poll ([`xrcbtl_fabric::Cq::staged_recv`]): `None`,
+    /// having changed nothing, when the straight line declines it (the
+    /// caller then reads it whole).
+    #[inline(always)]
+    pub(super) fn read_found_recv(&mut self, wc: RecvDone, out: &mut Option<Short>) -> Option<()> {
+        self.read_short(wc, out)?;
+        self.found_one_rest(out);
+        Some(())
+    }
+
+    /// The end of reading one completion found alone: a short message
+    /// left in `out` goes into line behind the deliveries already there
+    /// (it may go straight to its callback only when none is), and the
+    /// buffers due are posted again.
+    #[inline(always)]
+    fn found_one_rest(&mut self, out: &mut Option<Short>) {
         if !self.deliveries.is_empty() {
             if let Some(s) = out.take() {
                 self.deliveries.push_short(s);
             }
         }
         self.repost_due();
-        general
     }
 
     /// Posts the receive buffers due again. Also after a poll that found
@@ -106,6 +126,20 @@ impl<C: Context, H> Core<C, H> {
     /// general path.
     #[inline(always)]
     fn read_one(&mut self, wc: &WorkCompletion, out: &mut Option<Short>) -> bool {
+        if let Some(done) = wc.recv_done() {
+            if self.read_short(done, out).is_some() {
+                return false;
+            }
+        }
+        self.read_general(wc);
+        true
+    }
+
+    /// The straight line for receive `wc` ([`crate::recv::Recv::short_eager`]), with
+    /// the credits it brought settled: `None`, having changed nothing,
+    /// for a message it does not take.
+    #[inline(always)]
+    fn read_short(&mut self, wc: RecvDone, out: &mut Option<Short>) -> Option<()> {
         let fc = self.iface.credits();
         let mut short = ShortView {
             iface: &mut self.iface,
@@ -116,16 +150,12 @@ impl<C: Context, H> Core<C, H> {
             cap: self.cfg.credits,
             fc,
         };
-        let Some(credited) = self.recv.short_eager(&mut short, wc, out) else {
-            self.read_general(wc);
-            return true;
-        };
-        match credited {
+        match self.recv.short_eager(&mut short, wc, out)? {
             Credited::Settled => {}
             Credited::Retire(slot) => self.retire_arrived(slot),
             Credited::Elsewhere(returned) => self.arrived(returned),
         }
-        false
+        Some(())
     }
 
     /// The general path for completion `wc`, out of line with the view it

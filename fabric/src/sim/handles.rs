@@ -639,6 +639,10 @@ impl Cq for SimCq {
         n + self.poll_quick(&mut out[n..])
     }
 
+    fn staged_recv(&self, st: &Vec<WorkCompletion>) -> Option<RecvDone> {
+        st.first()?.recv_done()
+    }
+
     fn arm(&self) -> Result<()> {
         // Sleeping looks at the queue itself: nothing to arm.
         Ok(())

@@ -685,6 +685,25 @@ impl Cq for VerbsCq {
         self.took(out, &mut st.raw, n)
     }
 
+    #[inline(always)]
+    fn staged_recv(&self, st: &VerbsStaged) -> Option<RecvDone> {
+        // SAFETY: `poll_staged` returned at least one entry, which
+        // ibv_poll_cq wrote (the trait's contract: called only then).
+        let w = unsafe { st.raw[0].assume_init_ref() };
+        if self.rare()
+            || w.status != sys::IBV_WC_SUCCESS
+            || w.opcode != sys::IBV_WC_RECV
+            || w.wc_flags & sys::IBV_WC_WITH_IMM != 0
+        {
+            return None;
+        }
+        Some(RecvDone {
+            wr_id: w.wr_id,
+            byte_len: w.byte_len,
+            qp_num: w.qp_num,
+        })
+    }
+
     fn arm(&self) -> Result<()> {
         // SAFETY: the CQ is live.
         check("ibv_req_notify_cq", unsafe {

@@ -18,8 +18,8 @@
 use std::sync::Arc;
 
 use xrcbtl_fabric::{
-    Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, ReadInPlace, RecvSet as _, Result, Sge,
-    Srq, SrqAttr, Transport,
+    Access, Context, Cq as _, DeviceCaps, DmaBuf, Error, Qp, ReadInPlace, RecvSet as _, Result,
+    Sge, Srq, SrqAttr, Transport,
 };
 use xrcbtl_xrc_conn::Mode;
 
@@ -250,6 +250,8 @@ pub(crate) struct Iface<C: Context> {
     /// the header, plus one; 0 without [`Iface::small_class`]. One compare
     /// then says whether a message may take that path.
     pub small_limit: usize,
+    /// The latency path's send request, built once ([`Qp::post_inline`]).
+    pub inline_wr: <C::Qp as Qp>::Inline,
     /// Eager bounce slots.
     pub bounce: Slots<C>,
     /// Result slots of atomics.
@@ -359,6 +361,7 @@ impl<C: Context> Iface<C> {
             classes,
             small_class: None,
             small_limit: 0,
+            inline_wr: Default::default(),
             bounce,
             results,
             fence_sink,

@@ -1310,7 +1310,13 @@ impl SendQueues {
             .expect("the scratch holds a small body");
         let (wr_id, no) = q.log_small(slot, ei, signalled, order, seq, tag, len, body);
         self.logged += 1;
-        match qp.post_inline(wr_id, &self.inline[..total], srqn, signalled) {
+        match qp.post_inline(
+            &mut v.iface.inline_wr,
+            wr_id,
+            &self.inline[..total],
+            srqn,
+            signalled,
+        ) {
             Ok(()) => {
                 // As `posted` counts it.
                 q.count_post(no, signalled, slot, &mut self.uncovered);

@@ -358,6 +358,13 @@ pub trait Xrcd: Clone + Send + Sync {
 
 /// A queue pair, or a handle on a shared XRC TGT QP.
 pub trait Qp: Send + Sync {
+    /// A send request built once, for [`Qp::post_inline`] to fill in per
+    /// message (its id, bytes, target SRQ and signalling) rather than
+    /// building a whole request each time. It holds nothing of one QP: one
+    /// may serve every QP of a provider, but one post at a time (the
+    /// caller lends it mutably).
+    type Inline: Default + Send + Sync + std::fmt::Debug;
+
     /// QP number.
     fn qp_num(&self) -> u32;
     /// Kind.
@@ -377,14 +384,17 @@ pub trait Qp: Send + Sync {
     /// message), to SRQ `remote_srqn` at the target of an XRC INI QP,
     /// generating a completion on success if `signaled`. The same as
     /// [`Qp::post_send`] of that request, with the same errors; a provider
-    /// may build it with less work.
+    /// may build it with less work, filling in `wr`, which the caller
+    /// keeps from one post to the next.
     fn post_inline(
         &self,
+        wr: &mut Self::Inline,
         wr_id: u64,
         data: &[u8],
         remote_srqn: Option<u32>,
         signaled: bool,
     ) -> Result<()> {
+        let _ = wr;
         self.post_send(&SendWr::inline(wr_id, data, remote_srqn, signaled))
     }
     /// Posts to the receive queue (RC QPs without an SRQ).

@@ -839,6 +839,9 @@ impl SimQp {
 }
 
 impl Qp for SimQp {
+    /// The simulator builds each request anew.
+    type Inline = ();
+
     fn qp_num(&self) -> u32 {
         self.qpn
     }

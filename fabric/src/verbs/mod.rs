@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 pub use cm::{VerbsCmChannel, VerbsCmId};
 pub use objects::{
-    VerbsCq, VerbsMr, VerbsPd, VerbsQp, VerbsRecvs, VerbsSrq, VerbsStaged, VerbsXrcd,
+    VerbsCq, VerbsInline, VerbsMr, VerbsPd, VerbsQp, VerbsRecvs, VerbsSrq, VerbsStaged, VerbsXrcd,
 };
 
 use crate::types::*;

@@ -1118,6 +1118,45 @@ impl Drop for QpInner {
 #[derive(Clone)]
 pub struct VerbsQp(pub(crate) Arc<QpInner>);
 
+/// [`Qp::Inline`] of verbs: a send of one inline SGE, built once, which
+/// each [`Qp::post_inline`] fills in with its id, bytes, signalling and
+/// target SRQ (five stores, where building the request whole zeroes its
+/// 128 bytes and writes eight fields). Its pointers, to its SGE and the
+/// SGE's to the bytes, are written just before each post; between posts
+/// they point nowhere in particular and nothing reads them.
+pub struct VerbsInline {
+    wr: sys::ibv_send_wr,
+    sge: sys::ibv_sge,
+}
+
+// SAFETY: the pointers it holds own nothing, and are read only by the
+// provider within a post, which holds the request mutably.
+unsafe impl Send for VerbsInline {}
+// SAFETY: as above; a shared reference reads nothing through them.
+unsafe impl Sync for VerbsInline {}
+
+impl Default for VerbsInline {
+    fn default() -> Self {
+        VerbsInline {
+            wr: sys::ibv_send_wr {
+                num_sge: 1,
+                opcode: sys::IBV_WR_SEND,
+                send_flags: sys::IBV_SEND_INLINE,
+                ..Default::default()
+            },
+            sge: sys::ibv_sge::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for VerbsInline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsInline")
+            .field("last_wr_id", &self.wr.wr_id)
+            .finish_non_exhaustive()
+    }
+}
+
 fn qp_state(s: sys::ibv_qp_state) -> QpState {
     match s {
         sys::IBV_QPS_RESET => QpState::Reset,
@@ -1297,6 +1336,8 @@ impl VerbsQp {
 }
 
 impl Qp for VerbsQp {
+    type Inline = VerbsInline;
+
     fn qp_num(&self) -> u32 {
         // SAFETY: the QP is live; qp_num never changes.
         unsafe { (*self.0.qp).qp_num }
@@ -1538,6 +1579,7 @@ impl Qp for VerbsQp {
     #[inline(always)]
     fn post_inline(
         &self,
+        wr: &mut VerbsInline,
         wr_id: u64,
         data: &[u8],
         remote_srqn: Option<u32>,
@@ -1552,27 +1594,19 @@ impl Qp for VerbsQp {
             // The general path says what is wrong.
             return self.post_send_cold(&SendWr::inline(wr_id, data, remote_srqn, signaled));
         }
-        let mut sge = sys::ibv_sge {
-            addr: data.as_ptr() as u64,
-            length: data.len() as u32,
-            lkey: 0,
-        };
-        let mut raw = sys::ibv_send_wr {
-            wr_id,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: sys::IBV_WR_SEND,
-            send_flags: sys::IBV_SEND_INLINE | if signaled { sys::IBV_SEND_SIGNALED } else { 0 },
-            ..Default::default()
-        };
-        if let Some(srqn) = remote_srqn {
-            raw.qp_type.xrc.remote_srqn = srqn;
-        }
+        wr.sge.addr = data.as_ptr() as u64;
+        wr.sge.length = data.len() as u32;
+        let raw = &mut wr.wr;
+        raw.wr_id = wr_id;
+        raw.sg_list = &mut wr.sge;
+        raw.send_flags = sys::IBV_SEND_INLINE | if signaled { sys::IBV_SEND_SIGNALED } else { 0 };
+        // Read on an XRC INI QP only, which has one (checked above).
+        raw.qp_type.xrc.remote_srqn = remote_srqn.unwrap_or(0);
         let mut bad = null_mut();
-        // SAFETY: the QP is live; the request, its SGE and the inline bytes
-        // are valid for the call (the provider copies them before it
-        // returns).
-        let rc = unsafe { sys::ibv_post_send(self.0.qp, &mut raw, &mut bad) };
+        // SAFETY: the QP is live; the request (one SGE, no `next`), its SGE
+        // and the inline bytes are valid for the call (the provider copies
+        // them before it returns).
+        let rc = unsafe { sys::ibv_post_send(self.0.qp, raw, &mut bad) };
         if rc != 0 {
             return Err(post_error(rc));
         }

@@ -782,14 +782,22 @@ fn limits_max_inline<H: Harness>(h: &H) -> Outcome {
     let wc = wait_cq(h, &eb.cq, 1)?[0];
     ensure_eq!(wc.byte_len as usize, granted);
     ensure_eq!(eb.rbuf.read(0, granted), data);
-    // The latency path's post: the same message, unsignalled, then
-    // signalled (its completion is the first the send CQ reports).
+    // The latency path's post, through one request built once: unsignalled,
+    // signalled, and again, with lengths that shrink and grow (the
+    // request keeps nothing of the post before). The signalled ones are
+    // the only ones the send CQ reports.
     let data = pattern(10, granted);
-    ea.qp.post_inline(3, &data[..8], None, false)?;
-    ea.qp.post_inline(4, &data, None, true)?;
-    check_wc(&wait_cq(h, &ea.cq, 1)?[0], 4, WcStatus::Success)?;
-    let wcs = wait_cq(h, &eb.cq, 2)?;
-    for (wc, len) in wcs.iter().zip([8, granted]) {
+    let mut wr = Default::default();
+    let lens = [8, granted, 1, granted.min(16)];
+    for (i, len) in lens.iter().enumerate() {
+        ea.qp
+            .post_inline(&mut wr, 3 + i as u64, &data[..*len], None, i % 2 == 1)?;
+    }
+    let sent = wait_cq(h, &ea.cq, 2)?;
+    check_wc(&sent[0], 4, WcStatus::Success)?;
+    check_wc(&sent[1], 6, WcStatus::Success)?;
+    let wcs = wait_cq(h, &eb.cq, lens.len())?;
+    for (wc, len) in wcs.iter().zip(lens) {
         ensure_eq!(wc.status, WcStatus::Success);
         ensure_eq!(wc.byte_len as usize, len);
         // Receive wr_ids are 1000 + the slot.
@@ -804,7 +812,7 @@ fn limits_max_inline<H: Harness>(h: &H) -> Outcome {
         Err(Error::InvalidArgument(_)) => {}
         other => return Err(Failure(format!("inline beyond max_inline: {other:?}"))),
     }
-    match ea.qp.post_inline(5, &too_long, None, true) {
+    match ea.qp.post_inline(&mut wr, 9, &too_long, None, true) {
         Err(Error::InvalidArgument(_)) => Ok(()),
         other => Err(Failure(format!("post_inline beyond max_inline: {other:?}"))),
     }

@@ -71,6 +71,20 @@ impl Short {
         s
     }
 
+    /// The first `len` bytes of `bytes` (`len` at most [`SMALL_BODY`]),
+    /// from `src` with `tag`: the body taken at its fixed length, with no
+    /// copy that depends on `len`.
+    #[inline(always)]
+    pub fn of_fixed(src: Rank, tag: Tag, len: u8, bytes: &[u8; SMALL_BODY]) -> Self {
+        debug_assert!(usize::from(len) <= SMALL_BODY);
+        Short {
+            src,
+            tag,
+            len,
+            bytes: *bytes,
+        }
+    }
+
     /// Becomes `body` from `src` with `tag`, in place. Inline in the
     /// straight line (its call, with the frame around it, cost the
     /// receiving call more than its copy).

@@ -74,6 +74,10 @@ pub(crate) fn class_sizes(cfg: &BtlConfig, mode: Mode) -> Vec<u32> {
     sizes
 }
 
+/// What [`Iface::read_whole`] reads of a receive buffer: a header and the
+/// longest short body.
+pub(crate) const SHORT_READ: usize = HEADER + SMALL_BODY;
+
 /// One receive size class.
 pub(crate) struct RecvClass<C: Context> {
     /// Its SRQ.
@@ -466,23 +470,29 @@ impl<C: Context> Iface<C> {
         self.classes.iter().map(|c| c.read_whole)
     }
 
-    /// Reads the first `len` bytes of the buffer a receive completed into,
-    /// `slot`, in place with `rd`. A reading that takes the message
-    /// (`Some`) is done with the buffer at once: the accounting of
-    /// [`Iface::taken`], then [`Iface::give_back`], with no chunk handed
-    /// out and the slot looked up once. Returns `None`, having changed
-    /// nothing, for a slot that is not ours or a reading that declined.
+    /// Reads the buffer a receive of a short message completed into,
+    /// `slot`, in place with `rd`: its first [`SHORT_READ`] bytes, a
+    /// header and the longest short body, whatever the message's length
+    /// (the bytes past it are the buffer's own, left by earlier messages),
+    /// so that the body is taken at a fixed length. A reading that takes
+    /// the message (`Some`) is done with the buffer at once: the
+    /// accounting of [`Iface::taken`], then [`Iface::give_back`], with no
+    /// chunk handed out and the slot looked up once. Returns `None`,
+    /// having changed nothing, for a slot that is not ours, of a class
+    /// whose buffers are shorter than that, or a reading that declined.
     #[inline(always)]
     pub fn read_whole<T, Rd: ReadInPlace<Out = Option<T>>>(
         &mut self,
         slot: RecvSlot,
-        len: usize,
         rd: Rd,
     ) -> Option<T> {
         let c = self.classes.get_mut(slot.class as usize)?;
+        if (c.size as usize) < SHORT_READ {
+            return None;
+        }
         let chunk = c.chunks.get(slot.chunk as usize)?;
         let first = *c.first.get(slot.chunk as usize)?;
-        let out = chunk.read_in_place(slot.index as usize * c.size as usize, len, rd)?;
+        let out = chunk.read_in_place(slot.index as usize * c.size as usize, SHORT_READ, rd)?;
         c.read_whole += 1;
         c.posted = c.posted.saturating_sub(1);
         c.repost.push(first + slot.index);

@@ -234,11 +234,12 @@ impl Recv {
             sender: seen.sender,
             ei: seen.ei,
             qpn: wc.qp_num,
+            body_len: len - HEADER,
             out,
         };
         // Counted by its class (`Iface::read_whole`), folded into the
         // stats' count by class and of eager messages when they are read.
-        let (body_len, credited) = v.iface.read_whole(slot, len, body)?;
+        let (body_len, credited) = v.iface.read_whole(slot, body)?;
         v.stats.bytes_received += u64::from(body_len);
         Some(credited)
     }
@@ -542,6 +543,9 @@ struct ShortBody<'a> {
     /// The sender's endpoint, as [`SenderSeen::ei`].
     ei: u32,
     qpn: u32,
+    /// The length of the message's body (the completion's, less the
+    /// header): the buffer is read at a fixed length, past it.
+    body_len: usize,
     /// Where the message goes.
     out: &'a mut Option<Short>,
 }
@@ -565,9 +569,12 @@ impl ReadInPlace for ShortBody<'_> {
             sender,
             ei,
             qpn,
+            body_len,
             out,
         } = self;
-        let h = Header::decode_eager(bytes).filter(|h| h.src == sender)?;
+        let (head, rest) = bytes.split_first_chunk::<HEADER>()?;
+        let body = rest.first_chunk::<SMALL_BODY>()?;
+        let h = Header::eager_of(head, body_len).filter(|h| h.src == sender)?;
         let ep = eps.try_get_mut(ei)?;
         if !ep.is_open() || ep.rx.expected() != h.seq {
             return None;
@@ -596,10 +603,9 @@ impl ReadInPlace for ShortBody<'_> {
         } else {
             Credited::Settled
         };
-        // Filled where it is kept: built whole and moved there, it was
-        // copied once more.
-        out.insert(Short::EMPTY)
-            .fill(h.src, h.tag, &bytes[HEADER..]);
+        // The body at its fixed length (`body_len` is at most
+        // SMALL_BODY: the straight line's first check).
+        *out = Some(Short::of_fixed(h.src, h.tag, body_len as u8, body));
         Some((h.len, credited))
     }
 }

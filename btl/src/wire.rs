@@ -110,11 +110,18 @@ impl Header {
     #[inline(always)]
     pub fn decode_eager(msg: &[u8]) -> Option<Header> {
         let (b, body) = msg.split_first_chunk::<HEADER>()?;
+        Header::eager_of(b, body.len())
+    }
+
+    /// The header `b` of an eager message of `body_len` bytes of body:
+    /// `None` for any other kind, or when its length disagrees.
+    #[inline(always)]
+    pub fn eager_of(b: &[u8; HEADER], body_len: usize) -> Option<Header> {
         if b[8] != Kind::Eager.code() {
             return None;
         }
         let h = Header::fields(b, Kind::Eager);
-        (h.len as usize == body.len()).then_some(h)
+        (h.len as usize == body_len).then_some(h)
     }
 
     /// The fields of header `b`, of kind `kind` (read from `b[8]`). A

@@ -78,15 +78,34 @@ pub(crate) fn class_sizes(cfg: &BtlConfig, mode: Mode) -> Vec<u32> {
 /// longest short body.
 pub(crate) const SHORT_READ: usize = HEADER + SMALL_BODY;
 
+/// Receive buffers of one class allocated together.
+struct Chunk<C: Context> {
+    /// The memory: shared with deliveries, which hand a received message
+    /// to its consumer in place.
+    buf: Arc<DmaBuf<C>>,
+    /// The number of its first buffer's receive in [`RecvClass::recvs`]:
+    /// kept with it, so that one look-up finds both.
+    first: u32,
+}
+
+impl<C: Context> Chunk<C> {
+    /// `buf`, whose receives are not prepared yet.
+    fn new(buf: DmaBuf<C>) -> Self {
+        Chunk {
+            buf: Arc::new(buf),
+            first: 0,
+        }
+    }
+}
+
 /// One receive size class.
 pub(crate) struct RecvClass<C: Context> {
     /// Its SRQ.
     pub srq: C::Srq,
     /// Buffer size in bytes.
     pub size: u32,
-    /// Shared with deliveries, which hand a received message to its
-    /// consumer in place.
-    chunks: Vec<Arc<DmaBuf<C>>>,
+    /// Its buffers, in chunks.
+    chunks: Vec<Chunk<C>>,
     /// Buffers in each chunk after the first.
     per_chunk: u32,
     /// Buffers allocated in all.
@@ -96,10 +115,9 @@ pub(crate) struct RecvClass<C: Context> {
     /// Buffers posted.
     pub posted: u32,
     /// A receive prepared for each buffer, in the order the chunks were
-    /// added: buffer `index` of chunk `k` is number `first[k] + index`.
+    /// added: buffer `index` of a chunk is number [`Chunk::first`] +
+    /// `index`.
     recvs: <C::Srq as Srq>::Recvs,
-    /// The number of each chunk's first buffer in `recvs`.
-    first: Vec<u32>,
     /// Numbers in `recvs` of the buffers consumed and not yet posted again.
     repost: Vec<u32>,
     /// The SRQ limit armed.
@@ -122,8 +140,8 @@ impl<C: Context> RecvClass<C> {
     /// Prepares the receives of `chunk`, the class's newest, of `n`
     /// buffers, and marks them all to be posted.
     fn prepare(&mut self, class: u16, chunk: u16, n: u32) {
-        let buf = &self.chunks[chunk as usize];
-        self.first.push(self.recvs.len() as u32);
+        self.chunks[chunk as usize].first = self.recvs.len() as u32;
+        let buf = &self.chunks[chunk as usize].buf;
         for index in 0..n {
             let wr_id = RecvSlot {
                 class,
@@ -316,13 +334,12 @@ impl<C: Context> Iface<C> {
             let mut class = RecvClass {
                 srq,
                 size,
-                chunks: vec![Arc::new(buf)],
+                chunks: vec![Chunk::new(buf)],
                 per_chunk: depth,
                 total: depth,
                 capacity,
                 posted: 0,
                 recvs: Default::default(),
-                first: Vec::new(),
                 repost: Vec::new(),
                 limit: (depth / 4).max(1),
                 read_whole: 0,
@@ -412,7 +429,7 @@ impl<C: Context> Iface<C> {
     pub fn buffer_nodes(&self) -> Result<Vec<Option<u32>>> {
         self.classes
             .iter()
-            .flat_map(|c| c.chunks.iter().map(|c| &**c))
+            .flat_map(|c| c.chunks.iter().map(|c| &*c.buf))
             .chain([&self.bounce.buf, &self.results.buf])
             .map(DmaBuf::preferred_node)
             .collect()
@@ -461,7 +478,7 @@ impl<C: Context> Iface<C> {
     fn received(&self, slot: RecvSlot) -> Option<(&Arc<DmaBuf<C>>, usize)> {
         let c = self.classes.get(slot.class as usize)?;
         let chunk = c.chunks.get(slot.chunk as usize)?;
-        Some((chunk, slot.index as usize * c.size as usize))
+        Some((&chunk.buf, slot.index as usize * c.size as usize))
     }
 
     /// The messages each class's buffers held that were read whole
@@ -491,8 +508,10 @@ impl<C: Context> Iface<C> {
             return None;
         }
         let chunk = c.chunks.get(slot.chunk as usize)?;
-        let first = *c.first.get(slot.chunk as usize)?;
-        let out = chunk.read_in_place(slot.index as usize * c.size as usize, SHORT_READ, rd)?;
+        let first = chunk.first;
+        let out = chunk
+            .buf
+            .read_in_place(slot.index as usize * c.size as usize, SHORT_READ, rd)?;
         c.read_whole += 1;
         c.posted = c.posted.saturating_sub(1);
         c.repost.push(first + slot.index);
@@ -505,8 +524,8 @@ impl<C: Context> Iface<C> {
     #[inline]
     pub fn give_back(&mut self, slot: RecvSlot) {
         if let Some(c) = self.classes.get_mut(slot.class as usize) {
-            if let Some(&first) = c.first.get(slot.chunk as usize) {
-                c.repost.push(first + slot.index);
+            if let Some(chunk) = c.chunks.get(slot.chunk as usize) {
+                c.repost.push(chunk.first + slot.index);
                 self.repost_wanted |= c.due(self.refill);
             }
         }
@@ -588,7 +607,7 @@ impl<C: Context> Iface<C> {
             self.placed.placement.numa_node,
         )?;
         let chunk = c.chunks.len() as u16;
-        c.chunks.push(Arc::new(buf));
+        c.chunks.push(Chunk::new(buf));
         c.prepare(class as u16, chunk, n);
         c.total += n;
         self.repost(class)

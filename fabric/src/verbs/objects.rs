@@ -942,21 +942,40 @@ impl VerbsSrq {
 }
 
 /// Receives prepared for a [`VerbsSrq`]: an `ibv_recv_wr` and its SGE per
-/// buffer, filled once. Posting links the chosen ones through `next` and
-/// points each at its SGE; the links mean nothing between posts.
-#[derive(Default)]
+/// buffer, filled once. Posting links the chosen ones through `next`; the
+/// links mean nothing between posts. Each request points at its SGE from
+/// the first post after the SGEs last moved (`sges_at` says where they
+/// were when they were pointed at), not once per post.
 pub struct VerbsRecvs {
     wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
     marks: crate::types::ChainMarks,
+    /// Where `sges` was when every request was last pointed at its SGE
+    /// (null: never).
+    sges_at: *const sys::ibv_sge,
+    /// How many requests were pointed at their SGEs then.
+    pointed: usize,
 }
 
 // SAFETY: the raw pointers in `wrs` point into this same set (or are null)
 // and are only written and read while it is borrowed mutably, by
-// `VerbsSrq::post_set`; nothing else dereferences them.
+// `VerbsSrq::post_set`; nothing else dereferences them (`sges_at` is only
+// compared).
 unsafe impl Send for VerbsRecvs {}
 // SAFETY: a shared borrow reads only lengths, never the pointers.
 unsafe impl Sync for VerbsRecvs {}
+
+impl Default for VerbsRecvs {
+    fn default() -> Self {
+        VerbsRecvs {
+            wrs: Vec::new(),
+            sges: Vec::new(),
+            marks: Default::default(),
+            sges_at: null(),
+            pointed: 0,
+        }
+    }
+}
 
 impl crate::RecvSet for VerbsRecvs {
     fn add(&mut self, wr_id: u64, sge: Sge) -> u32 {
@@ -1022,6 +1041,17 @@ impl Srq for VerbsSrq {
             // The marks admit only numbers below their length: the unsafe
             // links below rely on its being that of `wrs` and `sges`.
             assert!(set.marks.len() == set.wrs.len() && set.sges.len() == set.wrs.len());
+            if set.sges_at != sges.cast_const() || set.pointed != set.wrs.len() {
+                // SGEs added or moved since: every request is pointed at
+                // its own again (rare: when the set grows).
+                for (i, wr) in set.wrs.iter_mut().enumerate() {
+                    // SAFETY: `i` is below the length of `sges` (asserted
+                    // equal to that of `wrs`).
+                    wr.sg_list = unsafe { sges.add(i) };
+                }
+                set.sges_at = sges.cast_const();
+                set.pointed = set.wrs.len();
+            }
             // Linked back to front, so that each request points at the one
             // after it and the last one ends the chain.
             let mut head: *mut sys::ibv_recv_wr = null_mut();
@@ -1036,7 +1066,6 @@ impl Srq for VerbsSrq {
                 unsafe {
                     let wr = base.add(n);
                     (*wr).next = head;
-                    (*wr).sg_list = sges.add(n);
                     head = wr;
                 }
             }

@@ -849,7 +849,8 @@ fn srq_limit_event<H: Harness>(h: &H) -> Outcome {
 
 /// Receives prepared once are posted by number in any order, longer than
 /// one chain, consumed in the order posted, and posted again once
-/// completed; a number outside the set posts nothing of its chain.
+/// completed, also after the set grew; a number outside the set posts
+/// nothing of its chain.
 fn srq_prepared_receives<H: Harness>(h: &H) -> Outcome {
     const LEN: u32 = 128;
     let (a, b) = two(h)?;
@@ -904,7 +905,17 @@ fn srq_prepared_receives<H: Harness>(h: &H) -> Outcome {
     }
     srq.post_set(&mut set, &[12, 0])
         .map_err(|(n, e)| Failure(format!("post_set again: {e} after {n}")))?;
-    receive(&[12, 0])
+    receive(&[12, 0])?;
+    // The set grows after it was posted from (its entries move in
+    // memory): old and new receives alike land in their own buffers.
+    for i in 20..100 {
+        let no = set.add(5000 + u64::from(i), eb.rbuf.sge((i * LEN) as usize, LEN));
+        ensure_eq!(no, i);
+    }
+    let mixed = [50, 19, 99, 3, 20];
+    srq.post_set(&mut set, &mixed)
+        .map_err(|(n, e)| Failure(format!("post_set after growing: {e} after {n}")))?;
+    receive(&mixed)
 }
 
 fn srq_last_wqe_reached<H: Harness>(h: &H) -> Outcome {

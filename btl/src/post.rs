@@ -1248,6 +1248,13 @@ impl SendQueues {
         if len >= v.iface.small_limit {
             return None;
         }
+        // The body gathered first, where it goes inline (the scratch is
+        // ours, and a message that turns back leaves nothing of it there
+        // that counts): `parts` are not kept through the looks below. The
+        // copy kept for a resend is taken from there at a fixed length.
+        let body = &mut self.inline[HEADER..HEADER + SMALL_BODY];
+        copy_short(&mut body[..parts[0].len()], parts[0]);
+        copy_short(&mut body[parts[0].len()..len], parts[1]);
         let (cfg, fc) = (v.cfg, v.fc);
         // The endpoint, the QP and its send side, each looked up once.
         let ep = v.eps.get_mut(ei);
@@ -1287,11 +1294,6 @@ impl SendQueues {
             len: len as u32,
         }
         .encode(&mut self.inline[..HEADER]);
-        // The body gathered once, where it goes inline; the copy kept for
-        // a resend is taken from there at a fixed length.
-        let body = &mut self.inline[HEADER..HEADER + SMALL_BODY];
-        copy_short(&mut body[..parts[0].len()], parts[0]);
-        copy_short(&mut body[parts[0].len()..len], parts[1]);
         let signalled = must_signal(
             self.want_cover,
             q.unsignalled,

@@ -580,6 +580,11 @@ impl ReadInPlace for ShortBody<'_> {
             return None;
         }
         ep.rx.arrive(h.seq);
+        // Taken now, before the credits are settled, which cannot turn it
+        // back: the message's bytes are not kept through that. The body at
+        // its fixed length (`body_len` is at most SMALL_BODY: the straight
+        // line's first check).
+        *out = Some(Short::of_fixed(h.src, h.tag, body_len as u8, body));
         let credited = if fc {
             let (owe, r) = settle_on(ep, qpn, cap, h.credits, false);
             if owe {
@@ -603,9 +608,6 @@ impl ReadInPlace for ShortBody<'_> {
         } else {
             Credited::Settled
         };
-        // The body at its fixed length (`body_len` is at most
-        // SMALL_BODY: the straight line's first check).
-        *out = Some(Short::of_fixed(h.src, h.tag, body_len as u8, body));
         Some((h.len, credited))
     }
 }

@@ -332,7 +332,20 @@ impl<C: Context, H> Core<C, H> {
     ) -> Option<usize> {
         self.read_found_recv(wc, out)?;
         self.recv.took(1, batch);
-        Some(self.quiet_rest(false, 1))
+        // Buffers due to be posted again (one call in a batch's worth)
+        // and pending work, told by two looks.
+        if self.iface.repost_wanted || self.eps.any_ready() {
+            return Some(1 + self.found_recv_rest());
+        }
+        Some(1)
+    }
+
+    /// The end of [`Core::quiet_found_recv`] when buffers are due to be
+    /// posted again or work is pending: out of line.
+    #[inline(never)]
+    fn found_recv_rest(&mut self) -> usize {
+        self.repost_due();
+        self.quiet_rest(false, 0)
     }
 
     /// Puts short message `s`, which [`Core::quiet_found_one`] returned

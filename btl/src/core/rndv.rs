@@ -65,10 +65,13 @@ impl<C: Context, H> Core<C, H> {
     /// in place by the poll ([`xrcbtl_fabric::Cq::staged_recv`]): `None`,
     /// having changed nothing, when the straight line declines it (the
     /// caller then reads it whole).
+    /// Unlike [`Core::read_found_one`], it leaves the buffers due to be
+    /// posted again to the caller ([`Core::repost_due`]), which looks at
+    /// them together with the rest of what may be left to do.
     #[inline(always)]
     pub(super) fn read_found_recv(&mut self, wc: RecvDone, out: &mut Option<Short>) -> Option<()> {
         self.read_short(wc, out)?;
-        self.found_one_rest(out);
+        self.queue_behind(out);
         Some(())
     }
 
@@ -78,19 +81,26 @@ impl<C: Context, H> Core<C, H> {
     /// buffers due are posted again.
     #[inline(always)]
     fn found_one_rest(&mut self, out: &mut Option<Short>) {
+        self.queue_behind(out);
+        self.repost_due();
+    }
+
+    /// A short message left in `out` goes into line behind the deliveries
+    /// already there, if any.
+    #[inline(always)]
+    fn queue_behind(&mut self, out: &mut Option<Short>) {
         if !self.deliveries.is_empty() {
             if let Some(s) = out.take() {
                 self.deliveries.push_short(s);
             }
         }
-        self.repost_due();
     }
 
     /// Posts the receive buffers due again. Also after a poll that found
     /// nothing: buffers come back from deliveries after the poll that
     /// found their messages.
     #[inline(always)]
-    fn repost_due(&mut self) {
+    pub(super) fn repost_due(&mut self) {
         if self.iface.repost_due().is_err() {
             self.stats.no_resource += 1;
         }

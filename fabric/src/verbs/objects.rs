@@ -942,54 +942,48 @@ impl VerbsSrq {
 }
 
 /// Receives prepared for a [`VerbsSrq`]: an `ibv_recv_wr` and its SGE per
-/// buffer, filled once. Posting links the chosen ones through `next`; the
-/// links mean nothing between posts. Each request points at its SGE from
-/// the first post after the SGEs last moved (`sges_at` says where they
-/// were when they were pointed at), not once per post.
+/// buffer, filled once. Each request points at its own SGE from the moment
+/// it is added (all of them again when adding one moves the SGEs), so that
+/// posting only links the chosen ones through `next`; the links mean
+/// nothing between posts.
+#[derive(Default)]
 pub struct VerbsRecvs {
     wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
     marks: crate::types::ChainMarks,
-    /// Where `sges` was when every request was last pointed at its SGE
-    /// (null: never).
-    sges_at: *const sys::ibv_sge,
-    /// How many requests were pointed at their SGEs then.
-    pointed: usize,
 }
 
 // SAFETY: the raw pointers in `wrs` point into this same set (or are null)
-// and are only written and read while it is borrowed mutably, by
-// `VerbsSrq::post_set`; nothing else dereferences them (`sges_at` is only
-// compared).
+// and are only dereferenced by the provider within `VerbsSrq::post_set`,
+// which borrows the set mutably; nothing else dereferences them.
 unsafe impl Send for VerbsRecvs {}
 // SAFETY: a shared borrow reads only lengths, never the pointers.
 unsafe impl Sync for VerbsRecvs {}
 
-impl Default for VerbsRecvs {
-    fn default() -> Self {
-        VerbsRecvs {
-            wrs: Vec::new(),
-            sges: Vec::new(),
-            marks: Default::default(),
-            sges_at: null(),
-            pointed: 0,
-        }
-    }
-}
-
 impl crate::RecvSet for VerbsRecvs {
     fn add(&mut self, wr_id: u64, sge: Sge) -> u32 {
+        let was = self.sges.as_ptr();
         self.sges.push(sys::ibv_sge {
             addr: sge.addr,
             length: sge.length,
             lkey: sge.lkey,
         });
+        let sges = self.sges.as_mut_ptr();
         self.wrs.push(sys::ibv_recv_wr {
             wr_id,
             next: null_mut(),
-            sg_list: null_mut(),
+            // SAFETY: the SGE just pushed, the last of `sges`.
+            sg_list: unsafe { sges.add(self.sges.len() - 1) },
             num_sge: 1,
         });
+        if sges.cast_const() != was {
+            // The SGEs moved: every request is pointed at its own again.
+            for (i, wr) in self.wrs.iter_mut().enumerate() {
+                // SAFETY: `i` is below the length of `sges`, which gains an
+                // SGE with each request.
+                wr.sg_list = unsafe { sges.add(i) };
+            }
+        }
         self.marks.grow(self.wrs.len());
         (self.wrs.len() - 1) as u32
     }
@@ -1034,24 +1028,13 @@ impl Srq for VerbsSrq {
         const CHAIN: usize = crate::types::RECV_CHAIN;
         let mut done = 0;
         for chunk in which.chunks(CHAIN) {
-            // Every link is made through these two pointers, so that none
-            // is invalidated by a later borrow of the vectors.
+            // Every link is made through this pointer, so that none is
+            // invalidated by a later borrow of the vector.
             let base = set.wrs.as_mut_ptr();
-            let sges = set.sges.as_mut_ptr();
             // The marks admit only numbers below their length: the unsafe
-            // links below rely on its being that of `wrs` and `sges`.
+            // links below rely on its being that of `wrs`, and each request
+            // points at its own SGE in `sges` (`add`).
             assert!(set.marks.len() == set.wrs.len() && set.sges.len() == set.wrs.len());
-            if set.sges_at != sges.cast_const() || set.pointed != set.wrs.len() {
-                // SGEs added or moved since: every request is pointed at
-                // its own again (rare: when the set grows).
-                for (i, wr) in set.wrs.iter_mut().enumerate() {
-                    // SAFETY: `i` is below the length of `sges` (asserted
-                    // equal to that of `wrs`).
-                    wr.sg_list = unsafe { sges.add(i) };
-                }
-                set.sges_at = sges.cast_const();
-                set.pointed = set.wrs.len();
-            }
             // Linked back to front, so that each request points at the one
             // after it and the last one ends the chain.
             let mut head: *mut sys::ibv_recv_wr = null_mut();
@@ -1060,9 +1043,9 @@ impl Srq for VerbsSrq {
                 let n = n as usize;
                 // Nothing of a chain that breaks the rule was posted.
                 set.marks.admit(n).map_err(|e| (done, e))?;
-                // SAFETY: `n` is below the length of `wrs` and of `sges`
-                // (admitted, under the assertion above); nothing else
-                // borrows the set meanwhile.
+                // SAFETY: `n` is below the length of `wrs` (admitted, under
+                // the assertion above); nothing else borrows the set
+                // meanwhile.
                 unsafe {
                     let wr = base.add(n);
                     (*wr).next = head;

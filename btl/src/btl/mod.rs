@@ -590,21 +590,54 @@ impl<C: Context> Btl<C> {
     /// found in its frame: the empty call then saves fewer registers.
     #[inline(never)]
     fn progress_found(&self, mut p: MutexGuard<'_, Poller<C::Cq>>, n: usize) -> usize {
-        let poller = &mut *p;
         // One receive that succeeded, a ping-pong's usual find, is read
-        // where the poll left it, not converted whole first.
+        // where the poll left it, not converted whole first. Anything else
+        // is read out of line: this frame then holds the straight line
+        // alone, and keeps its values in registers.
         let one = if n == 1 {
-            self.facts.recv_cq.staged_recv(&poller.staged)
+            self.facts.recv_cq.staged_recv(&p.staged)
         } else {
             None
         };
-        let n = if one.is_some() {
-            1
-        } else {
-            self.facts
-                .recv_cq
-                .take_staged(&mut poller.staged, n, &mut poller.wcs)
+        let Some(wc) = one else {
+            return self.found_many(p, n);
         };
+        p.found += 1;
+        p.idle_left = p.yield_after;
+        let mut core = self.core.lock();
+        core.count_lock();
+        // A short message that found nothing waiting comes back from the
+        // straight line, to go straight to its callback.
+        let mut short = None;
+        let n = match core.quiet_found_recv(wc, 1, &mut short) {
+            Some(n) => n,
+            None => self.found_whole(&mut core, wc, &mut short),
+        };
+        drop(p);
+        if let Some(s) = &short {
+            return n + self.hand_short(core, s);
+        }
+        self.found_rest(core, n)
+    }
+
+    /// The end of [`Btl::progress_found`] when its message was not handed
+    /// straight to its callback: out of line, as [`Btl::found_many`].
+    #[inline(never)]
+    fn found_rest(&self, core: MutexGuard<'_, Core<C, Btl<C>>>, n: usize) -> usize {
+        self.deliver_after(core, n)
+    }
+
+    /// [`Btl::progress_found`] when its poll found more than one
+    /// completion, or one it did not read in place: each converted whole
+    /// first, then read under the core's lock, taken before the poller is
+    /// let go.
+    #[inline(never)]
+    fn found_many(&self, mut p: MutexGuard<'_, Poller<C::Cq>>, n: usize) -> usize {
+        let poller = &mut *p;
+        let n = self
+            .facts
+            .recv_cq
+            .take_staged(&mut poller.staged, n, &mut poller.wcs);
         if n == 0 {
             // The queue overran: nothing found.
             return 0;
@@ -614,18 +647,10 @@ impl<C: Context> Btl<C> {
         let mut core = self.core.lock();
         core.count_lock();
         // One completion, read by a copy of the reading made for exactly
-        // one: no loop around the straight line. A short message that
-        // found nothing waiting comes back from it, to go straight to its
-        // callback.
+        // one: no loop around the straight line.
         if n == 1 {
             let mut short = None;
-            let n = match one {
-                Some(wc) => match core.quiet_found_recv(wc, 1, &mut short) {
-                    Some(n) => n,
-                    None => self.found_whole(&mut core, wc, &mut short),
-                },
-                None => core.quiet_found_one(&p.wcs[0], 1, &mut short),
-            };
+            let n = core.quiet_found_one(&p.wcs[0], 1, &mut short);
             drop(p);
             if let Some(s) = &short {
                 return n + self.hand_short(core, s);

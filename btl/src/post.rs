@@ -81,6 +81,20 @@ const _: () = assert!(HEADER + SMALL_BODY <= INLINE_MAX);
 /// `scripts/sw-cost --gate`).
 pub(crate) const SIGNAL_EVERY: usize = 64;
 
+/// What [`SendQueues::send_small`] knows of a message the QP refused.
+struct Refused {
+    /// Its endpoint.
+    ei: u32,
+    /// The local QP number it was posted on.
+    qpn: u32,
+    /// The credits it returned (spent with it).
+    returned: u16,
+    /// Its wr_id.
+    wr_id: u64,
+    /// Its QP slot.
+    slot: u32,
+}
+
 /// Whether a message posted now must ask for a completion, the one rule
 /// for every post that may go unsignalled. It must when a cover is wanted
 /// (`cover`), when the QP's run of unsignalled posts (`unsignalled`) would
@@ -1331,26 +1345,47 @@ impl SendQueues {
                 ep.in_flight += 1;
                 ep.flight_slot = Some(slot);
                 ep.tx.take();
-                return Some(if signalled { Small::Busy } else { Small::Quiet });
+                Some(if signalled { Small::Busy } else { Small::Quiet })
             }
             Err(e) => {
-                if fc {
-                    let cr = v.eps.get_mut(ei).credits.of(qpn, cfg.credits);
-                    cr.unspend(returned);
-                }
+                let refused = Refused {
+                    ei,
+                    qpn,
+                    returned,
+                    wr_id,
+                    slot,
+                };
                 // A view lent anew, so that `v` keeps its fields in
                 // registers on the path that posts.
-                let item = self.refused(&mut v.relend(), wr_id, slot, e);
-                if now_only {
-                    return Some(Small::Dropped);
-                }
-                // It waits in its queue, as one the general path refused.
-                v.eps.requeue(ei, item);
-                v.eps.get_mut(ei).tx.take();
+                Some(self.refused_small(&mut v.relend(), refused, e, now_only))
             }
         }
+    }
+
+    /// [`SendQueues::send_small`] when the QP refused the message: the
+    /// credit it spent is taken back, and it is dropped (`now_only`) or
+    /// waits in its queue, as one the general path refused. Out of line.
+    #[cold]
+    #[inline(never)]
+    fn refused_small<C: Context>(
+        &mut self,
+        v: &mut SendView<'_, C>,
+        r: Refused,
+        e: Error,
+        now_only: bool,
+    ) -> Small {
+        if v.fc {
+            let cr = v.eps.get_mut(r.ei).credits.of(r.qpn, v.cfg.credits);
+            cr.unspend(r.returned);
+        }
+        let item = self.refused(v, r.wr_id, r.slot, e);
+        if now_only {
+            return Small::Dropped;
+        }
+        v.eps.requeue(r.ei, item);
+        v.eps.get_mut(r.ei).tx.take();
         v.stats.eager_sent += 1;
-        Some(Small::Busy)
+        Small::Busy
     }
 
     /// Drains the pending queues round robin: each pass gives every

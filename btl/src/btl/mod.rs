@@ -450,12 +450,35 @@ impl<C: Context> Btl<C> {
     pub fn send(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<()> {
         self.check_eager(header.len() + payload.len())?;
         let mut core = self.lock_to_send();
-        if dst == self.cfg.rank {
-            core.endpoint(dst)?;
-            core.deliver_to_self(tag, [header, payload]);
+        // The latency path in this frame alone; the rest out of line
+        // (Btl::send_rest), so that the frame keeps its values in
+        // registers.
+        if dst != self.cfg.rank
+            && core
+                .send_small_to(dst, tag, [header, payload], false)
+                .is_some()
+        {
             return Ok(());
         }
-        core.send_eager_to(dst, tag, [header, payload], false)?;
+        self.send_rest(core, dst, tag, [header, payload])
+    }
+
+    /// [`Btl::send`] of a message the latency path did not take: to this
+    /// rank, or by the general path.
+    #[inline(never)]
+    fn send_rest(
+        &self,
+        mut core: MutexGuard<'_, Core<C, Btl<C>>>,
+        dst: Rank,
+        tag: Tag,
+        parts: [&[u8]; 2],
+    ) -> Result<()> {
+        if dst == self.cfg.rank {
+            core.endpoint(dst)?;
+            core.deliver_to_self(tag, parts);
+            return Ok(());
+        }
+        core.send_general_to(dst, tag, parts, false)?;
         Ok(())
     }
 

@@ -59,10 +59,8 @@ impl<C: Context, H> Core<C, H> {
     }
 
     /// [`Core::send_eager`] to the endpoint of rank `dst`, which is not
-    /// this rank: the latency path finds the endpoint once, and looks at
-    /// it once ([`crate::post::SendQueues::send_small`] checks that it
-    /// is open); anything else goes through [`Core::endpoint`], which
-    /// says why a rank cannot be sent to.
+    /// this rank: the latency path ([`Core::send_small_to`]), else the
+    /// general one ([`Core::send_general_to`]).
     #[inline(always)]
     pub fn send_eager_to(
         &mut self,
@@ -71,11 +69,39 @@ impl<C: Context, H> Core<C, H> {
         parts: [&[u8]; 2],
         now_only: bool,
     ) -> Result<bool> {
-        if let Some(ei) = self.eps.find(dst) {
-            if let Some(sent) = self.send_small(ei, tag, parts, now_only) {
-                return Ok(sent);
-            }
+        if let Some(sent) = self.send_small_to(dst, tag, parts, now_only) {
+            return Ok(sent);
         }
+        self.send_general_to(dst, tag, parts, now_only)
+    }
+
+    /// The latency path of [`Core::send_eager_to`]: finds the endpoint
+    /// once, and looks at it once ([`crate::post::SendQueues::send_small`]
+    /// checks that it is open). `None` when the message must take the
+    /// general path, else whether it was sent (or queued).
+    #[inline(always)]
+    pub fn send_small_to(
+        &mut self,
+        dst: Rank,
+        tag: Tag,
+        parts: [&[u8]; 2],
+        now_only: bool,
+    ) -> Option<bool> {
+        let ei = self.eps.find(dst)?;
+        self.send_small(ei, tag, parts, now_only)
+    }
+
+    /// The general path of [`Core::send_eager_to`], out of line: the
+    /// endpoint through [`Core::endpoint`], which says why a rank cannot
+    /// be sent to, then [`Core::send_copy`].
+    #[inline(never)]
+    pub fn send_general_to(
+        &mut self,
+        dst: Rank,
+        tag: Tag,
+        parts: [&[u8]; 2],
+        now_only: bool,
+    ) -> Result<bool> {
         let ei = self.endpoint(dst)?;
         self.raise();
         Ok(self.send_copy(ei, Kind::Eager, tag, parts, now_only))

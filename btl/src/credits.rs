@@ -102,6 +102,18 @@ impl Credits {
         &mut self.cur.as_mut().expect("checked").1
     }
 
+    /// The credits of the current connection if it is the one on local
+    /// QP `qpn`, else `None` (the send's straight line then takes the general
+    /// path, which finds or makes them with [`Credits::of`]): a look-up
+    /// with no call in it.
+    #[inline(always)]
+    pub fn current(&mut self, qpn: u32) -> Option<&mut Credit> {
+        match &mut self.cur {
+            Some((q, c)) if *q == qpn => Some(c),
+            _ => None,
+        }
+    }
+
     /// [`Credits::of`] for a connection other than the current one.
     #[cold]
     fn of_other(&mut self, qpn: u32, cap: u32) -> &mut Credit {

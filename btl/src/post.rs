@@ -1243,7 +1243,8 @@ impl SendQueues {
     /// queued work and rendezvous control ([`SendQueues::post`] does the same
     /// for it, slower). Returns `None`, having changed nothing, when
     /// anything stands in the way (not open, no path, work on an older path or
-    /// queued, a full send queue or CQ budget, no credits, too long, short
+    /// queued, a full send queue or CQ budget, no credits or none yet on
+    /// this connection, too long, short
     /// messages in more than one receive class, a QP slot past
     /// [`LOG_SLOTS`]): the caller then takes the general path, which
     /// decides what waits.
@@ -1294,7 +1295,7 @@ impl SendQueues {
         // Spent now, taken back if the QP refuses the message.
         let mut returned = 0;
         if fc {
-            let cr = ep.credits.of(qpn, cfg.credits);
+            let cr = ep.credits.current(qpn)?;
             returned = cr.offer(MSG_CREDITS)?;
             cr.spend(returned);
         }

@@ -393,6 +393,10 @@ impl<C: Context> Iface<C> {
         let c = iface.class_for(HEADER);
         iface.small_class = (iface.class_for(HEADER + SMALL_BODY) == c).then_some(c);
         iface.small_limit = small_limit(iface.small_class.is_some(), cfg.max_inline);
+        // A class holds a small body whenever the limit is not zero, so
+        // that whatever takes the small path is short enough for an eager
+        // send ([`crate::Btl::send`] checks the eager limit only off it).
+        debug_assert!(iface.small_limit <= iface.max_message() - HEADER + 1);
         // Arm the low-watermark once the SRQ holds its receives, so that it
         // fires when they run low, not at once.
         for c in 0..iface.classes.len() {

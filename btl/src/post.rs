@@ -728,9 +728,8 @@ impl SendQueues {
     fn pop_over(&mut self, slot: u32) -> Option<PostedWr> {
         let q = &mut self.sq[slot as usize];
         let over = q.arrived.min(u64::from(q.left)) as usize;
-        // Those in memory go in one drain, without a move each.
-        let k = q.log.range(0..over).take_while(|p| in_memory(p)).count();
-        q.log.retire_front(k);
+        // Those in memory go in one walk, without a move each.
+        let k = q.log.retire_front_while(over, in_memory);
         let p = if k < over { q.log.pop_front() } else { None };
         let n = k + usize::from(p.is_some());
         q.left -= n as u32;

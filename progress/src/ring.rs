@@ -209,6 +209,31 @@ impl<T: Spare> Ring<T> {
         self.len -= k;
     }
 
+    /// Drops values from the front, at most `most` of them, for as long as
+    /// `take` accepts them, in one walk: each that holds something is
+    /// freed, the others stay where they are. Returns how many it dropped.
+    #[inline]
+    pub fn retire_front_while(&mut self, most: usize, take: impl Fn(&T) -> bool) -> usize {
+        let (a, b) = self.runs(0..most);
+        let mut k = 0;
+        'runs: for run in [a, b] {
+            for x in &mut self.buf[run] {
+                if !take(x) {
+                    break 'runs;
+                }
+                if !x.is_spare() {
+                    *x = T::spare();
+                }
+                k += 1;
+            }
+        }
+        if k > 0 {
+            self.head = self.at(k);
+            self.len -= k;
+        }
+        k
+    }
+
     /// Drops the first `k` values, which the caller has left holding
     /// nothing ([`Spare::is_spare`]): only the front moves, with no walk
     /// over them (a value that holds something would stay alive in its
@@ -313,9 +338,17 @@ mod tests {
                 }
                 4 => assert_eq!(ring.pop_front().map(|x| *x.0.unwrap()), model.pop_front()),
                 5 => assert_eq!(ring.pop_back().map(|x| *x.0.unwrap()), model.pop_back()),
-                6 => {
+                6 if x & (1 << 40) == 0 => {
                     let k = (x >> 8) as usize % (model.len() + 1);
                     ring.retire_front(k);
+                    model.drain(..k);
+                }
+                6 => {
+                    // At most `most`, up to the first multiple of 5.
+                    let most = (x >> 8) as usize % (model.len() + 1);
+                    let want = model.iter().take(most).take_while(|&&y| y % 5 != 0).count();
+                    let k = ring.retire_front_while(most, |y| **y.0.as_ref().unwrap() % 5 != 0);
+                    assert_eq!(k, want);
                     model.drain(..k);
                 }
                 _ => {
@@ -385,6 +418,30 @@ mod tests {
         assert_eq!(*ring.push_place(), V::spare());
         assert!(ring.get(1).is_none());
         assert_eq!(ring.range_mut(0..1).count(), 1);
+    }
+
+    /// A retirement while values pass stops at the first that does not,
+    /// or at its bound, across the wrap; spare values pass through it.
+    #[test]
+    fn retires_a_front_while_it_passes() {
+        let mut ring = Ring::new();
+        for n in 0..3 {
+            ring.push_back(v(n));
+        }
+        ring.retire_front(3);
+        // The next values wrap round the buffer of four.
+        for x in [v(1), V::spare(), v(2), v(10)] {
+            ring.push_back(x);
+        }
+        let small = |x: &V| x.0.as_deref().is_none_or(|&n| n < 5);
+        assert_eq!(ring.retire_front_while(2, small), 2);
+        assert_eq!(ring.len(), 2);
+        assert_eq!(ring.retire_front_while(2, small), 1);
+        assert_eq!(values(&ring), vec![10]);
+        assert_eq!(ring.retire_front_while(1, small), 0);
+        assert_eq!(ring.retire_front_while(0, |_| true), 0);
+        assert_eq!(ring.retire_front_while(1, |_| true), 1);
+        assert!(ring.is_empty());
     }
 
     #[test]

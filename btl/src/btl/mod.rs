@@ -448,11 +448,12 @@ impl<C: Context> Btl<C> {
     /// or flow control allows. Complete when it returns. At most
     /// [`Btl::max_send_size`] bytes.
     pub fn send(&self, dst: Rank, tag: Tag, header: &[u8], payload: &[u8]) -> Result<()> {
-        self.check_eager(header.len() + payload.len())?;
         let mut core = self.lock_to_send();
         // The latency path in this frame alone; the rest out of line
         // (Btl::send_rest), so that the frame keeps its values in
-        // registers.
+        // registers. The path takes nothing longer than a small body,
+        // which every eager send may be (`Iface::small_limit`): the
+        // length is checked against the eager limit out of line.
         if dst != self.cfg.rank
             && core
                 .send_small_to(dst, tag, [header, payload], false)
@@ -463,8 +464,9 @@ impl<C: Context> Btl<C> {
         self.send_rest(core, dst, tag, [header, payload])
     }
 
-    /// [`Btl::send`] of a message the latency path did not take: to this
-    /// rank, or by the general path.
+    /// [`Btl::send`] of a message the latency path did not take: one
+    /// longer than an eager send may be (refused), to this rank, or by
+    /// the general path.
     #[inline(never)]
     fn send_rest(
         &self,
@@ -473,6 +475,7 @@ impl<C: Context> Btl<C> {
         tag: Tag,
         parts: [&[u8]; 2],
     ) -> Result<()> {
+        self.check_eager(parts[0].len() + parts[1].len())?;
         if dst == self.cfg.rank {
             core.endpoint(dst)?;
             core.deliver_to_self(tag, parts);

@@ -22,15 +22,24 @@ use crate::types::*;
 ///
 /// # Safety
 /// `p` points to `len` readable bytes that stay unchanged during the call.
-unsafe fn bytes<'a>(p: *const c_void, len: usize, what: &str) -> Outcome<&'a [u8]> {
+#[inline(always)]
+unsafe fn bytes<'a>(p: *const c_void, len: usize, what: &'static str) -> Outcome<&'a [u8]> {
     if len == 0 {
         return Ok(&[]);
     }
     if p.is_null() {
-        return Err(Failure::invalid(format!("{what} is NULL with {len} bytes")));
+        return Err(null_bytes(what, len));
     }
     // SAFETY: the caller's promise.
     Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+}
+
+/// [`bytes`]'s failure, out of line: a send's path then keeps no words
+/// of the message on its stack.
+#[cold]
+#[inline(never)]
+fn null_bytes(what: &'static str, len: usize) -> Failure {
+    Failure::invalid(format!("{what} is NULL with {len} bytes"))
 }
 
 /// Writes through an out-pointer that must not be `NULL`.

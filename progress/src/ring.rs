@@ -194,19 +194,7 @@ impl<T: Spare> Ring<T> {
     /// they are, the rest are freed now.
     #[inline]
     pub fn retire_front(&mut self, k: usize) {
-        if k == 0 {
-            return;
-        }
-        let (a, b) = self.runs(0..k);
-        for run in [a, b] {
-            for x in &mut self.buf[run] {
-                if !x.is_spare() {
-                    *x = T::spare();
-                }
-            }
-        }
-        self.head = self.at(k);
-        self.len -= k;
+        self.retire_front_while(k, |_| true);
     }
 
     /// Drops values from the front, at most `most` of them, for as long as

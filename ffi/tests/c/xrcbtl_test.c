@@ -210,6 +210,17 @@ static void sim_job(uint32_t device, const char *name)
         OK(send_seq(r[0], 1, (uint32_t)n, (uint32_t)(max - 8), 0));
         n++;
         FAILS(send_seq(r[0], 3, (uint32_t)n, (uint32_t)(max - 7), 0), XRCBTL_ERR_INVALID);
+        /* A NULL buffer with bytes is refused, and says which and how many. */
+        {
+            char msg[512];
+            uint8_t b[8] = { 0 };
+            FAILS(xrcbtl_send(r[0], 3, TAG, NULL, 4, b, sizeof b), XRCBTL_ERR_INVALID);
+            xrcbtl_last_error(msg, sizeof msg);
+            EXPECT(strstr(msg, "header is NULL with 4 bytes") != NULL);
+            FAILS(xrcbtl_send(r[0], 3, TAG, b, sizeof b, NULL, 3), XRCBTL_ERR_INVALID);
+            xrcbtl_last_error(msg, sizeof msg);
+            EXPECT(strstr(msg, "payload is NULL with 3 bytes") != NULL);
+        }
         run_until(&in[3].count, n);
         run_until(&in[1].count, n);
         EXPECT(in[3].bad == 0 && in[1].bad == 0);
